@@ -1,0 +1,128 @@
+//! Normalized events: what the wire decoders produce and what the index consumes.
+//!
+//! Layout of the flow: `wire::*` turns a publisher payload into a [`DecodedBatch`] of [`KvEvent`]s
+//! (hashes already projected to [`BlockHash`], media already mapped to [`Tier`]); the subscription
+//! turns those into one [`IndexBatch`] per context and hands it to that context's single writer.
+
+use crate::model::{BlockHash, SubscriptionKey, Tier};
+
+/// Token ids a `BlockStored` carried, kept for the runtime hash-profile check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventTokens {
+    /// One id per token (vLLM, SGLang).
+    Flat(Vec<i64>),
+    /// SGLang EAGLE/bigram keys: one `(t[i], t[i+1])` pair per logical position.
+    Bigram(Vec<(i64, i64)>),
+}
+
+/// Blocks an engine (vLLM / SGLang) stored on one of its own tiers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineStored {
+    pub hashes: Vec<BlockHash>,
+    pub parent: Option<BlockHash>,
+    pub tokens: Option<EventTokens>,
+    /// Tokens (or bigram positions) per block in this event.
+    pub block_size: u32,
+    /// The adapter named by the event; `None`/`""` means the base model.
+    pub lora_name: Option<String>,
+    pub cache_salt: Option<String>,
+    pub tier: Tier,
+}
+
+/// Blocks an engine evicted from one of its tiers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineRemoved {
+    pub hashes: Vec<BlockHash>,
+    pub tier: Tier,
+}
+
+/// A Mooncake store object event (RFC #1527 maps). The context comes from the event itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreObject {
+    pub backend_id: String,
+    pub object_key: String,
+    pub tenant_id: String,
+    pub model_name: Option<String>,
+    pub lora_name: Option<String>,
+    pub block_size: Option<u32>,
+    /// `CpuShare` or `Disk`.
+    pub tier: Tier,
+    pub hashes: Vec<BlockHash>,
+}
+
+/// One decoded, admitted event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    Stored(EngineStored),
+    Removed(EngineRemoved),
+    /// The engine dropped its whole prefix cache (`AllBlocksCleared`).
+    AllCleared,
+    StoreStored(StoreObject),
+    StoreRemoved(StoreObject),
+    /// The store dropped everything of one backend for one tenant.
+    StoreCleared { backend_id: String, tenant_id: String },
+}
+
+/// Why an event was skipped on purpose (counted, never an error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IgnoreReason {
+    /// A medium that maps to no tier.
+    UnknownMedium,
+    /// A KV-cache group other than 0.
+    OtherCacheGroup,
+    /// A non-full-attention cache spec (sliding window, mamba, ...).
+    NonFullAttention,
+    /// An adapter other than the one a LoRA-specific registration accepts.
+    OtherLora,
+}
+
+impl IgnoreReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            IgnoreReason::UnknownMedium => "unknown_medium",
+            IgnoreReason::OtherCacheGroup => "other_cache_group",
+            IgnoreReason::NonFullAttention => "non_full_attention",
+            IgnoreReason::OtherLora => "other_lora",
+        }
+    }
+}
+
+/// One decoded payload. Bad events are reported in `invalid` and skipped; their siblings stay in
+/// `events`, in order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DecodedBatch {
+    /// The batch timestamp (seconds for engines, milliseconds for the Mooncake store).
+    pub ts: f64,
+    /// The DP rank the publisher stamped on the batch, if any.
+    pub dp_rank: Option<u32>,
+    pub events: Vec<KvEvent>,
+    pub ignored: Vec<IgnoreReason>,
+    /// One message per rejected event, naming its index and the offending field.
+    pub invalid: Vec<String>,
+}
+
+/// Who holds a block, as the ingestion layer names it. Inside a context, an engine holder is one
+/// (instance, rank); a shared holder is one store backend as reported by one subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Holder {
+    Engine { instance_id: String, dp_rank: u32 },
+    Shared { backend_id: String },
+}
+
+/// One change to a context index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexOp {
+    /// Set semantics: storing a block twice is the same as once.
+    Store { holder: Holder, tier: Tier, hashes: Vec<BlockHash> },
+    Remove { holder: Holder, tier: Tier, hashes: Vec<BlockHash> },
+    /// Remove every block of this holder in every tier.
+    ClearHolder { holder: Holder },
+}
+
+/// Everything one subscription changes in one context for one publisher batch, applied in order
+/// by the context's single writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexBatch {
+    pub source: SubscriptionKey,
+    pub ops: Vec<IndexOp>,
+}

@@ -1,0 +1,1 @@
+//! Per-context prefix indexes (skeleton).

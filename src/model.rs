@@ -1,0 +1,220 @@
+//! Domain newtypes shared by every layer: who publishes, which context a block belongs to, and
+//! which tier holds it. Wire formats convert into these; nothing here knows about bytes on a socket.
+
+use std::fmt;
+
+pub use crate::hashing::HashProfile;
+
+/// The tenant a request belongs to when it names none (`""` normalizes to this as well).
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Normalize a tenant id: empty means [`DEFAULT_TENANT`].
+pub fn normalize_tenant(tenant_id: &str) -> String {
+    if tenant_id.is_empty() { DEFAULT_TENANT.to_owned() } else { tenant_id.to_owned() }
+}
+
+/// The 64-bit index key of a block: the projection of the engine's full block digest
+/// (`low64_be` for vLLM, `first64_be` for SGLang). Parents in a hash chain are always the full
+/// digest; only the index is keyed by this projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash(pub u64);
+
+impl fmt::Display for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// Cache tiers in query order. Counts are cumulative: a walk moves device → cpu_local →
+/// cpu_share → disk and never back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// Inference-engine device memory (GPU/NPU HBM) of one (instance, rank).
+    Device,
+    /// Host memory of one (instance, rank): vLLM CPU offload, SGLang HiCache.
+    CpuLocal,
+    /// A shared CPU pool (Mooncake store) that every instance of the context can load from.
+    CpuShare,
+    /// Disk: rank-local when an engine reports it, shared when the Mooncake store does.
+    Disk,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 4] = [Tier::Device, Tier::CpuLocal, Tier::CpuShare, Tier::Disk];
+
+    /// The response field name of this tier.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Tier::Device => "device",
+            Tier::CpuLocal => "cpu_local",
+            Tier::CpuShare => "cpu_share",
+            Tier::Disk => "disk",
+        }
+    }
+
+    /// Position in the walk order (device = 0).
+    pub const fn index(self) -> usize {
+        match self {
+            Tier::Device => 0,
+            Tier::CpuLocal => 1,
+            Tier::CpuShare => 2,
+            Tier::Disk => 3,
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identity of one prefix index. Every registration feeding a context carries the same resolved
+/// hash profile. `cache_salt`, instance and rank are deliberately not part of the key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContextKey {
+    pub tenant_id: String,
+    pub model_name: String,
+    pub lora_name: String,
+    pub block_size: u32,
+}
+
+impl ContextKey {
+    /// Build a key, normalizing an empty tenant to [`DEFAULT_TENANT`].
+    pub fn new(tenant_id: &str, model_name: &str, lora_name: &str, block_size: u32) -> Self {
+        ContextKey {
+            tenant_id: normalize_tenant(tenant_id),
+            model_name: model_name.to_owned(),
+            lora_name: lora_name.to_owned(),
+            block_size,
+        }
+    }
+
+    /// The same context under another LoRA adapter (events name the adapter that picks the context).
+    pub fn with_lora(&self, lora_name: &str) -> Self {
+        ContextKey { lora_name: lora_name.to_owned(), ..self.clone() }
+    }
+}
+
+impl fmt::Display for ContextKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}/{}", self.tenant_id, self.model_name, self.lora_name, self.block_size)
+    }
+}
+
+/// Identity of one publisher subscription; rendered `instance_id|tenant_id|dp_rank` like the
+/// reference's service key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SubscriptionKey {
+    pub instance_id: String,
+    pub tenant_id: String,
+    pub dp_rank: u32,
+}
+
+impl SubscriptionKey {
+    pub fn new(instance_id: &str, tenant_id: &str, dp_rank: u32) -> Self {
+        SubscriptionKey { instance_id: instance_id.to_owned(), tenant_id: normalize_tenant(tenant_id), dp_rank }
+    }
+}
+
+impl fmt::Display for SubscriptionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}|{}|{}", self.instance_id, self.tenant_id, self.dp_rank)
+    }
+}
+
+/// The kind of publisher, which picks the payload decoder. Names are case-sensitive on every API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PublisherType {
+    Vllm,
+    Sglang,
+    Mooncake,
+}
+
+impl PublisherType {
+    pub const ALL: [PublisherType; 3] = [PublisherType::Vllm, PublisherType::Sglang, PublisherType::Mooncake];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PublisherType::Vllm => "vLLM",
+            PublisherType::Sglang => "SGLang",
+            PublisherType::Mooncake => "Mooncake",
+        }
+    }
+
+    /// Parse the exact (case-sensitive) API name.
+    pub fn parse(name: &str) -> Option<Self> {
+        PublisherType::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+
+    /// Engines own their blocks per (instance, rank); the Mooncake store publishes shared tiers.
+    pub const fn is_engine(self) -> bool {
+        !matches!(self, PublisherType::Mooncake)
+    }
+}
+
+impl fmt::Display for PublisherType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One validated publisher registration, with the seed's field names and defaults
+/// (`spec/python-api.md`, register()). Built only by the registration validator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublisherConfig {
+    pub instance_id: String,
+    pub endpoint: String,
+    /// `""` when the publisher has no replay socket.
+    pub replay_endpoint: String,
+    pub publisher_type: PublisherType,
+    pub model_name: String,
+    /// `""` selects the base model.
+    pub lora_name: String,
+    /// Already normalized: never empty.
+    pub tenant_id: String,
+    pub block_size: u32,
+    pub dp_rank: u32,
+    /// `None` or `Some(0)`: only cache group zero is supported.
+    pub cache_group: Option<u32>,
+    pub hash_profile: HashProfile,
+}
+
+impl PublisherConfig {
+    pub fn subscription_key(&self) -> SubscriptionKey {
+        SubscriptionKey::new(&self.instance_id, &self.tenant_id, self.dp_rank)
+    }
+
+    /// The context this registration feeds with base-model blocks.
+    pub fn context_key(&self) -> ContextKey {
+        ContextKey::new(&self.tenant_id, &self.model_name, &self.lora_name, self.block_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_tenant_is_default() {
+        assert_eq!(ContextKey::new("", "m", "", 16).tenant_id, "default");
+        assert_eq!(SubscriptionKey::new("i", "", 3).to_string(), "i|default|3");
+        assert_eq!(SubscriptionKey::new("i", "t", 0).to_string(), "i|t|0");
+    }
+
+    #[test]
+    fn publisher_type_is_case_sensitive() {
+        assert_eq!(PublisherType::parse("vLLM"), Some(PublisherType::Vllm));
+        assert_eq!(PublisherType::parse("SGLang"), Some(PublisherType::Sglang));
+        assert_eq!(PublisherType::parse("Mooncake"), Some(PublisherType::Mooncake));
+        assert_eq!(PublisherType::parse("vllm"), None);
+        assert_eq!(PublisherType::parse("sglang"), None);
+    }
+
+    #[test]
+    fn tiers_walk_in_order() {
+        let order: Vec<usize> = Tier::ALL.iter().map(|t| t.index()).collect();
+        assert_eq!(order, vec![0, 1, 2, 3]);
+        assert!(Tier::Device < Tier::CpuLocal && Tier::CpuShare < Tier::Disk);
+    }
+}

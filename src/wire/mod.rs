@@ -1,0 +1,1 @@
+//! Publisher payload decoders (skeleton).
