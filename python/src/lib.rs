@@ -1,1 +1,402 @@
+//! `mooncake._conductor`: the native half of `mooncake.conductor` (see `spec/python-api.md`).
+//!
+//! Layout: `lib.rs` holds the `ConductorClient` class and its connection lifecycle, `register.rs`
+//! the checks of `register()` configurations, `convert.rs` the Python <-> protobuf conversions,
+//! `codes.rs` the result codes and the transport-error mapping.
+//!
+//! Each client owns a small tokio runtime that drives a tonic channel; every call blocks on it with
+//! the GIL released, so other Python threads run while a request is on the network.
 
+mod codes;
+mod convert;
+mod register;
+
+/// Generated from `proto/conductor.proto` by `build.rs` (client side only).
+pub(crate) mod pb {
+    tonic::include_proto!("mooncake.conductor.v1");
+}
+
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokio::runtime::Runtime;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use codes::{
+    CONDUCTOR_UNAVAILABLE, HEALTH_NOT_INITIALIZED, HEALTH_OK, HEALTH_UNREACHABLE, INTERNAL_ERROR,
+    INVALID_PARAMS, OK, RPC_FAIL, RPC_TIMEOUT,
+};
+
+type RpcClient = pb::conductor_client::ConductorClient<Channel>;
+
+/// Read responses (global view, service lists) grow with the fleet; tonic's 4 MiB default would
+/// turn a large but healthy deployment into RPC_FAIL.
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
+/// Timeouts are clamped to this many milliseconds (about 24 days) so that deadline arithmetic and
+/// the `grpc-timeout` header stay in range for absurdly large inputs.
+const MAX_TIMEOUT_MS: i64 = i32::MAX as i64;
+
+/// An established connection: what a successful `setup()` leaves behind.
+struct Connection {
+    /// Cheap to clone (the channel is shared), so calls never hold the lock while on the network.
+    client: RpcClient,
+    request_timeout: Duration,
+    /// Only for `repr()`.
+    addr: String,
+}
+
+/// Client of the Conductor RPC service.
+///
+/// Creates an unconnected client. Call setup() before making requests. The client supports `with`
+/// statements: entering returns the client, and exiting calls close(), including when the body
+/// raises an exception. Entering does not call setup() automatically.
+#[pyclass(frozen, module = "mooncake._conductor")]
+pub struct ConductorClient {
+    /// Created by the first setup(), not in the constructor: a client that is never connected
+    /// starts no threads, and a process may still fork safely before connecting.
+    runtime: OnceLock<Runtime>,
+    /// `None` before setup(), after close() and after a failed setup().
+    conn: Mutex<Option<Connection>>,
+}
+
+impl ConductorClient {
+    fn conn(&self) -> MutexGuard<'_, Option<Connection>> {
+        // A panic while the lock was held cannot leave the Option half-written; keep going.
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn runtime(&self) -> Option<&Runtime> {
+        if let Some(rt) = self.runtime.get() {
+            return Some(rt);
+        }
+        // One worker is plenty: it only drives socket I/O, the callers' threads block on results.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("conductor-client")
+            .enable_all()
+            .build()
+            .ok()?;
+        // Losing a race with another thread's setup() just drops our spare runtime.
+        let _ = self.runtime.set(rt);
+        self.runtime.get()
+    }
+
+    /// Runs one RPC on the current connection with the request timeout, GIL released.
+    /// `Err` carries the result code: CONDUCTOR_UNAVAILABLE when not connected, else a transport code.
+    fn call<T, F, Fut>(&self, py: Python<'_>, rpc: F) -> Result<T, i32>
+    where
+        F: FnOnce(RpcClient, Duration) -> Fut + Send,
+        Fut: Future<Output = Result<Response<T>, Status>> + Send,
+        T: Send,
+    {
+        let (client, timeout) = match self.conn().as_ref() {
+            Some(c) => (c.client.clone(), c.request_timeout),
+            None => return Err(CONDUCTOR_UNAVAILABLE),
+        };
+        let rt = self.runtime.get().ok_or(CONDUCTOR_UNAVAILABLE)?;
+        py.detach(move || {
+            rt.block_on(async move {
+                // The local timer is authoritative; the header only lets the server give up early.
+                match tokio::time::timeout(timeout, rpc(client, timeout)).await {
+                    Ok(Ok(resp)) => Ok(resp.into_inner()),
+                    Ok(Err(status)) => Err(codes::from_status(&status)),
+                    Err(_elapsed) => Err(RPC_TIMEOUT),
+                }
+            })
+        })
+    }
+}
+
+/// A request carrying the deadline as `grpc-timeout`.
+fn request<T>(message: T, timeout: Duration) -> Request<T> {
+    let mut req = Request::new(message);
+    req.set_timeout(timeout);
+    req
+}
+
+fn millis(ms: i64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms.min(MAX_TIMEOUT_MS) as u64))
+}
+
+/// Connects and proves the peer is a Conductor by one Health round trip, all within `timeout`.
+///
+/// The TCP connect and HTTP/2 preface alone succeed against any listening socket, so without the
+/// round trip a wrong port would pass setup() and fail only at the first request.
+async fn connect(endpoint: Endpoint, timeout: Duration) -> Result<RpcClient, i32> {
+    let attempt = async {
+        let channel = endpoint.connect().await.map_err(|_| RPC_FAIL)?;
+        let mut client = RpcClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
+        match client.health(request(pb::HealthRequest {}, timeout)).await {
+            // A recovering server (ready == false) is still a reachable Conductor.
+            Ok(_) => Ok(client),
+            // A server without Health still answered in gRPC: the connection is good.
+            Err(s) if s.code() == tonic::Code::Unimplemented => Ok(client),
+            Err(_) => Err(RPC_FAIL),
+        }
+    };
+    // Not answering within connect_timeout_ms is a failure to connect, hence RPC_FAIL.
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .unwrap_or(Err(RPC_FAIL))
+}
+
+#[pymethods]
+impl ConductorClient {
+    #[new]
+    fn new() -> Self {
+        ConductorClient {
+            runtime: OnceLock::new(),
+            conn: Mutex::new(None),
+        }
+    }
+
+    /// Connects to the Conductor RPC service at `conductor_addr` ("host:port", no URL scheme).
+    ///
+    /// Each attempt replaces the previous connection; a failed attempt leaves the client
+    /// uninitialized. The connection is established and checked before returning, within
+    /// `connect_timeout_ms`; `request_timeout_ms` bounds each later request.
+    ///
+    /// Returns OK, INVALID_PARAMS for an address without a port separator (or a malformed one) or
+    /// a non-positive timeout, RPC_FAIL when the service cannot be reached within the timeout.
+    #[pyo3(signature = (conductor_addr, connect_timeout_ms = 1000, request_timeout_ms = 3000))]
+    fn setup(
+        &self,
+        py: Python<'_>,
+        conductor_addr: String,
+        connect_timeout_ms: i64,
+        request_timeout_ms: i64,
+    ) -> i32 {
+        // Dropped first, so that every failure below leaves the client uninitialized.
+        *self.conn() = None;
+        let (Some(uri), Some(connect_timeout), Some(request_timeout)) = (
+            codes::endpoint_uri(&conductor_addr),
+            millis(connect_timeout_ms),
+            millis(request_timeout_ms),
+        ) else {
+            return INVALID_PARAMS;
+        };
+        let Ok(endpoint) = Endpoint::from_shared(uri) else {
+            return INVALID_PARAMS;
+        };
+        let endpoint = endpoint.connect_timeout(connect_timeout).tcp_nodelay(true);
+        let Some(rt) = self.runtime() else {
+            return INTERNAL_ERROR;
+        };
+        match py.detach(|| rt.block_on(connect(endpoint, connect_timeout))) {
+            Ok(client) => {
+                *self.conn() = Some(Connection {
+                    client,
+                    request_timeout,
+                    addr: conductor_addr,
+                });
+                OK
+            }
+            Err(code) => code,
+        }
+    }
+
+    /// Releases the RPC connection. Repeated calls are safe. This does not unregister publishers
+    /// from the server. The client returns to the uninitialized state. Always returns OK.
+    fn close(&self) -> i32 {
+        *self.conn() = None;
+        OK
+    }
+
+    /// Probes the service by listing registered services.
+    ///
+    /// Returns HEALTH_OK (0) if the probe succeeds, HEALTH_NOT_INITIALIZED (1) before a successful
+    /// setup(), after close() or after a failed setup(), HEALTH_UNREACHABLE (2) if the probe of an
+    /// initialized client fails.
+    fn health_check(&self, py: Python<'_>) -> i32 {
+        if self.conn().is_none() {
+            return HEALTH_NOT_INITIALIZED;
+        }
+        match self.call(py, |mut c, t| async move {
+            c.list_services(request(pb::ListServicesRequest {}, t))
+                .await
+        }) {
+            Ok(resp) if resp.ret == OK => HEALTH_OK,
+            Err(CONDUCTOR_UNAVAILABLE) => HEALTH_NOT_INITIALIZED,
+            _ => HEALTH_UNREACHABLE,
+        }
+    }
+
+    /// Queries continuous prefix-cache matches for a prompt; arguments after `model_name` are
+    /// keyword-only.
+    ///
+    /// Returns {"ret": int, "hits": dict}: hits maps instance IDs to longest_matched, dp,
+    /// rank_matches, device, cpu_local, cpu_share and disk (cumulative token counts; rank keys are
+    /// decimal strings). On failure ret is negative and hits is {}. Token IDs that are not
+    /// representable as signed 32-bit integers give INVALID_PARAMS.
+    #[pyo3(
+        text_signature = "(self, model_name, *, lora_name='', block_size, tenant_id='default', token_ids, cache_salt='', instance_filter='')"
+    )]
+    #[pyo3(signature = (
+        model_name,
+        *,
+        lora_name = String::new(),
+        block_size,
+        tenant_id = String::from("default"),
+        token_ids,
+        cache_salt = String::new(),
+        instance_filter = String::new(),
+    ))]
+    #[allow(clippy::too_many_arguments)] // The keyword-only signature is the documented API.
+    fn query<'py>(
+        &self,
+        py: Python<'py>,
+        model_name: String,
+        lora_name: String,
+        block_size: i64,
+        tenant_id: String,
+        token_ids: &Bound<'py, PyAny>,
+        cache_salt: String,
+        instance_filter: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let Some(token_ids) = convert::token_ids(token_ids)? else {
+            return convert::query_result(py, INVALID_PARAMS, None);
+        };
+        let msg = pb::QueryRequest {
+            model_name,
+            lora_name,
+            block_size,
+            tenant_id,
+            token_ids,
+            cache_salt,
+            instance_filter,
+        };
+        match self.call(py, |mut c, t| async move { c.query(request(msg, t)).await }) {
+            Ok(resp) if resp.ret == OK => convert::query_result(py, OK, Some(resp)),
+            Ok(resp) => convert::query_result(py, resp.ret, None),
+            Err(code) => convert::query_result(py, code, None),
+        }
+    }
+
+    /// Registers one publisher subscription described by `config` (Python field names).
+    ///
+    /// Returns OK or a negative code; the server answers INVALID_PARAMS for missing required
+    /// values, unsupported hash recipes and invalid values. Raises ValueError if `config` is not a
+    /// dict, has unknown or non-string keys, wrong value types (bool is not an int), integers
+    /// outside int64 or an unknown publisher_type; the same key/type rules apply to hash_profile.
+    fn register(&self, py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<i32> {
+        let msg = register::parse(config)?;
+        Ok(
+            match self.call(
+                py,
+                |mut c, t| async move { c.register(request(msg, t)).await },
+            ) {
+                Ok(resp) => resp.ret,
+                Err(code) => code,
+            },
+        )
+    }
+
+    /// Stops consuming events for the subscription (instance_id, tenant_id, dp_rank).
+    ///
+    /// Returns OK, SERVICE_NOT_FOUND if the subscription does not exist, or another negative code.
+    #[pyo3(signature = (instance_id, tenant_id = String::from("default"), dp_rank = 0))]
+    #[pyo3(text_signature = "(self, instance_id, tenant_id='default', dp_rank=0)")]
+    fn unregister(
+        &self,
+        py: Python<'_>,
+        instance_id: String,
+        tenant_id: String,
+        dp_rank: i64,
+    ) -> i32 {
+        let msg = pb::UnregisterRequest {
+            instance_id,
+            tenant_id,
+            dp_rank,
+        };
+        match self.call(
+            py,
+            |mut c, t| async move { c.unregister(request(msg, t)).await },
+        ) {
+            Ok(resp) => resp.ret,
+            Err(code) => code,
+        }
+    }
+
+    /// Returns a snapshot of indexed model contexts: {"ret", "context_count", "contexts"}.
+    /// On failure ret is negative, context_count is 0 and contexts is [].
+    fn get_global_view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        match self.call(py, |mut c, t| async move {
+            c.get_global_view(request(pb::GetGlobalViewRequest {}, t))
+                .await
+        }) {
+            Ok(resp) if resp.ret == OK => convert::global_view(py, OK, Some(resp)),
+            Ok(resp) => convert::global_view(py, resp.ret, None),
+            Err(code) => convert::global_view(py, code, None),
+        }
+    }
+
+    /// Lists active publisher configurations: {"ret", "count", "services"}, each service with the
+    /// export keys Endpoint, ReplayEndpoint, Type, ModelName, LoraName, TenantID, InstanceID,
+    /// BlockSize, DPRank, CacheGroup and HashProfile. On failure ret is negative, count is 0 and
+    /// services is [].
+    fn list_services<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        match self.call(py, |mut c, t| async move {
+            c.list_services(request(pb::ListServicesRequest {}, t))
+                .await
+        }) {
+            Ok(resp) if resp.ret == OK => convert::services(py, OK, Some(resp)),
+            Ok(resp) => convert::services(py, resp.ret, None),
+            Err(code) => convert::services(py, code, None),
+        }
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// Calls close(); never suppresses an exception raised in the `with` body.
+    #[pyo3(signature = (_exc_type = None, _exc_value = None, _traceback = None))]
+    fn __exit__(
+        &self,
+        _exc_type: Option<&Bound<'_, PyAny>>,
+        _exc_value: Option<&Bound<'_, PyAny>>,
+        _traceback: Option<&Bound<'_, PyAny>>,
+    ) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match self.conn().as_ref() {
+            Some(c) => format!("<ConductorClient connected to {}>", c.addr),
+            None => "<ConductorClient (not connected)>".to_owned(),
+        }
+    }
+}
+
+#[pymodule]
+mod _conductor {
+    #[pymodule_export]
+    use super::ConductorClient;
+
+    #[pymodule_export]
+    const OK: i32 = super::codes::OK;
+    #[pymodule_export]
+    const INTERNAL_ERROR: i32 = super::codes::INTERNAL_ERROR;
+    #[pymodule_export]
+    const INVALID_PARAMS: i32 = super::codes::INVALID_PARAMS;
+    #[pymodule_export]
+    const RPC_FAIL: i32 = super::codes::RPC_FAIL;
+    #[pymodule_export]
+    const RPC_TIMEOUT: i32 = super::codes::RPC_TIMEOUT;
+    #[pymodule_export]
+    const CONDUCTOR_UNAVAILABLE: i32 = super::codes::CONDUCTOR_UNAVAILABLE;
+    #[pymodule_export]
+    const SERVICE_NOT_FOUND: i32 = super::codes::SERVICE_NOT_FOUND;
+    #[pymodule_export]
+    const HEALTH_OK: i32 = super::codes::HEALTH_OK;
+    #[pymodule_export]
+    const HEALTH_NOT_INITIALIZED: i32 = super::codes::HEALTH_NOT_INITIALIZED;
+    #[pymodule_export]
+    const HEALTH_UNREACHABLE: i32 = super::codes::HEALTH_UNREACHABLE;
+}

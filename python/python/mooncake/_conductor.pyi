@@ -1,0 +1,73 @@
+"""Native part of :mod:`mooncake.conductor` (use that module; see its documentation)."""
+
+from types import TracebackType
+from typing import Any, Final, Iterable, Mapping, Optional, Type
+
+from mooncake._types import GlobalView, QueryResult, RegisterConfig, ServiceList
+
+OK: Final[int]  # 0
+INTERNAL_ERROR: Final[int]  # -1
+INVALID_PARAMS: Final[int]  # -600
+RPC_FAIL: Final[int]  # -900
+RPC_TIMEOUT: Final[int]  # -901
+CONDUCTOR_UNAVAILABLE: Final[int]  # -2000
+SERVICE_NOT_FOUND: Final[int]  # -2001
+HEALTH_OK: Final[int]  # 0
+HEALTH_NOT_INITIALIZED: Final[int]  # 1
+HEALTH_UNREACHABLE: Final[int]  # 2
+
+class ConductorClient:
+    """Client of the Conductor RPC service.
+
+    Creates an unconnected client. Call setup() before making requests. Entering a ``with``
+    block returns the client (without calling setup()); leaving it calls close(), also when
+    the body raises.
+    """
+
+    def __init__(self) -> None: ...
+    def setup(
+        self,
+        conductor_addr: str,
+        connect_timeout_ms: int = 1000,
+        request_timeout_ms: int = 3000,
+    ) -> int:
+        """Connect to ``host:port``. Returns OK, INVALID_PARAMS (no port separator, malformed
+        address, non-positive timeout) or RPC_FAIL (not reachable within connect_timeout_ms).
+        Each attempt replaces the previous connection; a failed one leaves the client
+        uninitialized."""
+    def close(self) -> int:
+        """Release the connection (does not unregister publishers). Always OK; repeatable."""
+    def health_check(self) -> int:
+        """HEALTH_OK, HEALTH_NOT_INITIALIZED (no successful setup) or HEALTH_UNREACHABLE."""
+    def query(
+        self,
+        model_name: str,
+        *,
+        lora_name: str = "",
+        block_size: int,
+        tenant_id: str = "default",
+        token_ids: Iterable[int],
+        cache_salt: str = "",
+        instance_filter: str = "",
+    ) -> QueryResult:
+        """Prefix-cache hits per instance. ``{"ret": <negative>, "hits": {}}`` on failure;
+        token IDs outside the signed 32-bit range give INVALID_PARAMS."""
+    def register(self, config: RegisterConfig | Mapping[str, Any]) -> int:
+        """Register one publisher. Returns OK or a negative code (INVALID_PARAMS from the
+        server for missing or invalid values). Raises ValueError for a non-dict, unknown or
+        non-string keys, wrong types, integers outside int64 or an unknown publisher_type."""
+    def unregister(
+        self, instance_id: str, tenant_id: str = "default", dp_rank: int = 0
+    ) -> int:
+        """OK, SERVICE_NOT_FOUND or another negative code."""
+    def get_global_view(self) -> GlobalView:
+        """Snapshot of indexed contexts; ``context_count`` 0 and ``contexts`` [] on failure."""
+    def list_services(self) -> ServiceList:
+        """Active publisher configurations; ``count`` 0 and ``services`` [] on failure."""
+    def __enter__(self) -> "ConductorClient": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc_value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> bool: ...

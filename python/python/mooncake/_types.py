@@ -1,0 +1,118 @@
+"""Shapes of the dictionaries exchanged with :class:`mooncake.conductor.ConductorClient`.
+
+These are ``TypedDict`` declarations for type checkers and readers; at run time the client
+accepts and returns plain ``dict`` objects.
+"""
+
+from typing import Dict, List, Optional, Set, TypedDict
+
+
+class TierCounts(TypedDict):
+    """Cumulative prefix token counts of one DP rank: device <= cpu_local <= cpu_share <= disk."""
+
+    device: int
+    cpu_local: int
+    cpu_share: int
+    disk: int
+
+
+class InstanceHits(TypedDict):
+    """Hits of one instance; rank keys are decimal strings such as ``"0"``."""
+
+    longest_matched: int
+    dp: Dict[str, int]
+    rank_matches: Dict[str, TierCounts]
+    device: int
+    cpu_local: int
+    cpu_share: int
+    disk: int
+
+
+class QueryResult(TypedDict):
+    """``query()`` result; ``hits`` maps instance IDs to their hits and is ``{}`` on failure."""
+
+    ret: int
+    hits: Dict[str, InstanceHits]
+
+
+class HashProfileConfig(TypedDict, total=False):
+    """The ``hash_profile`` accepted by ``register()`` (exactly these keys, string values)."""
+
+    strategy: str
+    algorithm: str
+    python_hash_seed: str
+    index_projection: str
+
+
+class RegisterConfig(TypedDict, total=False):
+    """``register()`` input. ``endpoint``, ``model_name``, ``block_size`` and ``hash_profile`` are
+    required by the server (and ``instance_id`` for vLLM/SGLang publishers)."""
+
+    instance_id: str
+    endpoint: str
+    model_name: str
+    block_size: int
+    hash_profile: HashProfileConfig
+    replay_endpoint: str
+    publisher_type: str
+    lora_name: str
+    tenant_id: str
+    dp_rank: int
+    cache_group: Optional[int]
+
+
+class HashProfile(TypedDict):
+    """A resolved hash recipe, including the server-derived ``root_digest``."""
+
+    strategy: str
+    algorithm: str
+    python_hash_seed: str
+    root_digest: str
+    index_projection: str
+
+
+class ContextView(TypedDict):
+    """One indexed model context of ``get_global_view()``."""
+
+    model_name: str
+    lora_name: str
+    block_size: int
+    tenant_id: str
+    prefix_count: int
+    hash_profile: HashProfile
+    instances: Dict[str, Set[int]]
+
+
+class GlobalView(TypedDict):
+    """``get_global_view()`` result; ``context_count`` 0 and ``contexts`` [] on failure."""
+
+    ret: int
+    context_count: int
+    contexts: List[ContextView]
+
+
+# Export keys are PascalCase (the service-list format of the HTTP API), hence the functional form.
+ServiceEntry = TypedDict(
+    "ServiceEntry",
+    {
+        "Endpoint": str,
+        "ReplayEndpoint": str,
+        "Type": str,
+        "ModelName": str,
+        "LoraName": str,
+        "TenantID": str,
+        "InstanceID": str,
+        "BlockSize": int,
+        "DPRank": int,
+        "CacheGroup": Optional[int],
+        "HashProfile": HashProfile,
+    },
+)
+
+
+class ServiceList(TypedDict):
+    """``list_services()`` result; ``count`` 0 and ``services`` [] on failure."""
+
+    ret: int
+    count: int
+    services: List[ServiceEntry]

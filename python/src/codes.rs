@@ -1,0 +1,51 @@
+//! Result codes of the Python API (`spec/python-api.md`, "Error Codes") and the mapping of transport
+//! failures onto them. The server sends its own codes in `ret`; these constants only name them and
+//! add the client-side ones (RPC_FAIL, RPC_TIMEOUT, CONDUCTOR_UNAVAILABLE).
+
+use tonic::{Code, Status};
+
+pub const OK: i32 = 0;
+pub const INTERNAL_ERROR: i32 = -1;
+pub const INVALID_PARAMS: i32 = -600;
+pub const RPC_FAIL: i32 = -900;
+pub const RPC_TIMEOUT: i32 = -901;
+pub const CONDUCTOR_UNAVAILABLE: i32 = -2000;
+pub const SERVICE_NOT_FOUND: i32 = -2001;
+
+/// `health_check()` statuses: a separate, non-negative scale.
+pub const HEALTH_OK: i32 = 0;
+pub const HEALTH_NOT_INITIALIZED: i32 = 1;
+pub const HEALTH_UNREACHABLE: i32 = 2;
+
+/// The code for a call that failed at the gRPC layer (the server's own failures travel in `ret`).
+///
+/// Only a deadline is distinguished: the caller can retry with a longer timeout. Every other status
+/// (refused or lost connection, a server that speaks something else, an unimplemented method) is
+/// one transport failure to the caller, who cannot act differently on it.
+pub fn from_status(status: &Status) -> i32 {
+    match status.code() {
+        Code::DeadlineExceeded => RPC_TIMEOUT,
+        _ => RPC_FAIL,
+    }
+}
+
+/// Splits `host:port` (`[v6]:port` for IPv6) into the URI tonic connects to.
+///
+/// Returns `None` for anything that is not exactly a host and a port: a missing port separator,
+/// an empty host, a port outside 1..=65535, or a URL scheme (the spec asks for a bare address).
+pub fn endpoint_uri(addr: &str) -> Option<String> {
+    if addr.contains("://") || addr.contains('/') || addr.chars().any(char::is_whitespace) {
+        return None;
+    }
+    let (host, port) = addr.rsplit_once(':')?;
+    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+    // An unbracketed colon in the host is an IPv6 literal without brackets: its port is ambiguous.
+    if host.is_empty() || (!bracketed && host.contains(':')) {
+        return None;
+    }
+    Some(format!("http://{host}:{port}"))
+}
