@@ -1,1 +1,272 @@
-//! Service configuration (skeleton).
+//! Service configuration: a JSON file named by `CONDUCTOR_CONFIG_PATH`, else
+//! `$HOME/.mooncake/conductor_config.json`, else the default embedded from `config/default.json`.
+//!
+//! Unlike the reference (which silently turns a non-numeric port into port 0 and ignores unknown
+//! keys), every problem in a file is a startup error naming the file and the field. A missing port
+//! means the default port, never 0; an explicit 0 asks the OS for a free port (the listener logs the
+//! port it got). Static registrations (`kvevent_instance`) are kept as raw JSON here and validated
+//! one by one at start-up with the same rules as HTTP `/register`, so a bad entry is skipped alone.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+/// The embedded default configuration.
+pub const DEFAULT_CONFIG_JSON: &str = include_str!("../config/default.json");
+
+pub const CONFIG_PATH_ENV: &str = "CONDUCTOR_CONFIG_PATH";
+pub const LOG_LEVEL_ENV: &str = "CONDUCTOR_LOG_LEVEL";
+
+const DEFAULT_HTTP_PORT: u16 = 8080;
+const DEFAULT_RPC_PORT: u16 = 50052;
+const DEFAULT_DATA_DIR: &str = "./conductor-data";
+const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 1000;
+const DEFAULT_HTTP_BODY_LIMIT: u64 = 64 * 1024 * 1024;
+const DEFAULT_RPC_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// The loaded configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub http_server_port: u16,
+    pub rpc_server_port: u16,
+    /// Address both servers listen on (default all interfaces, like the reference).
+    pub bind_address: IpAddr,
+    /// Static registrations by stream key, in file order; fields as HTTP `/register` takes them.
+    pub kvevent_instance: Vec<(String, Map<String, Value>)>,
+    pub data_dir: PathBuf,
+    pub checkpoint_interval_ms: u64,
+    /// Largest HTTP request body accepted (413 above it).
+    pub http_body_limit_bytes: u64,
+    /// Largest gRPC message decoded or encoded.
+    pub rpc_message_limit_bytes: u64,
+}
+
+/// Where the configuration came from, for the start-up log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigOrigin {
+    File(PathBuf),
+    Embedded,
+}
+
+impl fmt::Display for ConfigOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigOrigin::File(p) => write!(f, "{}", p.display()),
+            ConfigOrigin::Embedded => f.write_str("embedded default"),
+        }
+    }
+}
+
+/// A configuration that cannot be used; names the file and, when it applies, the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config {origin}: {}{message}", field.as_ref().map(|f| format!("field `{f}`: ")).unwrap_or_default())]
+pub struct ConfigError {
+    pub origin: String,
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl Config {
+    /// Resolve the configuration from the environment (see the module doc).
+    pub fn load() -> Result<(Config, ConfigOrigin), ConfigError> {
+        let explicit = std::env::var(CONFIG_PATH_ENV).ok().filter(|p| !p.is_empty());
+        if let Some(path) = explicit {
+            let path = PathBuf::from(path);
+            return Ok((Config::from_file(&path)?, ConfigOrigin::File(path)));
+        }
+        if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            let path = Path::new(&home).join(".mooncake").join("conductor_config.json");
+            if path.exists() {
+                return Ok((Config::from_file(&path)?, ConfigOrigin::File(path)));
+            }
+        }
+        Ok((Config::embedded_default(), ConfigOrigin::Embedded))
+    }
+
+    /// The embedded default. It is checked by a unit test, so parsing cannot fail at run time.
+    pub fn embedded_default() -> Config {
+        Config::parse(DEFAULT_CONFIG_JSON, "embedded default").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError { origin: origin.clone(), field: None, message: format!("cannot read: {e}") })?;
+        Config::parse(&text, &origin)
+    }
+
+    /// Parse a configuration document; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let err = |field: Option<&str>, message: String| ConfigError {
+            origin: origin.to_owned(),
+            field: field.map(str::to_owned),
+            message,
+        };
+        let root: Value = serde_json::from_str(text).map_err(|e| err(None, format!("invalid JSON: {e}")))?;
+        let Value::Object(root) = root else {
+            return Err(err(None, "the root must be a JSON object".into()));
+        };
+        let mut config = Config {
+            http_server_port: DEFAULT_HTTP_PORT,
+            rpc_server_port: DEFAULT_RPC_PORT,
+            bind_address: IpAddr::from([0, 0, 0, 0]),
+            kvevent_instance: Vec::new(),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            checkpoint_interval_ms: DEFAULT_CHECKPOINT_INTERVAL_MS,
+            http_body_limit_bytes: DEFAULT_HTTP_BODY_LIMIT,
+            rpc_message_limit_bytes: DEFAULT_RPC_MESSAGE_LIMIT,
+        };
+        for (key, value) in &root {
+            let field = Some(key.as_str());
+            match key.as_str() {
+                "http_server_port" => config.http_server_port = port(value).map_err(|m| err(field, m))?,
+                "rpc_server_port" => config.rpc_server_port = port(value).map_err(|m| err(field, m))?,
+                "bind_address" => {
+                    let text = value.as_str().ok_or_else(|| err(field, "must be a string".into()))?;
+                    config.bind_address =
+                        text.parse().map_err(|_| err(field, format!("not an IP address: {text:?}")))?;
+                }
+                "kvevent_instance" => {
+                    let Value::Object(entries) = value else {
+                        return Err(err(field, "must be an object of stream key -> registration".into()));
+                    };
+                    for (stream_key, entry) in entries {
+                        let Value::Object(entry) = entry else {
+                            let name = format!("kvevent_instance.{stream_key}");
+                            return Err(err(Some(&name), "must be an object".into()));
+                        };
+                        config.kvevent_instance.push((stream_key.clone(), entry.clone()));
+                    }
+                }
+                "data_dir" => {
+                    let text = value.as_str().filter(|s| !s.is_empty());
+                    let text = text.ok_or_else(|| err(field, "must be a non-empty string".into()))?;
+                    config.data_dir = PathBuf::from(text);
+                }
+                "checkpoint_interval_ms" => {
+                    config.checkpoint_interval_ms = positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
+                }
+                "http_body_limit_bytes" => {
+                    config.http_body_limit_bytes = positive(value, 1 << 32).map_err(|m| err(field, m))?
+                }
+                "rpc_message_limit_bytes" => {
+                    config.rpc_message_limit_bytes = positive(value, 1 << 31).map_err(|m| err(field, m))?
+                }
+                _ => return Err(err(field, "unknown configuration key".into())),
+            }
+        }
+        Ok(config)
+    }
+}
+
+fn port(value: &Value) -> Result<u16, String> {
+    let n = value.as_u64().ok_or_else(|| "must be an integer in 0..=65535".to_owned())?;
+    u16::try_from(n).map_err(|_| format!("{n} is outside 0..=65535"))
+}
+
+fn positive(value: &Value, max: u64) -> Result<u64, String> {
+    match value.as_u64() {
+        Some(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("must be an integer in 1..={max}")),
+    }
+}
+
+/// Log levels accepted by `CONDUCTOR_LOG_LEVEL`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    /// Parse `CONDUCTOR_LOG_LEVEL`, case-insensitively. Empty or unset is INFO; anything else is
+    /// returned as an error so the caller can warn and fall back to INFO.
+    pub fn parse(text: Option<&str>) -> Result<LogLevel, String> {
+        let text = text.unwrap_or("").trim();
+        match text.to_ascii_uppercase().as_str() {
+            "" | "INFO" => Ok(LogLevel::Info),
+            "DEBUG" => Ok(LogLevel::Debug),
+            "WARN" | "WARNING" => Ok(LogLevel::Warn),
+            "ERROR" => Ok(LogLevel::Error),
+            _ => Err(format!("{LOG_LEVEL_ENV}={text:?} is not DEBUG, INFO, WARN or ERROR; using INFO")),
+        }
+    }
+
+    pub const fn as_filter(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_parses_to_the_documented_values() {
+        let c = Config::embedded_default();
+        assert_eq!((c.http_server_port, c.rpc_server_port), (8080, 50052));
+        assert!(c.kvevent_instance.is_empty());
+        assert_eq!(c.data_dir, PathBuf::from("./conductor-data"));
+        assert_eq!(c.checkpoint_interval_ms, 1000);
+    }
+
+    #[test]
+    fn missing_port_means_default_not_zero() {
+        let c = Config::parse(r#"{"kvevent_instance": {}}"#, "t.json").unwrap();
+        assert_eq!((c.http_server_port, c.rpc_server_port), (8080, 50052));
+        let c = Config::parse(r#"{"http_server_port": 0}"#, "t.json").unwrap();
+        assert_eq!(c.http_server_port, 0, "an explicit 0 asks for a free port");
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_field() {
+        let e = Config::parse(r#"{"http_server_port": "80"}"#, "conf.json").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("http_server_port"));
+        assert!(e.to_string().starts_with("config conf.json: field `http_server_port`"), "{e}");
+        let e = Config::parse(r#"{"rpc_server_port": 70000}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("rpc_server_port"));
+        let e = Config::parse(r#"{"typo_port": 1}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("typo_port"));
+        let e = Config::parse(r#"{"kvevent_instance": {"a": 3}}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("kvevent_instance.a"));
+        let e = Config::parse(r#"{"checkpoint_interval_ms": 0}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("checkpoint_interval_ms"));
+        let e = Config::parse("[1]", "c").unwrap_err();
+        assert_eq!(e.field, None);
+        let e = Config::parse("{", "broken.json").unwrap_err();
+        assert!(e.to_string().contains("broken.json") && e.to_string().contains("invalid JSON"), "{e}");
+    }
+
+    #[test]
+    fn static_entries_are_all_kept() {
+        let c = Config::parse(r#"{"kvevent_instance": {"b": {"type": "vLLM"}, "a": {}}}"#, "c").unwrap();
+        let keys: Vec<&str> = c.kvevent_instance.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys.len(), 2);
+        assert!(keys.contains(&"a") && keys.contains(&"b"));
+    }
+
+    #[test]
+    fn unreadable_file_names_the_path() {
+        let e = Config::from_file(Path::new("/nonexistent/conductor.json")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/conductor.json"), "{e}");
+    }
+
+    #[test]
+    fn log_levels_are_case_insensitive() {
+        assert_eq!(LogLevel::parse(Some("debug")), Ok(LogLevel::Debug));
+        assert_eq!(LogLevel::parse(Some("Warn")), Ok(LogLevel::Warn));
+        assert_eq!(LogLevel::parse(Some("ERROR")), Ok(LogLevel::Error));
+        assert_eq!(LogLevel::parse(None), Ok(LogLevel::Info));
+        assert_eq!(LogLevel::parse(Some("")), Ok(LogLevel::Info));
+        assert!(LogLevel::parse(Some("verbose")).is_err());
+    }
+}

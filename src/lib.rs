@@ -10,4 +10,6 @@ pub mod events;
 pub mod hashing;
 pub mod index;
 pub mod model;
+pub mod service;
+pub mod subscription;
 pub mod wire;

@@ -1,0 +1,339 @@
+//! The sequence state machine of one publisher stream, without any I/O.
+//!
+//! The publisher numbers its batches (vLLM and SGLang from 0 in every process, the Mooncake store
+//! from 1). The subscription applies batches strictly in order and never keeps entries it cannot
+//! vouch for:
+//!
+//! * `seq == last + 1`: apply. `seq <= last` while live: a duplicate when equal, otherwise the
+//!   publisher restarted, so everything this source owns is dropped before the new stream applies.
+//! * a gap (`seq > last + 1`), or a first batch past the stream start when a replay socket exists:
+//!   ask the publisher's replay socket for `last + 1..`, apply replayed batches in order until the
+//!   end marker, hold live batches meanwhile and apply them afterwards without double-applying.
+//! * a gap that cannot be filled (no replay socket, replay starts too late, replay failed or timed
+//!   out): drop the source and continue from the live stream.
+//!
+//! Every decision is returned as [`Action`]s; the actor shell performs them.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+/// What the shell must do next, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Decode and apply this batch.
+    Apply { seq: u64, payload: Bytes },
+    /// Remove everything this source owns from every context (its state is unknown or stale).
+    DropSource { reason: DropReason },
+    /// Ask the replay socket for every buffered batch from `from_seq` on.
+    RequestReplay { from_seq: u64 },
+}
+
+/// Why a source's entries were dropped (a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    PublisherRestarted,
+    GapWithoutReplay,
+    ReplayIncomplete,
+    ReplayFailed,
+    ReplayOverflow,
+}
+
+impl DropReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DropReason::PublisherRestarted => "publisher_restarted",
+            DropReason::GapWithoutReplay => "gap_without_replay",
+            DropReason::ReplayIncomplete => "replay_incomplete",
+            DropReason::ReplayFailed => "replay_failed",
+            DropReason::ReplayOverflow => "replay_overflow",
+        }
+    }
+}
+
+/// The externally visible phase of a subscription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// No batch seen yet.
+    Connecting,
+    Live,
+    /// Waiting for the publisher's replay of a gap.
+    Replaying,
+    /// The source was dropped; its entries are being rebuilt from the live stream.
+    Resyncing,
+}
+
+impl Phase {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Phase::Connecting => "connecting",
+            Phase::Live => "live",
+            Phase::Replaying => "replaying",
+            Phase::Resyncing => "resyncing",
+        }
+    }
+}
+
+/// Counters the state machine itself can know.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SeqCounters {
+    pub applied: u64,
+    pub duplicates: u64,
+    pub gaps: u64,
+    pub restarts: u64,
+    pub replays_ok: u64,
+    pub replays_failed: u64,
+    pub sources_dropped: u64,
+}
+
+/// A replay in progress.
+#[derive(Debug)]
+struct Replay {
+    /// The next seq the replay must deliver.
+    expected: u64,
+    /// Live batches that arrived while replaying, in arrival order.
+    held: VecDeque<(u64, Bytes)>,
+    /// The replay skipped batches (the publisher's buffer no longer held them).
+    incomplete: bool,
+}
+
+/// The per-stream sequence state (see the module doc).
+#[derive(Debug)]
+pub struct SeqState {
+    /// The first seq of a fresh publisher process (0 for engines, 1 for the Mooncake store).
+    stream_start: u64,
+    has_replay: bool,
+    /// Live batches held during a replay at most; beyond that the replay is abandoned.
+    max_held: usize,
+    last: Option<u64>,
+    replay: Option<Replay>,
+    resyncing: bool,
+    counters: SeqCounters,
+}
+
+impl SeqState {
+    pub fn new(stream_start: u64, has_replay: bool, max_held: usize) -> Self {
+        SeqState {
+            stream_start,
+            has_replay,
+            max_held,
+            last: None,
+            replay: None,
+            resyncing: false,
+            counters: SeqCounters::default(),
+        }
+    }
+
+    /// Resume after a restart of the Conductor: batches up to `last_applied` are already in the
+    /// recovered index, so the next batch must be `last_applied + 1`.
+    pub fn resume_from(&mut self, last_applied: u64) {
+        self.last = Some(last_applied);
+    }
+
+    /// The next batch this stream needs, when one is known (for the first replay request after
+    /// a resume, before any live batch arrived).
+    pub fn next_needed(&self) -> Option<u64> {
+        self.last.map(|l| l.saturating_add(1))
+    }
+
+    pub fn last_applied(&self) -> Option<u64> {
+        self.last
+    }
+
+    pub fn counters(&self) -> SeqCounters {
+        self.counters
+    }
+
+    pub fn phase(&self) -> Phase {
+        if self.replay.is_some() {
+            Phase::Replaying
+        } else if self.resyncing {
+            Phase::Resyncing
+        } else if self.last.is_none() {
+            Phase::Connecting
+        } else {
+            Phase::Live
+        }
+    }
+
+    pub fn is_replaying(&self) -> bool {
+        self.replay.is_some()
+    }
+
+    /// Start a replay without a live trigger (after recovery: ask for what was missed while down).
+    pub fn begin_catch_up(&mut self) -> Vec<Action> {
+        match (self.has_replay, self.replay.is_some(), self.next_needed()) {
+            (true, false, Some(from_seq)) => {
+                self.replay = Some(Replay { expected: from_seq, held: VecDeque::new(), incomplete: false });
+                vec![Action::RequestReplay { from_seq }]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// A batch from the live stream.
+    pub fn on_live(&mut self, seq: u64, payload: Bytes) -> Vec<Action> {
+        if let Some(replay) = &mut self.replay {
+            if replay.held.len() >= self.max_held {
+                return self.abandon_replay(DropReason::ReplayOverflow, Some((seq, payload)));
+            }
+            replay.held.push_back((seq, payload));
+            return Vec::new();
+        }
+        let mut actions = Vec::new();
+        self.accept_live(seq, payload, &mut actions);
+        actions
+    }
+
+    fn accept_live(&mut self, seq: u64, payload: Bytes, actions: &mut Vec<Action>) {
+        match self.last {
+            None if seq > self.stream_start && self.has_replay => {
+                self.start_replay(self.stream_start, seq, payload, actions);
+            }
+            None => self.apply(seq, payload, actions),
+            Some(last) if seq == last.wrapping_add(1) => self.apply(seq, payload, actions),
+            Some(last) if seq == last => self.counters.duplicates += 1,
+            Some(last) if seq < last => {
+                // The publisher restarted: its previous process's blocks are gone.
+                self.counters.restarts += 1;
+                self.drop_source(DropReason::PublisherRestarted, actions);
+                self.last = None;
+                self.accept_live(seq, payload, actions);
+            }
+            Some(last) => {
+                self.counters.gaps += 1;
+                if self.has_replay {
+                    self.start_replay(last + 1, seq, payload, actions);
+                } else {
+                    self.drop_source(DropReason::GapWithoutReplay, actions);
+                    self.apply(seq, payload, actions);
+                }
+            }
+        }
+    }
+
+    fn start_replay(&mut self, from_seq: u64, seq: u64, payload: Bytes, actions: &mut Vec<Action>) {
+        let mut held = VecDeque::new();
+        held.push_back((seq, payload));
+        self.replay = Some(Replay { expected: from_seq, held, incomplete: false });
+        actions.push(Action::RequestReplay { from_seq });
+    }
+
+    /// A batch the replay socket delivered.
+    pub fn on_replayed(&mut self, seq: u64, payload: Bytes) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some(replay) = &mut self.replay else {
+            return actions; // a late answer to a replay already given up: ignore it
+        };
+        if seq < replay.expected {
+            return actions; // already applied
+        }
+        if seq > replay.expected {
+            // The publisher's buffer no longer holds what we missed: the source state is unknown.
+            replay.expected = seq + 1;
+            replay.incomplete = true;
+            self.drop_source(DropReason::ReplayIncomplete, &mut actions);
+            self.apply(seq, payload, &mut actions);
+            return actions;
+        }
+        replay.expected = seq + 1;
+        self.apply(seq, payload, &mut actions);
+        actions
+    }
+
+    /// The replay's end marker arrived: apply what was held, then go live.
+    pub fn on_replay_end(&mut self) -> Vec<Action> {
+        let Some(replay) = self.replay.take() else {
+            return Vec::new();
+        };
+        let mut actions = Vec::new();
+        let next = self.last.map_or(self.stream_start, |l| l + 1);
+        // The first held batch must follow what the replay delivered; if the replay stopped short,
+        // the batches between are lost for good.
+        let stopped_short = replay.held.front().is_some_and(|(seq, _)| *seq > next);
+        if replay.incomplete || stopped_short {
+            self.counters.replays_failed += 1;
+        } else {
+            self.counters.replays_ok += 1;
+        }
+        // Held batches the replay already delivered are skipped; a regression among the held
+        // batches themselves is a publisher restart and goes through the live rules.
+        let replay_last = self.last;
+        let mut previous: Option<u64> = None;
+        let mut first = true;
+        for (seq, payload) in replay.held {
+            let regression = previous.is_some_and(|p| seq < p);
+            previous = Some(seq);
+            if !regression && replay_last.is_some_and(|l| seq <= l) {
+                self.counters.duplicates += 1;
+                continue;
+            }
+            if first && stopped_short {
+                self.drop_source(DropReason::ReplayIncomplete, &mut actions);
+                self.apply(seq, payload, &mut actions);
+            } else if first {
+                self.accept_live(seq, payload, &mut actions);
+            } else {
+                self.accept_live_after_replay(seq, payload, &mut actions);
+            }
+            first = false;
+        }
+        actions
+    }
+
+    /// Held batches after the first: a further gap among them cannot be replayed again without
+    /// risking a loop, so it drops the source.
+    fn accept_live_after_replay(&mut self, seq: u64, payload: Bytes, actions: &mut Vec<Action>) {
+        match self.last {
+            Some(last) if seq > last + 1 => {
+                self.counters.gaps += 1;
+                self.drop_source(DropReason::GapWithoutReplay, actions);
+                self.apply(seq, payload, actions);
+            }
+            _ => self.accept_live(seq, payload, actions),
+        }
+    }
+
+    /// The replay failed (timeout, socket error, malformed answer).
+    pub fn on_replay_failed(&mut self) -> Vec<Action> {
+        if self.replay.is_none() {
+            return Vec::new();
+        }
+        self.abandon_replay(DropReason::ReplayFailed, None)
+    }
+
+    fn abandon_replay(&mut self, reason: DropReason, extra: Option<(u64, Bytes)>) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some(replay) = self.replay.take() else {
+            return actions;
+        };
+        self.counters.replays_failed += 1;
+        self.drop_source(reason, &mut actions);
+        // Follow the live stream from the first held batch on.
+        let mut held: Vec<(u64, Bytes)> = replay.held.into_iter().collect();
+        held.extend(extra);
+        let mut it = held.into_iter();
+        if let Some((seq, payload)) = it.next() {
+            self.apply(seq, payload, &mut actions);
+        }
+        for (seq, payload) in it {
+            self.accept_live_after_replay(seq, payload, &mut actions);
+        }
+        actions
+    }
+
+    fn apply(&mut self, seq: u64, payload: Bytes, actions: &mut Vec<Action>) {
+        self.last = Some(seq);
+        self.counters.applied += 1;
+        if self.replay.is_none() && !matches!(actions.last(), Some(Action::DropSource { .. })) {
+            self.resyncing = false;
+        }
+        actions.push(Action::Apply { seq, payload });
+    }
+
+    fn drop_source(&mut self, reason: DropReason, actions: &mut Vec<Action>) {
+        self.counters.sources_dropped += 1;
+        self.resyncing = true;
+        actions.push(Action::DropSource { reason });
+    }
+}

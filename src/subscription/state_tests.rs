@@ -1,0 +1,190 @@
+//! Unit tests of the sequence state machine, one per rule of the module doc.
+
+use bytes::Bytes;
+
+use super::state::{Action, DropReason, Phase, SeqState};
+
+fn p(seq: u64) -> Bytes {
+    Bytes::from(format!("batch-{seq}"))
+}
+
+/// The seqs of the Apply actions, with `D` for a drop, in order.
+fn trace(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .map(|a| match a {
+            Action::Apply { seq, payload } => {
+                assert_eq!(payload, &p(*seq), "payload travels with its seq");
+                seq.to_string()
+            }
+            Action::DropSource { reason } => format!("D:{}", reason.as_str()),
+            Action::RequestReplay { from_seq } => format!("R:{from_seq}"),
+        })
+        .collect()
+}
+
+fn live(s: &mut SeqState, seqs: &[u64]) -> Vec<String> {
+    seqs.iter().flat_map(|&q| trace(&s.on_live(q, p(q)))).collect()
+}
+
+#[test]
+fn in_order_batches_apply_and_duplicates_are_ignored() {
+    let mut s = SeqState::new(0, false, 100);
+    assert_eq!(s.phase(), Phase::Connecting);
+    assert_eq!(live(&mut s, &[0, 1, 1, 2]), ["0", "1", "2"]);
+    assert_eq!(s.counters().duplicates, 1);
+    assert_eq!(s.phase(), Phase::Live);
+    assert_eq!(s.last_applied(), Some(2));
+}
+
+#[test]
+fn a_seq_regression_means_the_publisher_restarted() {
+    let mut s = SeqState::new(0, false, 100);
+    live(&mut s, &[0, 1, 2, 3]);
+    assert_eq!(live(&mut s, &[0, 1]), ["D:publisher_restarted", "0", "1"]);
+    assert_eq!(s.counters().restarts, 1);
+    assert_eq!(s.counters().sources_dropped, 1);
+}
+
+#[test]
+fn a_gap_without_replay_drops_the_source_and_follows_live() {
+    let mut s = SeqState::new(0, false, 100);
+    live(&mut s, &[0, 1]);
+    assert_eq!(live(&mut s, &[5, 6]), ["D:gap_without_replay", "5", "6"]);
+    assert_eq!(s.counters().gaps, 1);
+}
+
+#[test]
+fn a_gap_with_replay_is_healed_in_order_without_double_apply() {
+    let mut s = SeqState::new(0, true, 100);
+    live(&mut s, &[0, 1]);
+    assert_eq!(live(&mut s, &[4]), ["R:2"]);
+    assert_eq!(s.phase(), Phase::Replaying);
+    // Live batches keep arriving while the replay runs.
+    assert!(live(&mut s, &[5]).is_empty());
+    // The replay re-sends what we already have, then the gap, then what is also held.
+    let mut t = Vec::new();
+    for q in [1, 2, 3, 4, 5] {
+        t.extend(trace(&s.on_replayed(q, p(q))));
+    }
+    t.extend(trace(&s.on_replay_end()));
+    assert_eq!(t, ["2", "3", "4", "5"]);
+    assert_eq!(s.phase(), Phase::Live);
+    assert_eq!(live(&mut s, &[6]), ["6"]);
+    assert_eq!(s.counters().replays_ok, 1);
+    assert_eq!(s.counters().sources_dropped, 0);
+}
+
+#[test]
+fn a_replay_that_starts_too_late_drops_the_source() {
+    let mut s = SeqState::new(0, true, 100);
+    live(&mut s, &[0]);
+    assert_eq!(live(&mut s, &[10]), ["R:1"]);
+    let mut t = trace(&s.on_replayed(7, p(7)));
+    for q in [8, 9, 10] {
+        t.extend(trace(&s.on_replayed(q, p(q))));
+    }
+    t.extend(trace(&s.on_replay_end()));
+    assert_eq!(t, ["D:replay_incomplete", "7", "8", "9", "10"]);
+    assert_eq!(s.counters().replays_failed, 1);
+}
+
+#[test]
+fn a_replay_that_stops_short_of_the_held_batches_drops_the_source() {
+    let mut s = SeqState::new(0, true, 100);
+    live(&mut s, &[0]);
+    live(&mut s, &[5]);
+    let mut t = trace(&s.on_replayed(1, p(1)));
+    t.extend(trace(&s.on_replay_end()));
+    assert_eq!(t, ["1", "D:replay_incomplete", "5"]);
+    assert_eq!(s.counters().replays_failed, 1);
+}
+
+#[test]
+fn a_failed_replay_drops_the_source_and_applies_the_held_stream() {
+    let mut s = SeqState::new(0, true, 100);
+    live(&mut s, &[0]);
+    live(&mut s, &[3, 4]);
+    assert_eq!(trace(&s.on_replay_failed()), ["D:replay_failed", "3", "4"]);
+    assert_eq!(s.phase(), Phase::Live);
+    // A late replay answer after giving up changes nothing.
+    assert!(s.on_replayed(1, p(1)).is_empty());
+    assert!(s.on_replay_end().is_empty());
+}
+
+#[test]
+fn too_many_held_batches_abandon_the_replay() {
+    let mut s = SeqState::new(0, true, 2);
+    live(&mut s, &[0]);
+    live(&mut s, &[3, 4]);
+    assert_eq!(live(&mut s, &[5]), ["D:replay_overflow", "3", "4", "5"]);
+    assert!(!s.is_replaying());
+}
+
+#[test]
+fn a_late_join_with_replay_asks_for_the_stream_start() {
+    let mut s = SeqState::new(0, true, 100);
+    assert_eq!(live(&mut s, &[3]), ["R:0"]);
+    let mut t = Vec::new();
+    for q in 0..3 {
+        t.extend(trace(&s.on_replayed(q, p(q))));
+    }
+    t.extend(trace(&s.on_replay_end()));
+    assert_eq!(t, ["0", "1", "2", "3"]);
+    assert_eq!(s.counters().replays_ok, 1);
+}
+
+#[test]
+fn a_late_join_without_replay_just_starts() {
+    let mut s = SeqState::new(1, false, 100);
+    assert_eq!(live(&mut s, &[7, 8]), ["7", "8"]);
+    assert_eq!(s.counters().sources_dropped, 0);
+}
+
+#[test]
+fn the_mooncake_stream_starts_at_one() {
+    let mut s = SeqState::new(1, true, 100);
+    assert_eq!(live(&mut s, &[1, 2]), ["1", "2"]);
+}
+
+#[test]
+fn a_restart_into_a_late_seq_replays_the_new_stream() {
+    let mut s = SeqState::new(0, true, 100);
+    live(&mut s, &[0, 1, 2, 3, 4]);
+    assert_eq!(live(&mut s, &[2]), ["D:publisher_restarted", "R:0"]);
+    let mut t = Vec::new();
+    for q in 0..2 {
+        t.extend(trace(&s.on_replayed(q, p(q))));
+    }
+    t.extend(trace(&s.on_replay_end()));
+    assert_eq!(t, ["0", "1", "2"]);
+}
+
+#[test]
+fn catch_up_after_recovery_requests_the_missed_batches() {
+    let mut s = SeqState::new(0, true, 100);
+    s.resume_from(41);
+    assert_eq!(trace(&s.begin_catch_up()), ["R:42"]);
+    assert!(live(&mut s, &[45]).is_empty());
+    let mut t = Vec::new();
+    for q in 42..45 {
+        t.extend(trace(&s.on_replayed(q, p(q))));
+    }
+    t.extend(trace(&s.on_replay_end()));
+    assert_eq!(t, ["42", "43", "44", "45"]);
+    // Without a replay socket, recovery simply waits for live batches.
+    let mut s = SeqState::new(0, false, 100);
+    s.resume_from(41);
+    assert!(s.begin_catch_up().is_empty());
+    assert_eq!(live(&mut s, &[42]), ["42"]);
+}
+
+#[test]
+fn after_the_replay_a_further_gap_among_held_batches_drops_instead_of_looping() {
+    let mut s = SeqState::new(0, true, 100);
+    live(&mut s, &[0]);
+    live(&mut s, &[2, 5]);
+    let mut t = trace(&s.on_replayed(1, p(1)));
+    t.extend(trace(&s.on_replay_end()));
+    assert_eq!(t, ["1", "2", &format!("D:{}", DropReason::GapWithoutReplay.as_str()), "5"]);
+}
