@@ -42,9 +42,12 @@ pub fn endpoint_uri(addr: &str) -> Option<String> {
         return None;
     }
     let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
-    let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
-    // An unbracketed colon in the host is an IPv6 literal without brackets: its port is ambiguous.
-    if host.is_empty() || (!bracketed && host.contains(':')) {
+    let valid_host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        // IPv6 literal: brackets are what keep its colons apart from the port separator.
+        Some(v6) => !v6.is_empty() && !v6.contains(['[', ']']),
+        None => !host.is_empty() && !host.contains([':', '[', ']']),
+    };
+    if !valid_host {
         return None;
     }
     Some(format!("http://{host}:{port}"))
