@@ -19,12 +19,14 @@ pub const HEALTH_UNREACHABLE: i32 = 2;
 
 /// The code for a call that failed at the gRPC layer (the server's own failures travel in `ret`).
 ///
-/// Only a deadline is distinguished: the caller can retry with a longer timeout. Every other status
-/// (refused or lost connection, a server that speaks something else, an unimplemented method) is
-/// one transport failure to the caller, who cannot act differently on it.
+/// Only a deadline is distinguished: the caller can retry with a longer timeout. tonic reports an
+/// expired `grpc-timeout` as CANCELLED, on the client's channel and on a tonic server alike, so
+/// CANCELLED counts as a deadline too; this client never cancels a call for any other reason.
+/// Every other status (refused or lost connection, a peer that is not a Conductor, an
+/// unimplemented method) is one transport failure to the caller, who cannot act differently on it.
 pub fn from_status(status: &Status) -> i32 {
     match status.code() {
-        Code::DeadlineExceeded => RPC_TIMEOUT,
+        Code::DeadlineExceeded | Code::Cancelled => RPC_TIMEOUT,
         _ => RPC_FAIL,
     }
 }

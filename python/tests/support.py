@@ -98,13 +98,15 @@ class _Peer:
             pass
 
     def close(self) -> None:
+        # shutdown() first: a bare close() would not wake the thread blocked in accept(), and the
+        # kernel would keep accepting on the "closed" listener.
         self._closed = True
-        self._listener.close()
-        for c in self._conns:
+        for s in [self._listener] + self._conns:
             try:
-                c.close()
+                s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            s.close()
 
     def __enter__(self):
         return self
