@@ -200,6 +200,12 @@ def test_setup_to_a_peer_that_never_answers_the_probe_fails_in_time():
         assert client.health_check() == HEALTH_NOT_INITIALIZED
 
 
+def test_bracketed_ipv6_address_is_well_formed():
+    client = ConductorClient()
+    assert client.setup(f"[::1]:{closed_port()}", connect_timeout_ms=500) == RPC_FAIL
+    assert client.health_check() == HEALTH_NOT_INITIALIZED
+
+
 def test_setup_resolves_host_names(fake_conductor):
     client = ConductorClient()
     assert client.setup(f"localhost:{fake_conductor.port}") == OK
