@@ -1,6 +1,49 @@
-//! Hash profiles: byte-exact reproductions of each engine's block hash chain.
+//! Hash profiles: byte-exact reproductions of each engine's block hash chain, so a query's
+//! tokens produce the same 64-bit keys the engines publish in their KV events.
 //!
-//! (Skeleton: the full module is being built; the types below are the agreed interface.)
+//! Specs: `spec/python-api.md` (register(), `hash_profile`), `spec/mooncake-reference.md` (d),
+//! `spec/engines-wire.md` 4 (vLLM) and 5.3 (SGLang).
+//!
+//! | strategy | algorithm | block digest | key |
+//! |---|---|---|---|
+//! | `vllm_v1` | `sha256_cbor` | `SHA256(cbor((parent, tuple(tokens), extras)))` | `low64_be` |
+//! | `vllm_v1` | `sha256` | `SHA256(pickle.dumps(same, protocol=5))` | `low64_be` |
+//! | `sglang` | `sha256_raw` | `SHA256([prior] \|\| u32_le tokens)` per page | `first64_be` |
+//! | `sglang_bigram` | `sha256_raw` | the same over adjacent token pairs | `first64_be` |
+//!
+//! Choices the engines leave open, made here:
+//! * Root digest of the SGLang strategies (their chains have no root): SHA-256 of
+//!   `"mooncake-conductor-root-v1\0" + strategy name`. It identifies the profile only.
+//! * SGLang LoRA namespace: SGLang seeds it from `extra_key`, which carries an adapter uuid the
+//!   Conductor never sees; the seed here is SGLang's seed function applied to the LoRA name
+//!   instead (see [`sglang::lora_event_seed`]). Keys of a LoRA request therefore never collide
+//!   with the base model's or another adapter's, at the price of not matching live SGLang LoRA
+//!   events as published (a false miss, never a false hit).
+//! * SGLang negative token ids: widened to 64-bit two's complement, which makes the page wide
+//!   with a word SGLang refuses to hash, so it can only miss (see [`sglang`]).
+//!
+//! Layout: [`profile`] validation and the resolved [`HashProfile`]; [`chain`] the per-request
+//! [`BlockHasher`], the single-block [`BlockHasher::step`] and the lazy [`HashChain`];
+//! [`cbor`], [`pickle`] the two vLLM encoders; [`vllm`] and [`sglang`] the block hashes;
+//! `sha` a one-shot SHA-256 over a reused buffer.
+//!
+//! Query side: `profile.hasher(lora, salt).chain(block_size, &tokens)` then
+//! [`PrefixKeys::key`] per block. Ingestion side: `hasher.step(parent_digest, block_tokens, buf)`
+//! with `None` as the parent of a chain's first block.
+
+pub mod cbor;
+pub mod chain;
+pub mod pickle;
+pub mod profile;
+pub mod sglang;
+mod sha;
+pub mod vllm;
+
+#[cfg(test)]
+mod tests;
+
+pub use chain::{BlockHasher, BlockStep, HashChain};
+pub use profile::{Algorithm, HashProfile, ProfileError, Strategy, hex_lower};
 
 use crate::model::BlockHash;
 
@@ -47,6 +90,37 @@ pub trait PrefixKeys {
     fn covered(&self, n: usize) -> u64;
 }
 
-/// Placeholder until the resolved profile lands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HashProfile;
+/// A token id as the chains read it. Queries carry `i32`, engine events `i64`; both hash
+/// through their `i64` value, so a chain borrows either slice without copying it.
+pub trait Token: Copy + private::Sealed {
+    fn to_i64(self) -> i64;
+}
+
+impl Token for i32 {
+    #[inline(always)]
+    fn to_i64(self) -> i64 {
+        i64::from(self)
+    }
+}
+
+impl Token for i64 {
+    #[inline(always)]
+    fn to_i64(self) -> i64 {
+        self
+    }
+}
+
+impl Token for u32 {
+    #[inline(always)]
+    fn to_i64(self) -> i64 {
+        i64::from(self)
+    }
+}
+
+mod private {
+    /// Only the integer types above are tokens: the encoders depend on their value range.
+    pub trait Sealed {}
+    impl Sealed for i32 {}
+    impl Sealed for i64 {}
+    impl Sealed for u32 {}
+}
