@@ -60,7 +60,10 @@ pub enum KvEvent {
     StoreStored(StoreObject),
     StoreRemoved(StoreObject),
     /// The store dropped everything of one backend for one tenant.
-    StoreCleared { backend_id: String, tenant_id: String },
+    StoreCleared {
+        backend_id: String,
+        tenant_id: String,
+    },
 }
 
 /// Why an event was skipped on purpose (counted, never an error).
@@ -74,6 +77,10 @@ pub enum IgnoreReason {
     NonFullAttention,
     /// An adapter other than the one a LoRA-specific registration accepts.
     OtherLora,
+    /// A `BlockStored` whose block size differs from the registration's.
+    BlockSizeMismatch,
+    /// A store event without the model or block size that would name its context.
+    NoContext,
 }
 
 impl IgnoreReason {
@@ -83,6 +90,8 @@ impl IgnoreReason {
             IgnoreReason::OtherCacheGroup => "other_cache_group",
             IgnoreReason::NonFullAttention => "non_full_attention",
             IgnoreReason::OtherLora => "other_lora",
+            IgnoreReason::BlockSizeMismatch => "block_size_mismatch",
+            IgnoreReason::NoContext => "no_context",
         }
     }
 }
@@ -113,8 +122,16 @@ pub enum Holder {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IndexOp {
     /// Set semantics: storing a block twice is the same as once.
-    Store { holder: Holder, tier: Tier, hashes: Vec<BlockHash> },
-    Remove { holder: Holder, tier: Tier, hashes: Vec<BlockHash> },
+    Store {
+        holder: Holder,
+        tier: Tier,
+        hashes: Vec<BlockHash>,
+    },
+    Remove {
+        holder: Holder,
+        tier: Tier,
+        hashes: Vec<BlockHash>,
+    },
     /// Remove every block of this holder in every tier.
     ClearHolder { holder: Holder },
 }

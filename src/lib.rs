@@ -2,14 +2,19 @@
 //!
 //! Layout: [`model`] domain newtypes; [`error`] the stable result codes; [`hashing`] byte-exact
 //! engine hash chains; [`wire`] publisher payload decoders; [`events`] normalized events;
-//! [`index`] per-context prefix indexes; [`config`] the service configuration.
+//! [`index`] per-context prefix indexes; [`subscription`] one actor per publisher; [`registry`]
+//! subscriptions and contexts; [`gateway`] gRPC and HTTP over one operation layer; [`metrics`]
+//! Prometheus text; [`service`] the running service; [`config`] its configuration.
 
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod gateway;
 pub mod hashing;
 pub mod index;
+pub mod metrics;
 pub mod model;
+pub mod registry;
 pub mod service;
 pub mod subscription;
 pub mod wire;

@@ -1,17 +1,32 @@
 //! Wiring of the running service: the actix System on a multi-threaded tokio runtime, the
-//! listeners, and the shutdown protocol.
+//! registry and contexts, static registrations, the gRPC and HTTP servers, and the shutdown
+//! protocol (stop accepting, finish in-flight requests, stop subscriptions, exit 0).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use actix::Actor;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::gateway::grpc::GrpcService;
+use crate::gateway::ops::Ops;
+use crate::gateway::pb;
+use crate::gateway::registration::{HTTP_NAMES, RegistrationInput};
+use crate::gateway::value::Val;
+use crate::registry::{ArbiterPool, ContextDirectory, Register, Registry, ShutdownAll};
+use crate::subscription::socket::SocketTimings;
 
-/// A start-up or shutdown failure of the service.
+/// A start-up failure of the service.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     #[error("cannot listen for {what} on {addr}: {source}")]
-    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
     #[error("{0}")]
@@ -20,7 +35,10 @@ pub enum ServiceError {
 
 /// Run the service until SIGINT or SIGTERM, then shut down cleanly.
 pub fn run_until_signal(config: Config) -> Result<(), ServiceError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(ServiceError::Runtime)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(ServiceError::Runtime)?;
     let system = actix_rt::System::with_tokio_rt(move || runtime);
     system.block_on(async move {
         let shutdown = CancellationToken::new();
@@ -39,36 +57,135 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let rpc_addr = SocketAddr::new(config.bind_address, config.rpc_server_port);
     let http = tokio::net::TcpListener::bind(http_addr)
         .await
-        .map_err(|source| ServiceError::Bind { what: "HTTP", addr: http_addr, source })?;
+        .map_err(|source| ServiceError::Bind {
+            what: "HTTP",
+            addr: http_addr,
+            source,
+        })?;
     let rpc = tokio::net::TcpListener::bind(rpc_addr)
         .await
-        .map_err(|source| ServiceError::Bind { what: "gRPC", addr: rpc_addr, source })?;
-    let http_local = http.local_addr().map_err(|e| ServiceError::Other(e.to_string()))?;
-    let rpc_local = rpc.local_addr().map_err(|e| ServiceError::Other(e.to_string()))?;
+        .map_err(|source| ServiceError::Bind {
+            what: "gRPC",
+            addr: rpc_addr,
+            source,
+        })?;
+    let http_local = http
+        .local_addr()
+        .map_err(|e| ServiceError::Other(e.to_string()))?;
+    let rpc_local = rpc
+        .local_addr()
+        .map_err(|e| ServiceError::Other(e.to_string()))?;
+
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8);
+    let arbiters = ArbiterPool::new(threads);
+    let contexts = ContextDirectory::new(arbiters.clone());
+    let registry = Registry::new(contexts.clone(), SocketTimings::default()).start();
+    let ready = Arc::new(AtomicBool::new(false));
+    let ops = Ops::new(registry.clone(), contexts.clone(), ready.clone());
+
+    start_static_registrations(&config, &registry).await;
+    ready.store(true, Ordering::Release);
+
+    let http_server = {
+        let router =
+            crate::gateway::http::router(ops.clone(), config.http_body_limit_bytes as usize);
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            axum::serve(http, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+        })
+    };
+    let grpc_server = {
+        let limit = config.rpc_message_limit_bytes as usize;
+        let service = pb::conductor_server::ConductorServer::new(GrpcService::new(ops.clone()))
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| ServiceError::Other(format!("gRPC reflection: {e}")))?;
+        let stop = shutdown.clone();
+        let incoming = tonic::transport::server::TcpIncoming::from(rpc).with_nodelay(Some(true));
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .add_service(reflection)
+                .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await })
+                .await
+        })
+    };
     tracing::info!(http = %http_local, grpc = %rpc_local, "mooncake_conductor listening");
+
     shutdown.cancelled().await;
+    tracing::info!("shutting down: no new requests, finishing in-flight ones");
+    if let Ok(Err(e)) = http_server.await {
+        tracing::warn!("HTTP server ended with an error: {e}");
+    }
+    if let Ok(Err(e)) = grpc_server.await {
+        tracing::warn!("gRPC server ended with an error: {e}");
+    }
+    let _ = registry.send(ShutdownAll).await;
+    arbiters.stop();
     tracing::info!("shutdown complete");
     Ok(())
 }
 
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-            (Ok(mut int), Ok(mut term)) => {
-                tokio::select! {
-                    _ = int.recv() => tracing::info!("SIGINT received"),
-                    _ = term.recv() => tracing::info!("SIGTERM received"),
-                }
-            }
-            _ => {
-                let _ = tokio::signal::ctrl_c().await;
+/// Start every `kvevent_instance` entry; a bad entry is logged by its name and skipped.
+async fn start_static_registrations(config: &Config, registry: &actix::Addr<Registry>) {
+    let (mut ok, mut failed) = (0, 0);
+    for (name, entry) in &config.kvevent_instance {
+        let mut entry = entry.clone();
+        // The reference's rule: an entry without instance_id is named by its stream key.
+        entry
+            .entry("instance_id")
+            .or_insert_with(|| serde_json::Value::String(name.clone()));
+        let result =
+            match RegistrationInput::from_http(Val::from_json(serde_json::Value::Object(entry))) {
+                Ok(input) => match input.validate(HTTP_NAMES) {
+                    Ok(config) => match registry
+                        .send(Register {
+                            config,
+                            resume_after: None,
+                        })
+                        .await
+                    {
+                        Ok(result) => result.map(|_| ()),
+                        Err(e) => Err(crate::error::OpError::internal(e.to_string())),
+                    },
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+        match result {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                failed += 1;
+                tracing::error!(entry = %name, field = ?e.field, "static registration skipped: {}", e.message);
             }
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+    if ok + failed > 0 {
+        tracing::info!(success = ok, failed, "static registrations started");
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => tracing::info!("SIGINT received"),
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

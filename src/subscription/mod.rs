@@ -1,7 +1,16 @@
 //! One subscription per registered publisher: ZeroMQ sockets, the sequence state machine, decoding,
 //! and routing of normalized events to the context indexes.
+//!
+//! Layout: [`state`] the pure sequence state machine; [`socket`] the SUB/DEALER tasks;
+//! [`route`] decoded events → per-context index batches; [`hash_check`] the runtime profile check;
+//! [`status`] what a subscription reports; [`actor`] the actix shell tying them together.
 
+pub mod actor;
+pub mod hash_check;
+pub mod route;
+pub mod socket;
 pub mod state;
+pub mod status;
 
 #[cfg(test)]
 mod state_tests;

@@ -164,7 +164,11 @@ impl SeqState {
     pub fn begin_catch_up(&mut self) -> Vec<Action> {
         match (self.has_replay, self.replay.is_some(), self.next_needed()) {
             (true, false, Some(from_seq)) => {
-                self.replay = Some(Replay { expected: from_seq, held: VecDeque::new(), incomplete: false });
+                self.replay = Some(Replay {
+                    expected: from_seq,
+                    held: VecDeque::new(),
+                    incomplete: false,
+                });
                 vec![Action::RequestReplay { from_seq }]
             }
             _ => Vec::new(),
@@ -215,7 +219,11 @@ impl SeqState {
     fn start_replay(&mut self, from_seq: u64, seq: u64, payload: Bytes, actions: &mut Vec<Action>) {
         let mut held = VecDeque::new();
         held.push_back((seq, payload));
-        self.replay = Some(Replay { expected: from_seq, held, incomplete: false });
+        self.replay = Some(Replay {
+            expected: from_seq,
+            held,
+            incomplete: false,
+        });
         actions.push(Action::RequestReplay { from_seq });
     }
 

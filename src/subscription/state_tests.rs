@@ -24,7 +24,9 @@ fn trace(actions: &[Action]) -> Vec<String> {
 }
 
 fn live(s: &mut SeqState, seqs: &[u64]) -> Vec<String> {
-    seqs.iter().flat_map(|&q| trace(&s.on_live(q, p(q)))).collect()
+    seqs.iter()
+        .flat_map(|&q| trace(&s.on_live(q, p(q))))
+        .collect()
 }
 
 #[test]
@@ -186,5 +188,13 @@ fn after_the_replay_a_further_gap_among_held_batches_drops_instead_of_looping() 
     live(&mut s, &[2, 5]);
     let mut t = trace(&s.on_replayed(1, p(1)));
     t.extend(trace(&s.on_replay_end()));
-    assert_eq!(t, ["1", "2", &format!("D:{}", DropReason::GapWithoutReplay.as_str()), "5"]);
+    assert_eq!(
+        t,
+        [
+            "1",
+            "2",
+            &format!("D:{}", DropReason::GapWithoutReplay.as_str()),
+            "5"
+        ]
+    );
 }

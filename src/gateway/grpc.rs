@@ -1,0 +1,259 @@
+//! The tonic service: translate protobuf messages to the operation layer and back. Failures of an
+//! operation are answers (`ret` + `error`), not gRPC errors; gRPC status codes are left to real
+//! transport problems.
+
+use tonic::{Request, Response, Status};
+
+use crate::error::{Code, OpError};
+use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
+use crate::gateway::pb;
+use crate::gateway::registration::{PYTHON_NAMES, RegistrationInput};
+use crate::hashing::HashProfile;
+use crate::index::{QueryHits, TierCounts};
+use crate::metrics::Transport;
+
+pub struct GrpcService {
+    ops: Ops,
+}
+
+impl GrpcService {
+    pub fn new(ops: Ops) -> Self {
+        GrpcService { ops }
+    }
+}
+
+fn detail(e: &OpError) -> Option<pb::ErrorDetail> {
+    Some(pb::ErrorDetail {
+        field: e.field.clone().unwrap_or_default(),
+        reason: e.reason.to_owned(),
+        message: e.message.clone(),
+    })
+}
+
+fn ret_of<T>(result: &Result<T, OpError>) -> (i32, Option<pb::ErrorDetail>) {
+    match result {
+        Ok(_) => (Code::Ok.value(), None),
+        Err(e) => (e.code.value(), detail(e)),
+    }
+}
+
+pub fn profile_pb(p: &HashProfile) -> pb::HashProfile {
+    pb::HashProfile {
+        strategy: p.strategy().as_str().to_owned(),
+        algorithm: p.algorithm().as_str().to_owned(),
+        python_hash_seed: p.python_hash_seed().to_owned(),
+        root_digest: p.root_digest_hex(),
+        index_projection: p.index_projection().as_str().to_owned(),
+    }
+}
+
+fn tiers_pb(t: TierCounts) -> pb::TierCounts {
+    pb::TierCounts {
+        device: t.device as i64,
+        cpu_local: t.cpu_local as i64,
+        cpu_share: t.cpu_share as i64,
+        disk: t.disk as i64,
+    }
+}
+
+fn hits_pb(hits: QueryHits) -> std::collections::HashMap<String, pb::InstanceHits> {
+    hits.hits
+        .into_iter()
+        .map(|(instance, h)| {
+            let row = pb::InstanceHits {
+                longest_matched: h.longest_matched as i64,
+                dp: h
+                    .dp
+                    .iter()
+                    .map(|(r, v)| (r.to_string(), *v as i64))
+                    .collect(),
+                rank_matches: h
+                    .rank_matches
+                    .iter()
+                    .map(|(r, t)| (r.to_string(), tiers_pb(*t)))
+                    .collect(),
+                device: h.device as i64,
+                cpu_local: h.cpu_local as i64,
+                cpu_share: h.cpu_share as i64,
+                disk: h.disk as i64,
+            };
+            (instance, row)
+        })
+        .collect()
+}
+
+fn query_response(result: Result<QueryHits, OpError>) -> pb::QueryResponse {
+    let (ret, error) = ret_of(&result);
+    pb::QueryResponse {
+        ret,
+        error,
+        hits: result.map(hits_pb).unwrap_or_default(),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::conductor_server::Conductor for GrpcService {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let r = request.into_inner();
+        let input = RegistrationInput {
+            instance_id: r.instance_id,
+            endpoint: r.endpoint,
+            replay_endpoint: r.replay_endpoint,
+            publisher_type: r.publisher_type,
+            model_name: r.model_name,
+            lora_name: r.lora_name,
+            tenant_id: r.tenant_id,
+            block_size: r.block_size.map(i128::from),
+            dp_rank: r.dp_rank.map(i128::from),
+            cache_group: r.cache_group.map(i128::from),
+            hash_profile: r.has_hash_profile.then(|| {
+                let mut pairs: Vec<(String, String)> = r.hash_profile.into_iter().collect();
+                pairs.sort();
+                pairs
+            }),
+        };
+        let result = self.ops.register(input, PYTHON_NAMES).await;
+        let (ret, error) = ret_of(&result);
+        Ok(Response::new(pb::RegisterResponse { ret, error }))
+    }
+
+    async fn unregister(
+        &self,
+        request: Request<pb::UnregisterRequest>,
+    ) -> Result<Response<pb::UnregisterResponse>, Status> {
+        let r = request.into_inner();
+        let result = self
+            .ops
+            .unregister(&r.instance_id, &r.tenant_id, i128::from(r.dp_rank))
+            .await;
+        let (ret, error) = ret_of(&result);
+        Ok(Response::new(pb::UnregisterResponse { ret, error }))
+    }
+
+    async fn query(
+        &self,
+        request: Request<pb::QueryRequest>,
+    ) -> Result<Response<pb::QueryResponse>, Status> {
+        let r = request.into_inner();
+        let input = QueryInput {
+            model_name: r.model_name,
+            lora_name: r.lora_name,
+            block_size: i128::from(r.block_size),
+            tenant_id: r.tenant_id,
+            token_ids: r.token_ids,
+            cache_salt: r.cache_salt,
+            instance_filter: r.instance_filter,
+        };
+        Ok(Response::new(query_response(
+            self.ops.query(&input, Transport::Grpc),
+        )))
+    }
+
+    async fn query_by_hash(
+        &self,
+        request: Request<pb::QueryByHashRequest>,
+    ) -> Result<Response<pb::QueryResponse>, Status> {
+        let r = request.into_inner();
+        let input = QueryByHashInput {
+            model_name: r.model_name,
+            lora_name: r.lora_name,
+            block_size: i128::from(r.block_size),
+            tenant_id: r.tenant_id,
+            block_hashes: r.block_hashes,
+            instance_filter: r.instance_filter,
+        };
+        Ok(Response::new(query_response(
+            self.ops.query_by_hash(&input, Transport::Grpc),
+        )))
+    }
+
+    async fn get_global_view(
+        &self,
+        _: Request<pb::GetGlobalViewRequest>,
+    ) -> Result<Response<pb::GetGlobalViewResponse>, Status> {
+        let contexts: Vec<pb::ContextView> = self
+            .ops
+            .global_view()
+            .into_iter()
+            .map(|v| pb::ContextView {
+                model_name: v.key.model_name,
+                lora_name: v.key.lora_name,
+                block_size: i64::from(v.key.block_size),
+                tenant_id: v.key.tenant_id,
+                prefix_count: v.prefix_count,
+                hash_profile: Some(profile_pb(&v.profile)),
+                instances: v
+                    .instances
+                    .into_iter()
+                    .map(|(id, ranks)| {
+                        (
+                            id,
+                            pb::RankSet {
+                                ranks: ranks.into_iter().collect(),
+                            },
+                        )
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(Response::new(pb::GetGlobalViewResponse {
+            ret: Code::Ok.value(),
+            error: None,
+            context_count: contexts.len() as u64,
+            contexts,
+        }))
+    }
+
+    async fn list_services(
+        &self,
+        _: Request<pb::ListServicesRequest>,
+    ) -> Result<Response<pb::ListServicesResponse>, Status> {
+        let result = self.ops.list_services().await;
+        let (ret, error) = ret_of(&result);
+        let services: Vec<pb::ServiceEntry> = result
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| {
+                let c = &s.config;
+                pb::ServiceEntry {
+                    endpoint: c.endpoint.clone(),
+                    replay_endpoint: c.replay_endpoint.clone(),
+                    publisher_type: c.publisher_type.as_str().to_owned(),
+                    model_name: c.model_name.clone(),
+                    lora_name: c.lora_name.clone(),
+                    tenant_id: c.tenant_id.clone(),
+                    instance_id: c.instance_id.clone(),
+                    block_size: i64::from(c.block_size),
+                    dp_rank: i64::from(c.dp_rank),
+                    cache_group: c.cache_group.map(i64::from),
+                    hash_profile: Some(profile_pb(&c.hash_profile)),
+                }
+            })
+            .collect();
+        Ok(Response::new(pb::ListServicesResponse {
+            ret,
+            error,
+            count: services.len() as u64,
+            services,
+        }))
+    }
+
+    async fn health(
+        &self,
+        _: Request<pb::HealthRequest>,
+    ) -> Result<Response<pb::HealthResponse>, Status> {
+        let ready = self.ops.is_ready();
+        Ok(Response::new(pb::HealthResponse {
+            ret: if ready {
+                Code::Ok.value()
+            } else {
+                Code::ConductorUnavailable.value()
+            },
+            ready,
+            status: if ready { "ready" } else { "recovering" }.to_owned(),
+        }))
+    }
+}

@@ -1,0 +1,565 @@
+//! The HTTP API. Bodies are JSON or msgpack: the request's `Content-Type` picks the decoder and
+//! `Accept` (default: the request's type, JSON for GETs) the encoder. Validation errors answer 400
+//! `{"error", "reason", "field"?}` with the reference's reasons; an unknown service 404; a wrong
+//! method 405; a body over the limit 413; internal failures 500.
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value as Json, json};
+
+use crate::error::{Code, OpError};
+use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
+use crate::gateway::registration::{HTTP_NAMES, RegistrationInput};
+use crate::gateway::value::{Fields, Val};
+use crate::index::{QueryHits, TierCounts};
+use crate::metrics::Transport;
+
+#[derive(Clone)]
+struct Http {
+    ops: Ops,
+    body_limit: usize,
+}
+
+/// The HTTP router over `ops`, accepting bodies up to `body_limit` bytes.
+pub fn router(ops: Ops, body_limit: usize) -> Router {
+    let state = Http { ops, body_limit };
+    Router::new()
+        .route("/register", post(register))
+        .route("/unregister", post(unregister))
+        .route("/query", post(query))
+        .route("/query_by_hash", post(query_by_hash))
+        .route("/global_view", get(global_view))
+        .route("/services", get(services))
+        .route("/services/status", get(services_status))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .method_not_allowed_fallback(|| async {
+            plain_error(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed")
+        })
+        .fallback(|| async { plain_error(StatusCode::NOT_FOUND, "Not found") })
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Msgpack,
+}
+
+impl Format {
+    fn of_content_type(headers: &HeaderMap) -> Option<Format> {
+        let ct = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json");
+        let ct = ct.to_ascii_lowercase();
+        if ct.contains("msgpack") {
+            Some(Format::Msgpack)
+        } else if ct.contains("json") {
+            Some(Format::Json)
+        } else {
+            None
+        }
+    }
+
+    fn for_reply(headers: &HeaderMap, request: Format) -> Format {
+        let accept = headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        if accept.contains("msgpack") {
+            Format::Msgpack
+        } else if accept.contains("json") {
+            Format::Json
+        } else {
+            request
+        }
+    }
+}
+
+fn encode(status: StatusCode, body: &Json, format: Format) -> Response {
+    let (bytes, content_type) = match format {
+        Format::Json => (
+            serde_json::to_vec(body).unwrap_or_default(),
+            "application/json",
+        ),
+        Format::Msgpack => (
+            rmp_serde::to_vec_named(body).unwrap_or_default(),
+            "application/msgpack",
+        ),
+    };
+    let mut response = (status, bytes).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn plain_error(status: StatusCode, message: &str) -> Response {
+    encode(status, &json!({ "error": message }), Format::Json)
+}
+
+fn error_response(e: &OpError, format: Format) -> Response {
+    let status = match e.code {
+        Code::InvalidParams => StatusCode::BAD_REQUEST,
+        Code::ServiceNotFound => StatusCode::NOT_FOUND,
+        Code::ConductorUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::RpcTimeout => StatusCode::GATEWAY_TIMEOUT,
+        Code::Ok | Code::InternalError | Code::RpcFail => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let mut body = json!({ "error": e.message, "reason": e.reason });
+    if let Some(field) = e.field.as_ref().filter(|f| !f.is_empty()) {
+        body["field"] = json!(field);
+    }
+    encode(status, &body, format)
+}
+
+/// A decoded POST body, with the formats to answer in.
+struct Decoded {
+    root: Val,
+    reply: Format,
+}
+
+async fn decode_body(state: &Http, request: Request) -> Result<Decoded, Response> {
+    let headers = request.headers().clone();
+    let Some(format) = Format::of_content_type(&headers) else {
+        let e = OpError::invalid(
+            "",
+            "unsupported_content_type",
+            "Content-Type must be application/json or application/msgpack",
+        );
+        return Err(error_response(&e, Format::Json));
+    };
+    let reply = Format::for_reply(&headers, format);
+    let body: Bytes = match axum::body::to_bytes(request.into_body(), state.body_limit).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            let message = format!("request body exceeds {} bytes", state.body_limit);
+            return Err(encode(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &json!({ "error": message, "reason": "too_large" }),
+                reply,
+            ));
+        }
+    };
+    let root = match format {
+        Format::Json => serde_json::from_slice::<Json>(&body)
+            .map(Val::from_json)
+            .map_err(|e| OpError::invalid("", "invalid_json", format!("Invalid JSON: {e}"))),
+        Format::Msgpack => decode_msgpack(&body),
+    };
+    root.map(|root| Decoded { root, reply })
+        .map_err(|e| error_response(&e, reply))
+}
+
+fn decode_msgpack(body: &[u8]) -> Result<Val, OpError> {
+    let bad = |m: String| OpError::invalid("", "invalid_msgpack", m);
+    let mut cursor = body;
+    let value = rmpv::decode::read_value_with_max_depth(&mut cursor, 64)
+        .map_err(|e| bad(format!("Invalid msgpack object: {e}")))?;
+    if !cursor.is_empty() {
+        return Err(bad("trailing bytes after the msgpack object".into()));
+    }
+    Val::from_msgpack(value).map_err(bad)
+}
+
+async fn register(State(state): State<Http>, request: Request) -> Response {
+    let d = match decode_body(&state, request).await {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let result = match RegistrationInput::from_http(d.root) {
+        Ok(input) => {
+            let instance = input.instance_id.clone();
+            state
+                .ops
+                .register(input, HTTP_NAMES)
+                .await
+                .map(|_| instance)
+        }
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(instance) => encode(
+            StatusCode::OK,
+            &json!({"status": "registered successfully", "instance_id": instance}),
+            d.reply,
+        ),
+        Err(e) => error_response(&e, d.reply),
+    }
+}
+
+async fn unregister(State(state): State<Http>, request: Request) -> Response {
+    let d = match decode_body(&state, request).await {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let result = async {
+        let fields = Fields::new(d.root, &["dp_rank", "instance_id", "tenant_id"])?;
+        let instance = fields.req_str("instance_id")?;
+        let tenant = fields.opt_str("tenant_id")?.unwrap_or_default();
+        let rank = fields
+            .opt_int("dp_rank")?
+            .ok_or_else(|| OpError::invalid("dp_rank", "missing", "dp_rank is required"))?;
+        state.ops.unregister(&instance, &tenant, rank).await?;
+        Ok::<_, OpError>(
+            crate::model::SubscriptionKey::new(&instance, &tenant, rank as u32).to_string(),
+        )
+    }
+    .await;
+    match result {
+        Ok(key) => encode(
+            StatusCode::OK,
+            &json!({"status": "unregistered successfully", "removed_instances": [key]}),
+            d.reply,
+        ),
+        Err(e) => error_response(&e, d.reply),
+    }
+}
+
+const QUERY_KEYS: &[&str] = &[
+    "model",
+    "model_name",
+    "block_size",
+    "token_ids",
+    "tenant_id",
+    "lora_name",
+    "cache_salt",
+    "instance_id",
+    "instance_filter",
+];
+
+/// Common query fields: (model, lora, block_size, tenant, instance filter).
+fn query_common(f: &Fields) -> Result<(String, String, i128, String, String), OpError> {
+    let model = match f.opt_str("model_name")? {
+        Some(m) => m,
+        None => f.req_str("model")?,
+    };
+    let block_size = match f.get("block_size") {
+        None => {
+            return Err(OpError::invalid(
+                "block_size",
+                "missing",
+                "block_size is required",
+            ));
+        }
+        Some(Val::Int(b)) if *b > 0 => *b,
+        Some(Val::Int(_)) => {
+            return Err(OpError::invalid(
+                "block_size",
+                "out_of_range",
+                "block_size must be a positive integer",
+            ));
+        }
+        Some(_) => {
+            return Err(OpError::invalid(
+                "block_size",
+                "invalid_type",
+                "block_size must be an integer",
+            ));
+        }
+    };
+    let filter = match f.opt_str("instance_filter")? {
+        Some(v) => v,
+        None => f.opt_str("instance_id")?.unwrap_or_default(),
+    };
+    Ok((
+        model,
+        f.opt_str("lora_name")?.unwrap_or_default(),
+        block_size,
+        f.opt_str("tenant_id")?.unwrap_or_default(),
+        filter,
+    ))
+}
+
+fn token_ids(value: Option<&Val>) -> Result<Vec<i32>, OpError> {
+    match value {
+        None => Err(OpError::invalid(
+            "token_ids",
+            "missing",
+            "token_ids is required",
+        )),
+        Some(Val::Bin(bytes)) => {
+            if bytes.len() % 4 != 0 {
+                return Err(OpError::invalid(
+                    "token_ids",
+                    "invalid_value",
+                    "token_ids bin size must be a multiple of 4",
+                ));
+            }
+            Ok(bytes
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        }
+        Some(Val::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Val::Int(t) => i32::try_from(*t).map_err(|_| {
+                    OpError::invalid(
+                        "token_ids",
+                        "out_of_range",
+                        format!("token_ids element {i} is outside the int32 range"),
+                    )
+                }),
+                _ => Err(OpError::invalid(
+                    "token_ids",
+                    "invalid_type",
+                    format!("token_ids element {i} must be an integer"),
+                )),
+            })
+            .collect(),
+        Some(_) => Err(OpError::invalid(
+            "token_ids",
+            "invalid_type",
+            "token_ids must be a bin or an array",
+        )),
+    }
+}
+
+async fn query(State(state): State<Http>, request: Request) -> Response {
+    let d = match decode_body(&state, request).await {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let result = (|| {
+        let f = Fields::new(d.root, QUERY_KEYS)?;
+        let (model_name, lora_name, block_size, tenant_id, instance_filter) = query_common(&f)?;
+        let cache_salt = match f.get("cache_salt") {
+            None | Some(Val::Null) => String::new(),
+            Some(Val::Str(s)) => s.clone(),
+            Some(_) => {
+                return Err(OpError::invalid(
+                    "cache_salt",
+                    "invalid_type",
+                    "cache_salt must be a string or null",
+                ));
+            }
+        };
+        let input = QueryInput {
+            model_name,
+            lora_name,
+            block_size,
+            tenant_id,
+            token_ids: token_ids(f.get("token_ids"))?,
+            cache_salt,
+            instance_filter,
+        };
+        state.ops.query(&input, Transport::Http)
+    })();
+    match result {
+        Ok(hits) => encode(StatusCode::OK, &hits_json(&hits), d.reply),
+        Err(e) => error_response(&e, d.reply),
+    }
+}
+
+async fn query_by_hash(State(state): State<Http>, request: Request) -> Response {
+    let d = match decode_body(&state, request).await {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let result = (|| {
+        let keys = [
+            "model",
+            "model_name",
+            "block_size",
+            "block_hashes",
+            "tenant_id",
+            "lora_name",
+            "instance_id",
+            "instance_filter",
+        ];
+        let f = Fields::new(d.root, &keys)?;
+        let (model_name, lora_name, block_size, tenant_id, instance_filter) = query_common(&f)?;
+        let block_hashes = match f.get("block_hashes") {
+            None => {
+                return Err(OpError::invalid(
+                    "block_hashes",
+                    "missing",
+                    "block_hashes is required",
+                ));
+            }
+            Some(Val::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    // SGLang's hashes are signed: keep their 64 bits.
+                    Val::Int(h) if *h >= i64::MIN as i128 && *h <= u64::MAX as i128 => {
+                        Ok(*h as u64)
+                    }
+                    _ => Err(OpError::invalid(
+                        "block_hashes",
+                        "invalid_type",
+                        format!("block_hashes element {i} must be a 64-bit integer"),
+                    )),
+                })
+                .collect::<Result<Vec<u64>, _>>()?,
+            Some(_) => {
+                return Err(OpError::invalid(
+                    "block_hashes",
+                    "invalid_type",
+                    "block_hashes must be an array",
+                ));
+            }
+        };
+        let input = QueryByHashInput {
+            model_name,
+            lora_name,
+            block_size,
+            tenant_id,
+            block_hashes,
+            instance_filter,
+        };
+        state.ops.query_by_hash(&input, Transport::Http)
+    })();
+    match result {
+        Ok(hits) => encode(StatusCode::OK, &hits_json(&hits), d.reply),
+        Err(e) => error_response(&e, d.reply),
+    }
+}
+
+fn tiers_json(t: &TierCounts) -> Json {
+    json!({"device": t.device, "cpu_local": t.cpu_local, "cpu_share": t.cpu_share, "disk": t.disk})
+}
+
+fn hits_json(hits: &QueryHits) -> Json {
+    let instances: serde_json::Map<String, Json> = hits
+        .hits
+        .iter()
+        .map(|(id, h)| {
+            let dp: serde_json::Map<String, Json> = h.dp.iter().map(|(r, v)| (r.to_string(), json!(v))).collect();
+            let ranks: serde_json::Map<String, Json> =
+                h.rank_matches.iter().map(|(r, t)| (r.to_string(), tiers_json(t))).collect();
+            let row = json!({
+                "longest_matched": h.longest_matched, "dp": dp, "rank_matches": ranks,
+                "device": h.device, "cpu_local": h.cpu_local, "cpu_share": h.cpu_share, "disk": h.disk,
+            });
+            (id.clone(), row)
+        })
+        .collect();
+    json!({ "instances": instances })
+}
+
+fn get_format(headers: &HeaderMap) -> Format {
+    Format::for_reply(headers, Format::Json)
+}
+
+fn profile_json(p: &crate::hashing::HashProfile) -> Json {
+    json!({
+        "strategy": p.strategy().as_str(), "algorithm": p.algorithm().as_str(),
+        "python_hash_seed": p.python_hash_seed(), "root_digest": p.root_digest_hex(),
+        "index_projection": p.index_projection().as_str(),
+    })
+}
+
+async fn global_view(State(state): State<Http>, headers: HeaderMap) -> Response {
+    let contexts: Vec<Json> = state
+        .ops
+        .global_view()
+        .iter()
+        .map(|v| {
+            json!({
+                "model_name": v.key.model_name, "lora_name": v.key.lora_name, "block_size": v.key.block_size,
+                "tenant_id": v.key.tenant_id, "prefix_count": v.prefix_count, "hash_profile": profile_json(&v.profile),
+                "instances": v.instances,
+            })
+        })
+        .collect();
+    encode(
+        StatusCode::OK,
+        &json!({"context_count": contexts.len(), "contexts": contexts}),
+        get_format(&headers),
+    )
+}
+
+async fn services(State(state): State<Http>, headers: HeaderMap) -> Response {
+    let format = get_format(&headers);
+    match state.ops.list_services().await {
+        Ok(list) => {
+            let services: Vec<Json> = list
+                .iter()
+                .map(|s| {
+                    let c = &s.config;
+                    json!({
+                        "Endpoint": c.endpoint, "ReplayEndpoint": c.replay_endpoint, "Type": c.publisher_type.as_str(),
+                        "ModelName": c.model_name, "LoraName": c.lora_name, "TenantID": c.tenant_id,
+                        "InstanceID": c.instance_id, "BlockSize": c.block_size, "DPRank": c.dp_rank,
+                        "CacheGroup": c.cache_group, "HashProfile": profile_json(&c.hash_profile),
+                    })
+                })
+                .collect();
+            encode(
+                StatusCode::OK,
+                &json!({"count": services.len(), "services": services}),
+                format,
+            )
+        }
+        Err(e) => error_response(&e, format),
+    }
+}
+
+async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Response {
+    let format = get_format(&headers);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    match state.ops.list_services().await {
+        Ok(list) => {
+            let services: Vec<Json> = list
+                .iter()
+                .map(|s| {
+                    let st = &s.status;
+                    json!({
+                        "service": s.config.subscription_key().to_string(), "state": st.phase_name(),
+                        "connected": st.connected, "last_seq": st.last_seq,
+                        "lag_ms": st.last_batch_ts_ms.map(|ts| now_ms.saturating_sub(ts)),
+                        "hash_check": st.hash_check.as_str(), "hash_check_ok": st.hash_check_ok,
+                        "hash_check_mismatch": st.hash_check_mismatch, "batches": st.seq.applied,
+                        "events": st.events, "ignored": st.ignored, "decode_errors": st.decode_errors,
+                        "frame_errors": st.frame_errors, "invalid_events": st.invalid_events,
+                        "rank_mismatches": st.rank_mismatches, "gaps": st.seq.gaps, "restarts": st.seq.restarts,
+                        "replays_ok": st.seq.replays_ok, "replays_failed": st.seq.replays_failed,
+                        "sources_dropped": st.seq.sources_dropped,
+                    })
+                })
+                .collect();
+            encode(
+                StatusCode::OK,
+                &json!({"count": services.len(), "services": services}),
+                format,
+            )
+        }
+        Err(e) => error_response(&e, format),
+    }
+}
+
+async fn health(State(state): State<Http>, headers: HeaderMap) -> Response {
+    let (status, text) = if state.ops.is_ready() {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "recovering")
+    };
+    encode(status, &json!({ "status": text }), get_format(&headers))
+}
+
+async fn metrics(State(state): State<Http>) -> Response {
+    match state.ops.metrics_text().await {
+        Ok(text) => {
+            let mut r = Body::from(text).into_response();
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        Err(e) => error_response(&e, Format::Json),
+    }
+}

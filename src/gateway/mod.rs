@@ -1,0 +1,20 @@
+//! The gateway: gRPC and HTTP adapters over one operation layer.
+//!
+//! Layout: [`ops`] transport-neutral operations; [`registration`] registration input and its
+//! validation; [`value`] JSON/msgpack request documents; [`grpc`] the tonic service; [`http`] the
+//! HTTP API.
+
+pub mod grpc;
+pub mod http;
+pub mod ops;
+pub mod registration;
+pub mod value;
+
+/// Generated gRPC types (`proto/conductor.proto`).
+pub mod pb {
+    tonic::include_proto!("mooncake.conductor.v1");
+
+    /// Descriptor set for gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("conductor_descriptor");
+}

@@ -1,0 +1,218 @@
+//! The one operation layer both transports call: validation, registry and index calls, result
+//! building. gRPC and HTTP only translate their wire shapes to and from these types.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use actix::Addr;
+
+use crate::error::OpError;
+use crate::gateway::registration::{FieldNames, MAX_BLOCK_SIZE, RegistrationInput};
+use crate::index::{ContextView, HashList, IndexStats, QueryHits};
+use crate::metrics::{QueryMetrics, Scrape, Transport};
+use crate::model::{BlockHash, ContextKey, SubscriptionKey};
+use crate::registry::{
+    ContextDirectory, ListServices, Register, RegisterOutcome, Registry, ServiceInfo, Unregister,
+};
+
+/// A prefix query, transport-neutral.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueryInput {
+    pub model_name: String,
+    pub lora_name: String,
+    pub block_size: i128,
+    pub tenant_id: String,
+    pub token_ids: Vec<i32>,
+    pub cache_salt: String,
+    /// `""` selects every instance of the context.
+    pub instance_filter: String,
+}
+
+/// A query over already-projected block hashes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueryByHashInput {
+    pub model_name: String,
+    pub lora_name: String,
+    pub block_size: i128,
+    pub tenant_id: String,
+    pub block_hashes: Vec<u64>,
+    pub instance_filter: String,
+}
+
+/// Shared state of the gateway.
+#[derive(Clone)]
+pub struct Ops {
+    registry: Addr<Registry>,
+    contexts: ContextDirectory,
+    /// False until recovery has loaded; `/health` and `Health` report it.
+    ready: Arc<AtomicBool>,
+    queries: Arc<QueryMetrics>,
+}
+
+impl Ops {
+    pub fn new(
+        registry: Addr<Registry>,
+        contexts: ContextDirectory,
+        ready: Arc<AtomicBool>,
+    ) -> Self {
+        Ops {
+            registry,
+            contexts,
+            ready,
+            queries: Arc::default(),
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub async fn register(
+        &self,
+        input: RegistrationInput,
+        names: FieldNames,
+    ) -> Result<RegisterOutcome, OpError> {
+        let config = input.validate(names)?;
+        self.registry
+            .send(Register {
+                config,
+                resume_after: None,
+            })
+            .await
+            .map_err(unavailable)?
+    }
+
+    pub async fn unregister(
+        &self,
+        instance_id: &str,
+        tenant_id: &str,
+        dp_rank: i128,
+    ) -> Result<(), OpError> {
+        if instance_id.is_empty() {
+            return Err(OpError::invalid(
+                "instance_id",
+                "missing",
+                "instance_id is required",
+            ));
+        }
+        let dp_rank = u32::try_from(dp_rank)
+            .ok()
+            .filter(|r| *r <= i32::MAX as u32)
+            .ok_or_else(|| {
+                OpError::invalid(
+                    "dp_rank",
+                    "out_of_range",
+                    "dp_rank must be a non-negative int",
+                )
+            })?;
+        let key = SubscriptionKey::new(instance_id, tenant_id, dp_rank);
+        self.registry
+            .send(Unregister(key))
+            .await
+            .map_err(unavailable)?
+    }
+
+    /// Hash the prompt with the context's profile (lazily, no lock held) and walk the index.
+    pub fn query(&self, q: &QueryInput, transport: Transport) -> Result<QueryHits, OpError> {
+        let started = Instant::now();
+        let result = self.query_inner(q);
+        self.queries
+            .observe(transport, started.elapsed(), result.is_ok());
+        result
+    }
+
+    fn query_inner(&self, q: &QueryInput) -> Result<QueryHits, OpError> {
+        let key = context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id)?;
+        // An unknown context is a successful query with no hits, and creates nothing.
+        let Some(handle) = self.contexts.get(&key) else {
+            return Ok(QueryHits::default());
+        };
+        let hasher = handle
+            .reader()
+            .profile()
+            .hasher(&q.lora_name, &q.cache_salt);
+        let mut chain = hasher.chain(key.block_size, &q.token_ids);
+        Ok(handle.query(&mut chain, Some(q.instance_filter.as_str())))
+    }
+
+    pub fn query_by_hash(
+        &self,
+        q: &QueryByHashInput,
+        transport: Transport,
+    ) -> Result<QueryHits, OpError> {
+        let started = Instant::now();
+        let result =
+            context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id).map(|key| {
+                let Some(handle) = self.contexts.get(&key) else {
+                    return QueryHits::default();
+                };
+                let mut keys = HashList {
+                    hashes: q.block_hashes.iter().map(|h| BlockHash(*h)).collect(),
+                    block_size: key.block_size,
+                };
+                handle.query(&mut keys, Some(q.instance_filter.as_str()))
+            });
+        self.queries
+            .observe(transport, started.elapsed(), result.is_ok());
+        result
+    }
+
+    /// Every context, sorted by key.
+    pub fn global_view(&self) -> Vec<ContextView> {
+        self.contexts.all().iter().map(|h| h.view()).collect()
+    }
+
+    pub async fn list_services(&self) -> Result<Vec<ServiceInfo>, OpError> {
+        self.registry.send(ListServices).await.map_err(unavailable)
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics_text(&self) -> Result<String, OpError> {
+        let services = self.list_services().await?;
+        let contexts: Vec<IndexStats> = self
+            .contexts
+            .all()
+            .iter()
+            .map(|h| h.reader().stats())
+            .collect();
+        Ok(crate::metrics::render(&Scrape {
+            ready: self.is_ready(),
+            services: &services,
+            contexts: &contexts,
+            queries: &self.queries,
+        }))
+    }
+}
+
+fn context_key(
+    model_name: &str,
+    lora_name: &str,
+    block_size: i128,
+    tenant_id: &str,
+) -> Result<ContextKey, OpError> {
+    if model_name.is_empty() {
+        return Err(OpError::invalid(
+            "model_name",
+            "invalid_value",
+            "model_name must not be empty",
+        ));
+    }
+    if !(1..=MAX_BLOCK_SIZE).contains(&block_size) {
+        return Err(OpError::invalid(
+            "block_size",
+            "out_of_range",
+            "block_size must be a positive integer",
+        ));
+    }
+    Ok(ContextKey::new(
+        tenant_id,
+        model_name,
+        lora_name,
+        block_size as u32,
+    ))
+}
+
+fn unavailable(e: actix::MailboxError) -> OpError {
+    OpError::unavailable(format!("registry unavailable: {e}"))
+}

@@ -1,0 +1,272 @@
+//! Registration input from any transport, validated once into a [`PublisherConfig`].
+//!
+//! gRPC and the Python client use the Python field names (`model_name`, `publisher_type`); HTTP
+//! `/register` and the config file's `kvevent_instance` entries use the reference's HTTP names
+//! (`modelname`, `type`). Both become a [`RegistrationInput`]; [`RegistrationInput::validate`]
+//! applies the rules of `spec/python-api.md` register() and reports the field by the name the
+//! caller used.
+
+use crate::error::OpError;
+use crate::gateway::value::{Fields, Val};
+use crate::hashing::HashProfile;
+use crate::model::{PublisherConfig, PublisherType, normalize_tenant};
+
+/// Largest accepted block size: far above any engine's, small enough that token counts of a
+/// query never overflow.
+pub const MAX_BLOCK_SIZE: i128 = 1 << 20;
+
+/// Keys HTTP `/register` and static config entries accept.
+pub const HTTP_REGISTER_KEYS: &[&str] = &[
+    "block_size",
+    "cache_group",
+    "dp_rank",
+    "endpoint",
+    "hash_profile",
+    "instance_id",
+    "lora_name",
+    "modelname",
+    "replay_endpoint",
+    "tenant_id",
+    "type",
+];
+
+/// Which names the caller used for the two fields whose names differ between APIs.
+#[derive(Debug, Clone, Copy)]
+pub struct FieldNames {
+    pub model_name: &'static str,
+    pub publisher_type: &'static str,
+}
+
+pub const PYTHON_NAMES: FieldNames = FieldNames {
+    model_name: "model_name",
+    publisher_type: "publisher_type",
+};
+pub const HTTP_NAMES: FieldNames = FieldNames {
+    model_name: "modelname",
+    publisher_type: "type",
+};
+
+/// A registration as received, before validation. `None` means the field was absent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RegistrationInput {
+    pub instance_id: Option<String>,
+    pub endpoint: Option<String>,
+    pub replay_endpoint: Option<String>,
+    pub publisher_type: Option<String>,
+    pub model_name: Option<String>,
+    pub lora_name: Option<String>,
+    pub tenant_id: Option<String>,
+    pub block_size: Option<i128>,
+    pub dp_rank: Option<i128>,
+    pub cache_group: Option<i128>,
+    pub hash_profile: Option<Vec<(String, String)>>,
+}
+
+impl RegistrationInput {
+    /// Read an HTTP `/register` body or a static config entry (HTTP names, strict keys).
+    pub fn from_http(root: Val) -> Result<RegistrationInput, OpError> {
+        let mut fields = Fields::new(root, HTTP_REGISTER_KEYS)?;
+        let cache_group = match fields.get("cache_group") {
+            None | Some(Val::Null) => None,
+            Some(Val::Int(i)) => Some(*i),
+            Some(_) => {
+                return Err(OpError::invalid(
+                    "cache_group",
+                    "invalid_type",
+                    "cache_group must be an integer or null",
+                ));
+            }
+        };
+        let hash_profile = match fields.take("hash_profile") {
+            None => None,
+            Some(Val::Map(entries)) => {
+                let mut pairs = Vec::with_capacity(entries.len());
+                for (key, value) in entries {
+                    let Val::Str(value) = value else {
+                        return Err(OpError::invalid(
+                            key.clone(),
+                            "invalid_type",
+                            format!("{key} must be a string"),
+                        ));
+                    };
+                    pairs.push((key, value));
+                }
+                Some(pairs)
+            }
+            Some(_) => {
+                return Err(OpError::invalid(
+                    "hash_profile",
+                    "invalid_type",
+                    "hash_profile must be a map",
+                ));
+            }
+        };
+        Ok(RegistrationInput {
+            instance_id: fields.opt_str("instance_id")?,
+            endpoint: fields.opt_str("endpoint")?,
+            replay_endpoint: fields.opt_str("replay_endpoint")?,
+            publisher_type: fields.opt_str("type")?,
+            model_name: fields.opt_str("modelname")?,
+            lora_name: fields.opt_str("lora_name")?,
+            tenant_id: fields.opt_str("tenant_id")?,
+            block_size: fields.opt_int("block_size")?,
+            dp_rank: fields.opt_int("dp_rank")?,
+            cache_group,
+            hash_profile,
+        })
+    }
+
+    /// Apply the registration rules; errors name the field as the caller spelled it.
+    pub fn validate(self, names: FieldNames) -> Result<PublisherConfig, OpError> {
+        let endpoint = required(self.endpoint, "endpoint")?;
+        check_endpoint("endpoint", &endpoint)?;
+        let replay_endpoint = self.replay_endpoint.unwrap_or_default();
+        if !replay_endpoint.is_empty() {
+            check_endpoint("replay_endpoint", &replay_endpoint)?;
+        }
+        let type_name = self
+            .publisher_type
+            .unwrap_or_else(|| PublisherType::Vllm.as_str().to_owned());
+        let publisher_type = PublisherType::parse(&type_name).ok_or_else(|| {
+            OpError::invalid(
+                names.publisher_type,
+                "invalid_value",
+                format!(
+                    "{} must be vLLM, SGLang or Mooncake (case-sensitive), got {type_name:?}",
+                    names.publisher_type
+                ),
+            )
+        })?;
+        let model_name = required(self.model_name, names.model_name)?;
+        let instance_id = match (self.instance_id, publisher_type.is_engine()) {
+            (Some(id), _) if !id.is_empty() => id,
+            (Some(_), _) => {
+                return Err(OpError::invalid(
+                    "instance_id",
+                    "invalid_value",
+                    "instance_id must not be empty",
+                ));
+            }
+            // A store publisher is not a routing target; its endpoint identifies it.
+            (None, false) => endpoint.clone(),
+            (None, true) => {
+                return Err(OpError::invalid(
+                    "instance_id",
+                    "missing",
+                    "instance_id is required",
+                ));
+            }
+        };
+        let block_size = match self.block_size {
+            None => {
+                return Err(OpError::invalid(
+                    "block_size",
+                    "missing",
+                    "block_size is required",
+                ));
+            }
+            Some(b) if (1..=MAX_BLOCK_SIZE).contains(&b) => b as u32,
+            Some(_) => {
+                return Err(OpError::invalid(
+                    "block_size",
+                    "out_of_range",
+                    format!("block_size must be in 1..={MAX_BLOCK_SIZE}"),
+                ));
+            }
+        };
+        let dp_rank = match self.dp_rank.unwrap_or(0) {
+            r if (0..=i32::MAX as i128).contains(&r) => r as u32,
+            _ => {
+                return Err(OpError::invalid(
+                    "dp_rank",
+                    "out_of_range",
+                    "dp_rank must be a non-negative int",
+                ));
+            }
+        };
+        let cache_group = match self.cache_group {
+            None => None,
+            Some(0) => Some(0),
+            Some(_) => {
+                return Err(OpError::invalid(
+                    "cache_group",
+                    "unsupported",
+                    "only cache group zero is supported",
+                ));
+            }
+        };
+        let pairs = self.hash_profile.ok_or_else(|| {
+            OpError::invalid("hash_profile", "missing", "hash_profile is required")
+        })?;
+        let hash_profile =
+            HashProfile::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .map_err(|e| OpError::invalid(e.field, e.reason, e.to_string()))?;
+        Ok(PublisherConfig {
+            instance_id,
+            endpoint,
+            replay_endpoint,
+            publisher_type,
+            model_name,
+            lora_name: self.lora_name.unwrap_or_default(),
+            tenant_id: normalize_tenant(self.tenant_id.as_deref().unwrap_or("")),
+            block_size,
+            dp_rank,
+            cache_group,
+            hash_profile,
+        })
+    }
+}
+
+fn required(value: Option<String>, field: &str) -> Result<String, OpError> {
+    match value {
+        None => Err(OpError::invalid(
+            field,
+            "missing",
+            format!("{field} is required"),
+        )),
+        Some(v) if v.is_empty() => Err(OpError::invalid(
+            field,
+            "invalid_value",
+            format!("{field} must not be empty"),
+        )),
+        Some(v) => Ok(v),
+    }
+}
+
+/// A ZeroMQ endpoint the subscriber can connect to: `tcp://host:port` (IPv4, `[IPv6]` or a host
+/// name) with a non-zero port.
+pub fn check_endpoint(field: &str, endpoint: &str) -> Result<(), OpError> {
+    let bad = |why: &str| {
+        OpError::invalid(
+            field,
+            "invalid_value",
+            format!("{field} {endpoint:?} is malformed: {why}"),
+        )
+    };
+    let rest = endpoint
+        .strip_prefix("tcp://")
+        .ok_or_else(|| bad("expected tcp://host:port"))?;
+    let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("missing :port"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| bad("port must be a number in 1..=65535"))?;
+    if port == 0 {
+        return Err(bad("port must be a number in 1..=65535"));
+    }
+    let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        v6.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host != "*"
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
+    };
+    if !host_ok {
+        return Err(bad("host must be an IP address or a host name"));
+    }
+    endpoint
+        .parse::<zeromq::Endpoint>()
+        .map_err(|e| bad(&e.to_string()))?;
+    Ok(())
+}

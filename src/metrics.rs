@@ -1,0 +1,285 @@
+//! Prometheus text exposition. Hot-path figures live where they are produced (subscription
+//! status cells, index statistics, the query histogram below) and are rendered on scrape, so
+//! ingestion never touches a global registry.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::index::IndexStats;
+use crate::registry::ServiceInfo;
+
+/// Upper bounds (seconds) of the query latency histogram buckets.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// Transports a query can arrive on (a label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Grpc,
+    Http,
+}
+
+impl Transport {
+    const ALL: [Transport; 2] = [Transport::Grpc, Transport::Http];
+
+    const fn as_str(self) -> &'static str {
+        match self {
+            Transport::Grpc => "grpc",
+            Transport::Http => "http",
+        }
+    }
+}
+
+#[derive(Default)]
+struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+/// Query counters and latency, one histogram per transport.
+#[derive(Default)]
+pub struct QueryMetrics {
+    by_transport: [Histogram; 2],
+    errors: AtomicU64,
+}
+
+impl QueryMetrics {
+    pub fn observe(&self, transport: Transport, elapsed: Duration, ok: bool) {
+        let h = &self.by_transport[transport as usize];
+        let secs = elapsed.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b) {
+            h.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        h.count.fetch_add(1, Ordering::Relaxed);
+        h.sum_nanos.fetch_add(
+            elapsed.as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
+        if !ok {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Everything one scrape renders.
+pub struct Scrape<'a> {
+    pub ready: bool,
+    pub services: &'a [ServiceInfo],
+    pub contexts: &'a [IndexStats],
+    pub queries: &'a QueryMetrics,
+}
+
+/// Render the Prometheus text format.
+pub fn render(s: &Scrape<'_>) -> String {
+    let mut out = String::with_capacity(4096);
+    let w = &mut out;
+    gauge(
+        w,
+        "conductor_ready",
+        "1 once recovery has loaded",
+        &[("", s.ready as u64)],
+    );
+    header(
+        w,
+        "conductor_subscription_info",
+        "gauge",
+        "One per registered subscription, with its state",
+    );
+    for svc in s.services {
+        let c = &svc.config;
+        let _ = writeln!(
+            w,
+            "conductor_subscription_info{{service=\"{}\",type=\"{}\",state=\"{}\",hash_check=\"{}\",connected=\"{}\"}} 1",
+            esc(&c.subscription_key().to_string()),
+            c.publisher_type,
+            svc.status.phase_name(),
+            svc.status.hash_check.as_str(),
+            svc.status.connected
+        );
+    }
+    let per_service: [(&str, &str, fn(&ServiceInfo) -> u64); 10] = [
+        (
+            "conductor_batches_applied_total",
+            "Publisher batches applied",
+            |i| i.status.seq.applied,
+        ),
+        (
+            "conductor_batches_duplicate_total",
+            "Duplicate batches ignored",
+            |i| i.status.seq.duplicates,
+        ),
+        ("conductor_gaps_total", "Sequence gaps detected", |i| {
+            i.status.seq.gaps
+        }),
+        (
+            "conductor_publisher_restarts_total",
+            "Publisher restarts detected",
+            |i| i.status.seq.restarts,
+        ),
+        (
+            "conductor_replays_ok_total",
+            "Replays that filled their gap",
+            |i| i.status.seq.replays_ok,
+        ),
+        (
+            "conductor_replays_failed_total",
+            "Replays that failed or stopped short",
+            |i| i.status.seq.replays_failed,
+        ),
+        (
+            "conductor_sources_dropped_total",
+            "Times a source's entries were dropped",
+            |i| i.status.seq.sources_dropped,
+        ),
+        (
+            "conductor_frame_errors_total",
+            "Messages that were not [topic, seq, payload]",
+            |i| i.status.frame_errors,
+        ),
+        (
+            "conductor_decode_errors_total",
+            "Payloads whose envelope did not decode",
+            |i| i.status.decode_errors,
+        ),
+        (
+            "conductor_invalid_events_total",
+            "Single events rejected in good batches",
+            |i| i.status.invalid_events,
+        ),
+    ];
+    for (name, help, get) in per_service {
+        header(w, name, "counter", help);
+        for svc in s.services {
+            let _ = writeln!(
+                w,
+                "{name}{{service=\"{}\"}} {}",
+                esc(&svc.config.subscription_key().to_string()),
+                get(svc)
+            );
+        }
+    }
+    header(
+        w,
+        "conductor_events_applied_total",
+        "counter",
+        "Events applied by type and publisher kind",
+    );
+    for svc in s.services {
+        for (kind, n) in &svc.status.events {
+            let _ = writeln!(
+                w,
+                "conductor_events_applied_total{{service=\"{}\",publisher=\"{}\",type=\"{kind}\"}} {n}",
+                esc(&svc.config.subscription_key().to_string()),
+                svc.config.publisher_type
+            );
+        }
+    }
+    header(
+        w,
+        "conductor_events_ignored_total",
+        "counter",
+        "Events skipped on purpose, by reason",
+    );
+    for svc in s.services {
+        for (reason, n) in &svc.status.ignored {
+            let _ = writeln!(
+                w,
+                "conductor_events_ignored_total{{service=\"{}\",reason=\"{reason}\"}} {n}",
+                esc(&svc.config.subscription_key().to_string())
+            );
+        }
+    }
+    let sum = |f: fn(&IndexStats) -> u64| s.contexts.iter().map(f).sum::<u64>();
+    gauge(
+        w,
+        "conductor_index_contexts",
+        "Live contexts",
+        &[("", s.contexts.len() as u64)],
+    );
+    gauge(
+        w,
+        "conductor_index_blocks",
+        "Distinct blocks indexed",
+        &[("", sum(|c| c.blocks))],
+    );
+    gauge(
+        w,
+        "conductor_index_holder_blocks",
+        "(block, holder) pairs indexed",
+        &[("", sum(|c| c.holder_blocks))],
+    );
+    gauge(
+        w,
+        "conductor_index_holders",
+        "Interned holders",
+        &[("", sum(|c| c.holders))],
+    );
+    header(
+        w,
+        "conductor_query_duration_seconds",
+        "histogram",
+        "Query latency, hashing included",
+    );
+    for t in Transport::ALL {
+        let h = &s.queries.by_transport[t as usize];
+        let mut cumulative = 0;
+        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&h.buckets) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let _ = writeln!(
+                w,
+                "conductor_query_duration_seconds_bucket{{transport=\"{}\",le=\"{bound}\"}} {cumulative}",
+                t.as_str()
+            );
+        }
+        let count = h.count.load(Ordering::Relaxed);
+        let _ = writeln!(
+            w,
+            "conductor_query_duration_seconds_bucket{{transport=\"{}\",le=\"+Inf\"}} {count}",
+            t.as_str()
+        );
+        let sum_secs = h.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(
+            w,
+            "conductor_query_duration_seconds_sum{{transport=\"{}\"}} {sum_secs}",
+            t.as_str()
+        );
+        let _ = writeln!(
+            w,
+            "conductor_query_duration_seconds_count{{transport=\"{}\"}} {count}",
+            t.as_str()
+        );
+    }
+    header(
+        w,
+        "conductor_query_errors_total",
+        "counter",
+        "Queries answered with an error",
+    );
+    let _ = writeln!(
+        w,
+        "conductor_query_errors_total {}",
+        s.queries.errors.load(Ordering::Relaxed)
+    );
+    out
+}
+
+fn header(w: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn gauge(w: &mut String, name: &str, help: &str, values: &[(&str, u64)]) {
+    header(w, name, "gauge", help);
+    for (labels, v) in values {
+        let _ = writeln!(w, "{name}{labels} {v}");
+    }
+}
+
+/// Escape a label value.
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

@@ -1,0 +1,224 @@
+//! The registry actor and its messages.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use crate::error::OpError;
+use crate::index::actor::{AttachRank, DetachSource};
+use crate::model::{PublisherConfig, SubscriptionKey};
+use crate::subscription::actor::{Stop, SubscriptionActor};
+use crate::subscription::socket::SocketTimings;
+use crate::subscription::status::{StatusCell, SubscriptionStatus};
+
+use super::contexts::ContextDirectory;
+
+/// One registered service.
+struct ServiceEntry {
+    config: Arc<PublisherConfig>,
+    status: StatusCell,
+    actor: Addr<SubscriptionActor>,
+}
+
+pub struct Registry {
+    contexts: ContextDirectory,
+    /// Ordered by the rendered service key, the order `list_services` reports.
+    services: BTreeMap<String, ServiceEntry>,
+    /// One endpoint feeds one subscription.
+    endpoints: HashMap<String, SubscriptionKey>,
+    timings: SocketTimings,
+}
+
+impl Registry {
+    pub fn new(contexts: ContextDirectory, timings: SocketTimings) -> Self {
+        Registry {
+            contexts,
+            services: BTreeMap::new(),
+            endpoints: HashMap::new(),
+            timings,
+        }
+    }
+
+    fn register(
+        &mut self,
+        config: PublisherConfig,
+        resume_after: Option<u64>,
+    ) -> Result<RegisterOutcome, OpError> {
+        let key = config.subscription_key();
+        let key_text = key.to_string();
+        if let Some(existing) = self.services.get(&key_text) {
+            return if *existing.config == config {
+                Ok(RegisterOutcome::Unchanged)
+            } else {
+                Err(OpError::invalid_registration(format!(
+                    "conflicting registration for service key: {key_text}"
+                )))
+            };
+        }
+        if let Some(owner) = self.endpoints.get(&config.endpoint) {
+            return Err(OpError::invalid_registration(format!(
+                "conflicting active registration for endpoint: {} (used by {owner})",
+                config.endpoint
+            )));
+        }
+        let context_key = config.context_key();
+        if config.publisher_type.is_engine() {
+            let handle = self
+                .contexts
+                .get_or_create(&context_key, &config.hash_profile)
+                .map_err(|c| OpError::invalid_registration(c.to_string()))?;
+            handle.addr().do_send(AttachRank {
+                source: key.clone(),
+                instance_id: config.instance_id.clone(),
+                dp_rank: config.dp_rank,
+            });
+        } else if let Some(handle) = self.contexts.get(&context_key) {
+            // A store registration never creates a context, but must agree with one that exists.
+            let existing = handle.reader().profile();
+            if *existing != config.hash_profile {
+                return Err(OpError::invalid_registration(format!(
+                    "context {context_key} is bound to hash profile {existing}; this registration uses {}",
+                    config.hash_profile
+                )));
+            }
+        }
+        let config = Arc::new(config);
+        let status = StatusCell::default();
+        let actor = {
+            let (config, contexts, status, timings) = (
+                config.clone(),
+                self.contexts.clone(),
+                status.clone(),
+                self.timings,
+            );
+            SubscriptionActor::start_in_arbiter(&self.contexts.arbiters().pick(), move |_| {
+                SubscriptionActor::new(config, contexts, status, timings, resume_after)
+            })
+        };
+        tracing::info!(service = %key_text, endpoint = %config.endpoint, kind = %config.publisher_type, "registered");
+        self.endpoints.insert(config.endpoint.clone(), key);
+        self.services.insert(
+            key_text,
+            ServiceEntry {
+                config,
+                status,
+                actor,
+            },
+        );
+        Ok(RegisterOutcome::Created)
+    }
+}
+
+impl Actor for Registry {
+    type Context = Context<Self>;
+}
+
+/// Register a validated publisher; `resume_after` is the last applied seq recovered from disk.
+#[derive(Message)]
+#[rtype(result = "Result<RegisterOutcome, OpError>")]
+pub struct Register {
+    pub config: PublisherConfig,
+    pub resume_after: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegisterOutcome {
+    Created,
+    /// An identical registration already existed; nothing changed.
+    Unchanged,
+}
+
+/// Stop consuming a service and remove what it owned.
+#[derive(Message)]
+#[rtype(result = "Result<(), OpError>")]
+pub struct Unregister(pub SubscriptionKey);
+
+/// Every service with its current status, ordered by service key.
+#[derive(Message)]
+#[rtype(result = "Vec<ServiceInfo>")]
+pub struct ListServices;
+
+#[derive(Debug, Clone)]
+pub struct ServiceInfo {
+    pub config: Arc<PublisherConfig>,
+    pub status: SubscriptionStatus,
+}
+
+/// Stop every subscription (service shutdown). Replies once all have stopped.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ShutdownAll;
+
+impl Handler<Register> for Registry {
+    type Result = Result<RegisterOutcome, OpError>;
+
+    fn handle(&mut self, msg: Register, _ctx: &mut Context<Self>) -> Self::Result {
+        self.register(msg.config, msg.resume_after)
+    }
+}
+
+impl Handler<Unregister> for Registry {
+    // Atomic: no other registration change runs until the source is gone from every context, so
+    // a re-registration of the same key cannot have its fresh rank listing detached.
+    type Result = AtomicResponse<Self, Result<(), OpError>>;
+
+    fn handle(&mut self, msg: Unregister, _ctx: &mut Context<Self>) -> Self::Result {
+        let key = msg.0;
+        let Some(entry) = self.services.remove(&key.to_string()) else {
+            let missing = Err(OpError::not_found(format!("service not found: {key}")));
+            return AtomicResponse::new(Box::pin(async move { missing }.into_actor(self)));
+        };
+        self.endpoints.remove(&entry.config.endpoint);
+        let contexts = self.contexts.clone();
+        let work = async move {
+            // Stop first so no batch of this source can arrive after its blocks are removed.
+            let _ = entry.actor.send(Stop).await;
+            for handle in contexts.all() {
+                match handle.send(DetachSource(key.clone())).await {
+                    Ok(outcome) if outcome.empty_and_detached => {
+                        // The actor stops once the last handle to it is dropped.
+                        contexts.remove(handle.key());
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Err(OpError::internal(format!(
+                            "context {} unavailable: {e}",
+                            handle.key()
+                        )));
+                    }
+                }
+            }
+            tracing::info!(service = %key, "unregistered");
+            Ok(())
+        };
+        AtomicResponse::new(Box::pin(work.into_actor(self)))
+    }
+}
+
+impl Handler<ListServices> for Registry {
+    type Result = Vec<ServiceInfo>;
+
+    fn handle(&mut self, _: ListServices, _ctx: &mut Context<Self>) -> Vec<ServiceInfo> {
+        self.services
+            .values()
+            .map(|e| ServiceInfo {
+                config: e.config.clone(),
+                status: e.status.get(),
+            })
+            .collect()
+    }
+}
+
+impl Handler<ShutdownAll> for Registry {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: ShutdownAll, _ctx: &mut Context<Self>) -> Self::Result {
+        let actors: Vec<_> = self.services.values().map(|e| e.actor.clone()).collect();
+        Box::pin(async move {
+            for actor in actors {
+                let _ = actor.send(Stop).await;
+            }
+        })
+    }
+}

@@ -1,0 +1,372 @@
+//! The subscription actor: a thin shell that feeds socket input to [`SeqState`], decodes what it
+//! must apply, routes it to the context actors, and spawns the socket tasks.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
+
+use crate::events::{DecodedBatch, IndexBatch, KvEvent};
+use crate::index::actor::{ApplyBatch, AttachRank, DropSource};
+use crate::model::{PublisherConfig, SubscriptionKey};
+use crate::registry::contexts::ContextDirectory;
+use crate::wire;
+
+use super::hash_check::HashCheck;
+use super::route::Router;
+use super::socket::{self, FrameSink, ReplayEvent, SocketTimings};
+use super::state::{Action, SeqState};
+use super::status::StatusCell;
+
+/// Live batches held while a replay runs, at most (vLLM's replay buffer holds 10 000 batches).
+const MAX_HELD_DURING_REPLAY: usize = 20_000;
+
+pub struct SubscriptionActor {
+    config: Arc<PublisherConfig>,
+    key: SubscriptionKey,
+    seq: SeqState,
+    router: Router,
+    hash_check: HashCheck,
+    contexts: ContextDirectory,
+    status: StatusCell,
+    timings: SocketTimings,
+    /// Cancels the live task and any replay task when the subscription stops.
+    cancel: CancellationToken,
+    /// Identifies the current replay; answers of an abandoned replay are ignored.
+    replay_generation: u64,
+    replay_cancel: Option<CancellationToken>,
+}
+
+impl SubscriptionActor {
+    pub fn new(
+        config: Arc<PublisherConfig>,
+        contexts: ContextDirectory,
+        status: StatusCell,
+        timings: SocketTimings,
+        resume_after: Option<u64>,
+    ) -> Self {
+        let stream_start = if config.publisher_type.is_engine() {
+            0
+        } else {
+            1
+        };
+        let mut seq = SeqState::new(
+            stream_start,
+            !config.replay_endpoint.is_empty(),
+            MAX_HELD_DURING_REPLAY,
+        );
+        if let Some(last) = resume_after {
+            seq.resume_from(last);
+        }
+        SubscriptionActor {
+            key: config.subscription_key(),
+            router: Router::new(&config),
+            hash_check: HashCheck::new(&config),
+            seq,
+            contexts,
+            status,
+            timings,
+            cancel: CancellationToken::new(),
+            replay_generation: 0,
+            replay_cancel: None,
+            config,
+        }
+    }
+
+    fn perform(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
+        for action in actions {
+            match action {
+                Action::Apply { seq, payload } => self.apply(seq, &payload),
+                Action::DropSource { reason } => {
+                    tracing::warn!(service = %self.key, reason = reason.as_str(), "dropping everything this source owns");
+                    for handle in self.contexts.all() {
+                        handle.addr().do_send(DropSource(self.key.clone()));
+                    }
+                }
+                Action::RequestReplay { from_seq } => self.start_replay(from_seq, ctx),
+            }
+        }
+        let (phase, last, counters) = (
+            self.seq.phase(),
+            self.seq.last_applied(),
+            self.seq.counters(),
+        );
+        self.status.update(|s| {
+            s.phase = Some(phase);
+            s.last_seq = last;
+            s.seq = counters;
+        });
+    }
+
+    fn start_replay(&mut self, from_seq: u64, ctx: &mut Context<Self>) {
+        if let Some(previous) = self.replay_cancel.take() {
+            previous.cancel();
+        }
+        self.replay_generation += 1;
+        let cancel = self.cancel.child_token();
+        self.replay_cancel = Some(cancel.clone());
+        tracing::info!(service = %self.key, from_seq, "requesting replay");
+        let sink = ActorSink(ctx.address());
+        let task = socket::run_replay(
+            self.config.replay_endpoint.clone(),
+            from_seq,
+            self.replay_generation,
+            sink,
+            self.timings,
+            cancel,
+        );
+        tokio::spawn(task);
+    }
+
+    /// Decode one batch and hand its ops to the contexts. A bad payload is counted and dropped;
+    /// it never disturbs what is already indexed.
+    fn apply(&mut self, seq: u64, payload: &[u8]) {
+        let projection = self.config.hash_profile.index_projection();
+        let batch = match wire::decode(self.config.publisher_type, payload, projection) {
+            Ok(batch) => batch,
+            Err(e) => {
+                tracing::warn!(service = %self.key, seq, error = %e, "undecodable batch dropped");
+                self.status.update(|s| s.decode_errors += 1);
+                return;
+            }
+        };
+        if self.config.publisher_type.is_engine()
+            && batch.dp_rank.is_some_and(|r| r != self.config.dp_rank)
+        {
+            tracing::warn!(
+                service = %self.key, seq, batch_rank = ?batch.dp_rank,
+                "batch from another DP rank than registered; rejected whole"
+            );
+            self.status.update(|s| s.rank_mismatches += 1);
+            return;
+        }
+        for message in &batch.invalid {
+            tracing::debug!(service = %self.key, seq, "invalid event skipped: {message}");
+        }
+        self.check_hashes(&batch);
+        let mut counts = EventCounts::of(&batch);
+        let mut ignored = batch.ignored.clone();
+        let ts = batch.ts;
+        let routed = self.router.route(batch, &mut ignored);
+        for (context, ops) in routed {
+            match self
+                .contexts
+                .get_or_create(&context, &self.config.hash_profile)
+            {
+                Ok(handle) => {
+                    if self.config.publisher_type.is_engine()
+                        && context != self.config.context_key()
+                    {
+                        handle.addr().do_send(AttachRank {
+                            source: self.key.clone(),
+                            instance_id: self.config.instance_id.clone(),
+                            dp_rank: self.config.dp_rank,
+                        });
+                    }
+                    handle.addr().do_send(ApplyBatch(IndexBatch {
+                        source: self.key.clone(),
+                        ops,
+                    }));
+                }
+                Err(conflict) => {
+                    tracing::warn!(service = %self.key, "{conflict}; events for it are skipped");
+                    counts.profile_conflicts += 1;
+                }
+            }
+        }
+        let hash_check = self.hash_check.summary();
+        self.status.update(|s| {
+            *s.events.entry("stored").or_default() += counts.stored;
+            *s.events.entry("removed").or_default() += counts.removed;
+            *s.events.entry("cleared").or_default() += counts.cleared;
+            s.invalid_events += counts.invalid;
+            s.profile_conflicts += counts.profile_conflicts;
+            for reason in &ignored {
+                *s.ignored.entry(reason.as_str()).or_default() += 1;
+            }
+            (s.hash_check, s.hash_check_ok, s.hash_check_mismatch) = hash_check;
+            s.last_batch_ts_ms = timestamp_ms(ts, self.config.publisher_type.is_engine());
+        });
+    }
+
+    fn check_hashes(&mut self, batch: &DecodedBatch) {
+        for event in &batch.events {
+            match event {
+                KvEvent::Stored(stored) => self.hash_check.observe_stored(stored),
+                KvEvent::AllCleared => self.hash_check.forget_all(),
+                _ => {}
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct EventCounts {
+    stored: u64,
+    removed: u64,
+    cleared: u64,
+    invalid: u64,
+    profile_conflicts: u64,
+}
+
+impl EventCounts {
+    fn of(batch: &DecodedBatch) -> Self {
+        let mut counts = EventCounts {
+            invalid: batch.invalid.len() as u64,
+            ..Default::default()
+        };
+        for event in &batch.events {
+            match event {
+                KvEvent::Stored(_) | KvEvent::StoreStored(_) => counts.stored += 1,
+                KvEvent::Removed(_) | KvEvent::StoreRemoved(_) => counts.removed += 1,
+                KvEvent::AllCleared | KvEvent::StoreCleared { .. } => counts.cleared += 1,
+            }
+        }
+        counts
+    }
+}
+
+/// Engines stamp seconds (float), the Mooncake store milliseconds.
+fn timestamp_ms(ts: f64, seconds: bool) -> Option<u64> {
+    let ms = if seconds { ts * 1000.0 } else { ts };
+    (ms.is_finite() && ms >= 0.0 && ms < u64::MAX as f64).then_some(ms as u64)
+}
+
+impl Actor for SubscriptionActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Never let the mailbox grow without bound: socket tasks await each hand-off.
+        ctx.set_mailbox_capacity(256);
+        let sink = ActorSink(ctx.address());
+        tokio::spawn(socket::run_live(
+            self.config.endpoint.clone(),
+            sink,
+            self.timings,
+            self.cancel.clone(),
+        ));
+        // After recovery, ask for what was published while the Conductor was down.
+        let actions = self.seq.begin_catch_up();
+        self.perform(actions, ctx);
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.cancel.cancel();
+    }
+}
+
+/// A live message from the SUB socket.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LiveFrames(pub Vec<Bytes>);
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Connected;
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Replayed {
+    pub generation: u64,
+    pub event: ReplayEvent,
+}
+
+/// Stop consuming: cancel the socket tasks and stop the actor. Replies once stopped.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+/// The last applied seq, for checkpoints.
+#[derive(Message)]
+#[rtype(result = "Option<u64>")]
+pub struct LastApplied;
+
+impl Handler<LiveFrames> for SubscriptionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LiveFrames, ctx: &mut Context<Self>) {
+        match socket::parse_frames(&msg.0) {
+            Ok(frame) => {
+                let actions = self.seq.on_live(frame.seq, frame.payload);
+                self.perform(actions, ctx);
+            }
+            Err(e) => {
+                tracing::debug!(service = %self.key, error = e.as_str(), "malformed message dropped");
+                self.status.update(|s| s.frame_errors += 1);
+            }
+        }
+    }
+}
+
+impl Handler<Connected> for SubscriptionActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Connected, _ctx: &mut Context<Self>) {
+        self.status.update(|s| s.connected = true);
+    }
+}
+
+impl Handler<Replayed> for SubscriptionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Replayed, ctx: &mut Context<Self>) {
+        if msg.generation != self.replay_generation {
+            return;
+        }
+        let actions = match msg.event {
+            ReplayEvent::Frames(frames) => match socket::parse_frames(&frames) {
+                Ok(frame) => self.seq.on_replayed(frame.seq, frame.payload),
+                Err(e) => {
+                    tracing::warn!(service = %self.key, error = e.as_str(), "malformed replay message");
+                    self.status.update(|s| s.frame_errors += 1);
+                    self.seq.on_replay_failed()
+                }
+            },
+            ReplayEvent::End => {
+                self.replay_cancel = None;
+                self.seq.on_replay_end()
+            }
+            ReplayEvent::Failed(reason) => {
+                tracing::warn!(service = %self.key, %reason, "replay failed");
+                self.replay_cancel = None;
+                self.seq.on_replay_failed()
+            }
+        };
+        self.perform(actions, ctx);
+    }
+}
+
+impl Handler<Stop> for SubscriptionActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        self.cancel.cancel();
+        ctx.stop();
+    }
+}
+
+impl Handler<LastApplied> for SubscriptionActor {
+    type Result = Option<u64>;
+
+    fn handle(&mut self, _: LastApplied, _ctx: &mut Context<Self>) -> Option<u64> {
+        self.seq.last_applied()
+    }
+}
+
+/// Socket tasks deliver into the actor's mailbox, awaiting each send (back-pressure).
+struct ActorSink(Addr<SubscriptionActor>);
+
+impl FrameSink for ActorSink {
+    async fn live(&self, frames: Vec<Bytes>) -> bool {
+        self.0.send(LiveFrames(frames)).await.is_ok()
+    }
+
+    async fn connected(&self) -> bool {
+        self.0.send(Connected).await.is_ok()
+    }
+
+    async fn replay(&self, generation: u64, event: ReplayEvent) -> bool {
+        self.0.send(Replayed { generation, event }).await.is_ok()
+    }
+}

@@ -1,0 +1,164 @@
+//! The runtime hash-profile check: recompute published block hashes from the event's tokens with
+//! the registered profile and compare. A wrong seed, algorithm, LoRA path or block size otherwise
+//! shows only as a silent 0 % hit rate.
+//!
+//! A block can be recomputed when its event carries `token_ids` and its parent is the chain start
+//! or a block this check already verified (the parent's full digest is needed; the event carries
+//! only its projection). Verified digests are remembered in a bounded map.
+//!
+//! Verdict: `ok` as soon as one block matches (a wrong profile cannot match by chance);
+//! `mismatch` after [`MISMATCH_VERDICT`] recomputed blocks without a single match. Some honest
+//! blocks cannot match: vLLM puts a request's `cache_salt` (and multimodal keys) into block 0's
+//! hash without publishing it, so a stream of only salted requests stays `unverified` or reads as
+//! `mismatch`; the warning says so. Query answers never depend on this check.
+
+use std::collections::HashMap;
+
+use crate::events::{EngineStored, EventTokens};
+use crate::hashing::{BlockHasher, HashProfile, Strategy};
+use crate::model::{BlockHash, PublisherConfig};
+
+use super::status::HashCheckState;
+
+/// Recomputed blocks without any match before the verdict is `mismatch`.
+const MISMATCH_VERDICT: u64 = 16;
+/// Verified digests remembered (about 3 MiB); the map is cleared when full.
+const MAX_KNOWN: usize = 65_536;
+/// Once verified, check one stored event in this many (the check costs a hash per block).
+const SAMPLE_AFTER_OK: u64 = 64;
+
+pub struct HashCheck {
+    profile: HashProfile,
+    block_size: usize,
+    service: String,
+    known: HashMap<BlockHash, [u8; 32]>,
+    hasher: Option<(String, String, BlockHasher)>,
+    scratch: Vec<u8>,
+    ok: u64,
+    mismatch: u64,
+    events_seen: u64,
+    warned: bool,
+}
+
+impl HashCheck {
+    pub fn new(config: &PublisherConfig) -> Self {
+        HashCheck {
+            profile: config.hash_profile.clone(),
+            block_size: config.block_size as usize,
+            service: config.subscription_key().to_string(),
+            known: HashMap::new(),
+            hasher: None,
+            scratch: Vec::with_capacity(256),
+            ok: 0,
+            mismatch: 0,
+            events_seen: 0,
+            warned: false,
+        }
+    }
+
+    pub fn state(&self) -> HashCheckState {
+        if self.ok > 0 {
+            HashCheckState::Ok
+        } else if self.mismatch >= MISMATCH_VERDICT {
+            HashCheckState::Mismatch
+        } else {
+            HashCheckState::Unverified
+        }
+    }
+
+    /// (state, blocks matched, blocks mismatched).
+    pub fn summary(&self) -> (HashCheckState, u64, u64) {
+        (self.state(), self.ok, self.mismatch)
+    }
+
+    /// The publisher cleared its cache: remembered digests no longer prove anything.
+    pub fn forget_all(&mut self) {
+        self.known.clear();
+    }
+
+    pub fn observe_stored(&mut self, event: &EngineStored) {
+        self.events_seen += 1;
+        if self.ok > 0 && self.events_seen % SAMPLE_AFTER_OK != 0 {
+            return;
+        }
+        let Some(tokens) = &event.tokens else { return };
+        let mut parent = match event.parent {
+            None => None,
+            Some(p) => match self.known.get(&p) {
+                Some(digest) => Some(*digest),
+                None => return, // cannot recompute without the parent's full digest
+            },
+        };
+        let lora = event.lora_name.as_deref().unwrap_or("");
+        let salt = event.cache_salt.as_deref().unwrap_or("");
+        let raw = match tokens {
+            EventTokens::Flat(t) => t.clone(),
+            // Bigram pages hash raw tokens: t0 then the second element of every pair.
+            EventTokens::Bigram(pairs) => {
+                let mut raw: Vec<i64> = pairs.first().map(|p| vec![p.0]).unwrap_or_default();
+                raw.extend(pairs.iter().map(|p| p.1));
+                raw
+            }
+        };
+        let bigram = self.profile.strategy() == Strategy::SglangBigram;
+        let units = if bigram {
+            raw.len().saturating_sub(1)
+        } else {
+            raw.len()
+        };
+        let block = self.block_size.max(1);
+        if units != event.hashes.len() * block {
+            // Partial or inconsistent token lists cannot be split into the published blocks.
+            return;
+        }
+        let cached = self.take_hasher(lora, salt);
+        let hasher = &cached.2;
+        for (i, published) in event.hashes.iter().enumerate() {
+            let start = i * block;
+            let end = if bigram {
+                start + block + 1
+            } else {
+                start + block
+            };
+            let step = hasher.step(parent.as_ref(), &raw[start..end], &mut self.scratch);
+            if step.key != *published {
+                self.mismatch += 1;
+                self.warn_once();
+                break;
+            }
+            self.ok += 1;
+            if self.known.len() >= MAX_KNOWN {
+                self.known.clear();
+            }
+            self.known.insert(step.key, step.digest);
+            parent = Some(step.digest);
+        }
+        self.hasher = Some(cached);
+    }
+
+    /// The prepared hasher for this (lora, salt), reusing the last one when it matches.
+    fn take_hasher(&mut self, lora: &str, salt: &str) -> (String, String, BlockHasher) {
+        match self.hasher.take() {
+            Some(cached) if cached.0 == lora && cached.1 == salt => cached,
+            _ => (
+                lora.to_owned(),
+                salt.to_owned(),
+                self.profile.hasher(lora, salt),
+            ),
+        }
+    }
+
+    fn warn_once(&mut self) {
+        if self.ok == 0 && self.mismatch >= MISMATCH_VERDICT && !self.warned {
+            self.warned = true;
+            tracing::warn!(
+                service = %self.service,
+                profile = %self.profile,
+                "published block hashes do not match the registered hash profile; queries will miss. \
+                 Likely causes: a different PYTHONHASHSEED (python_hash_seed), a different \
+                 --prefix-caching-hash-algo (algorithm), a re-pointed LoRA path, a different block size, \
+                 or every request carrying a cache_salt"
+            );
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! What a subscription reports about itself: phase, last seq, and counters for metrics and
+//! `/services/status`. The actor updates it after every batch; readers clone it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use super::state::{Phase, SeqCounters};
+
+/// Whether the publisher's hashes match the registered profile (see `hash_check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HashCheckState {
+    /// No block could be recomputed yet.
+    #[default]
+    Unverified,
+    Ok,
+    Mismatch,
+}
+
+impl HashCheckState {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            HashCheckState::Unverified => "unverified",
+            HashCheckState::Ok => "ok",
+            HashCheckState::Mismatch => "mismatch",
+        }
+    }
+}
+
+/// A snapshot of one subscription's health.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SubscriptionStatus {
+    pub phase: Option<Phase>,
+    pub connected: bool,
+    pub last_seq: Option<u64>,
+    pub seq: SeqCounters,
+    /// Messages that were not `[topic, seq, payload]`.
+    pub frame_errors: u64,
+    /// Payloads whose envelope could not be decoded.
+    pub decode_errors: u64,
+    /// Single events rejected inside otherwise good batches.
+    pub invalid_events: u64,
+    /// Batches stamped with a DP rank other than the registration's.
+    pub rank_mismatches: u64,
+    /// Events applied, by kind (`stored`, `removed`, `cleared`).
+    pub events: BTreeMap<&'static str, u64>,
+    /// Events skipped on purpose, by reason.
+    pub ignored: BTreeMap<&'static str, u64>,
+    /// Routed ops refused because the target context has another hash profile.
+    pub profile_conflicts: u64,
+    pub hash_check: HashCheckState,
+    pub hash_check_ok: u64,
+    pub hash_check_mismatch: u64,
+    /// Unix time (ms) of the last applied batch's publisher timestamp, for lag.
+    pub last_batch_ts_ms: Option<u64>,
+}
+
+impl SubscriptionStatus {
+    pub fn phase_name(&self) -> &'static str {
+        self.phase.map_or("connecting", Phase::as_str)
+    }
+}
+
+/// Shared cell the actor writes and everyone else reads.
+#[derive(Debug, Clone, Default)]
+pub struct StatusCell(Arc<Mutex<SubscriptionStatus>>);
+
+impl StatusCell {
+    pub fn get(&self) -> SubscriptionStatus {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn update(&self, f: impl FnOnce(&mut SubscriptionStatus)) {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+}
