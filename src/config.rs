@@ -71,13 +71,17 @@ pub struct ConfigError {
 impl Config {
     /// Resolve the configuration from the environment (see the module doc).
     pub fn load() -> Result<(Config, ConfigOrigin), ConfigError> {
-        let explicit = std::env::var(CONFIG_PATH_ENV).ok().filter(|p| !p.is_empty());
+        let explicit = std::env::var(CONFIG_PATH_ENV)
+            .ok()
+            .filter(|p| !p.is_empty());
         if let Some(path) = explicit {
             let path = PathBuf::from(path);
             return Ok((Config::from_file(&path)?, ConfigOrigin::File(path)));
         }
         if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-            let path = Path::new(&home).join(".mooncake").join("conductor_config.json");
+            let path = Path::new(&home)
+                .join(".mooncake")
+                .join("conductor_config.json");
             if path.exists() {
                 return Ok((Config::from_file(&path)?, ConfigOrigin::File(path)));
             }
@@ -92,8 +96,11 @@ impl Config {
 
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError { origin: origin.clone(), field: None, message: format!("cannot read: {e}") })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            origin: origin.clone(),
+            field: None,
+            message: format!("cannot read: {e}"),
+        })?;
         Config::parse(&text, &origin)
     }
 
@@ -104,7 +111,8 @@ impl Config {
             field: field.map(str::to_owned),
             message,
         };
-        let root: Value = serde_json::from_str(text).map_err(|e| err(None, format!("invalid JSON: {e}")))?;
+        let root: Value =
+            serde_json::from_str(text).map_err(|e| err(None, format!("invalid JSON: {e}")))?;
         let Value::Object(root) = root else {
             return Err(err(None, "the root must be a JSON object".into()));
         };
@@ -121,38 +129,54 @@ impl Config {
         for (key, value) in &root {
             let field = Some(key.as_str());
             match key.as_str() {
-                "http_server_port" => config.http_server_port = port(value).map_err(|m| err(field, m))?,
-                "rpc_server_port" => config.rpc_server_port = port(value).map_err(|m| err(field, m))?,
+                "http_server_port" => {
+                    config.http_server_port = port(value).map_err(|m| err(field, m))?
+                }
+                "rpc_server_port" => {
+                    config.rpc_server_port = port(value).map_err(|m| err(field, m))?
+                }
                 "bind_address" => {
-                    let text = value.as_str().ok_or_else(|| err(field, "must be a string".into()))?;
-                    config.bind_address =
-                        text.parse().map_err(|_| err(field, format!("not an IP address: {text:?}")))?;
+                    let text = value
+                        .as_str()
+                        .ok_or_else(|| err(field, "must be a string".into()))?;
+                    config.bind_address = text
+                        .parse()
+                        .map_err(|_| err(field, format!("not an IP address: {text:?}")))?;
                 }
                 "kvevent_instance" => {
                     let Value::Object(entries) = value else {
-                        return Err(err(field, "must be an object of stream key -> registration".into()));
+                        return Err(err(
+                            field,
+                            "must be an object of stream key -> registration".into(),
+                        ));
                     };
                     for (stream_key, entry) in entries {
                         let Value::Object(entry) = entry else {
                             let name = format!("kvevent_instance.{stream_key}");
                             return Err(err(Some(&name), "must be an object".into()));
                         };
-                        config.kvevent_instance.push((stream_key.clone(), entry.clone()));
+                        config
+                            .kvevent_instance
+                            .push((stream_key.clone(), entry.clone()));
                     }
                 }
                 "data_dir" => {
                     let text = value.as_str().filter(|s| !s.is_empty());
-                    let text = text.ok_or_else(|| err(field, "must be a non-empty string".into()))?;
+                    let text =
+                        text.ok_or_else(|| err(field, "must be a non-empty string".into()))?;
                     config.data_dir = PathBuf::from(text);
                 }
                 "checkpoint_interval_ms" => {
-                    config.checkpoint_interval_ms = positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
+                    config.checkpoint_interval_ms =
+                        positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
                 }
                 "http_body_limit_bytes" => {
-                    config.http_body_limit_bytes = positive(value, 1 << 32).map_err(|m| err(field, m))?
+                    config.http_body_limit_bytes =
+                        positive(value, 1 << 32).map_err(|m| err(field, m))?
                 }
                 "rpc_message_limit_bytes" => {
-                    config.rpc_message_limit_bytes = positive(value, 1 << 31).map_err(|m| err(field, m))?
+                    config.rpc_message_limit_bytes =
+                        positive(value, 1 << 31).map_err(|m| err(field, m))?
                 }
                 _ => return Err(err(field, "unknown configuration key".into())),
             }
@@ -162,7 +186,9 @@ impl Config {
 }
 
 fn port(value: &Value) -> Result<u16, String> {
-    let n = value.as_u64().ok_or_else(|| "must be an integer in 0..=65535".to_owned())?;
+    let n = value
+        .as_u64()
+        .ok_or_else(|| "must be an integer in 0..=65535".to_owned())?;
     u16::try_from(n).map_err(|_| format!("{n} is outside 0..=65535"))
 }
 
@@ -192,7 +218,9 @@ impl LogLevel {
             "DEBUG" => Ok(LogLevel::Debug),
             "WARN" | "WARNING" => Ok(LogLevel::Warn),
             "ERROR" => Ok(LogLevel::Error),
-            _ => Err(format!("{LOG_LEVEL_ENV}={text:?} is not DEBUG, INFO, WARN or ERROR; using INFO")),
+            _ => Err(format!(
+                "{LOG_LEVEL_ENV}={text:?} is not DEBUG, INFO, WARN or ERROR; using INFO"
+            )),
         }
     }
 
@@ -231,7 +259,11 @@ mod tests {
     fn errors_name_the_file_and_the_field() {
         let e = Config::parse(r#"{"http_server_port": "80"}"#, "conf.json").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("http_server_port"));
-        assert!(e.to_string().starts_with("config conf.json: field `http_server_port`"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("config conf.json: field `http_server_port`"),
+            "{e}"
+        );
         let e = Config::parse(r#"{"rpc_server_port": 70000}"#, "c").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("rpc_server_port"));
         let e = Config::parse(r#"{"typo_port": 1}"#, "c").unwrap_err();
@@ -243,12 +275,19 @@ mod tests {
         let e = Config::parse("[1]", "c").unwrap_err();
         assert_eq!(e.field, None);
         let e = Config::parse("{", "broken.json").unwrap_err();
-        assert!(e.to_string().contains("broken.json") && e.to_string().contains("invalid JSON"), "{e}");
+        assert!(
+            e.to_string().contains("broken.json") && e.to_string().contains("invalid JSON"),
+            "{e}"
+        );
     }
 
     #[test]
     fn static_entries_are_all_kept() {
-        let c = Config::parse(r#"{"kvevent_instance": {"b": {"type": "vLLM"}, "a": {}}}"#, "c").unwrap();
+        let c = Config::parse(
+            r#"{"kvevent_instance": {"b": {"type": "vLLM"}, "a": {}}}"#,
+            "c",
+        )
+        .unwrap();
         let keys: Vec<&str> = c.kvevent_instance.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys.len(), 2);
         assert!(keys.contains(&"a") && keys.contains(&"b"));

@@ -93,25 +93,54 @@ pub struct OpError {
 }
 
 impl OpError {
-    pub fn invalid(field: impl Into<String>, reason: &'static str, message: impl Into<String>) -> Self {
-        OpError { code: Code::InvalidParams, field: Some(field.into()), reason, message: message.into() }
+    pub fn invalid(
+        field: impl Into<String>,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        OpError {
+            code: Code::InvalidParams,
+            field: Some(field.into()),
+            reason,
+            message: message.into(),
+        }
     }
 
     /// An invalid request that no single field is to blame for (for example a conflicting registration).
     pub fn invalid_registration(message: impl Into<String>) -> Self {
-        OpError { code: Code::InvalidParams, field: None, reason: "invalid_registration", message: message.into() }
+        OpError {
+            code: Code::InvalidParams,
+            field: None,
+            reason: "invalid_registration",
+            message: message.into(),
+        }
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        OpError { code: Code::ServiceNotFound, field: None, reason: "not_found", message: message.into() }
+        OpError {
+            code: Code::ServiceNotFound,
+            field: None,
+            reason: "not_found",
+            message: message.into(),
+        }
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        OpError { code: Code::InternalError, field: None, reason: "internal", message: message.into() }
+        OpError {
+            code: Code::InternalError,
+            field: None,
+            reason: "internal",
+            message: message.into(),
+        }
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        OpError { code: Code::ConductorUnavailable, field: None, reason: "unavailable", message: message.into() }
+        OpError {
+            code: Code::ConductorUnavailable,
+            field: None,
+            reason: "unavailable",
+            message: message.into(),
+        }
     }
 }
 

@@ -10,7 +10,11 @@ pub const DEFAULT_TENANT: &str = "default";
 
 /// Normalize a tenant id: empty means [`DEFAULT_TENANT`].
 pub fn normalize_tenant(tenant_id: &str) -> String {
-    if tenant_id.is_empty() { DEFAULT_TENANT.to_owned() } else { tenant_id.to_owned() }
+    if tenant_id.is_empty() {
+        DEFAULT_TENANT.to_owned()
+    } else {
+        tenant_id.to_owned()
+    }
 }
 
 /// The 64-bit index key of a block: the projection of the engine's full block digest
@@ -92,13 +96,20 @@ impl ContextKey {
 
     /// The same context under another LoRA adapter (events name the adapter that picks the context).
     pub fn with_lora(&self, lora_name: &str) -> Self {
-        ContextKey { lora_name: lora_name.to_owned(), ..self.clone() }
+        ContextKey {
+            lora_name: lora_name.to_owned(),
+            ..self.clone()
+        }
     }
 }
 
 impl fmt::Display for ContextKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}/{}", self.tenant_id, self.model_name, self.lora_name, self.block_size)
+        write!(
+            f,
+            "{}/{}/{}/{}",
+            self.tenant_id, self.model_name, self.lora_name, self.block_size
+        )
     }
 }
 
@@ -113,13 +124,21 @@ pub struct SubscriptionKey {
 
 impl SubscriptionKey {
     pub fn new(instance_id: &str, tenant_id: &str, dp_rank: u32) -> Self {
-        SubscriptionKey { instance_id: instance_id.to_owned(), tenant_id: normalize_tenant(tenant_id), dp_rank }
+        SubscriptionKey {
+            instance_id: instance_id.to_owned(),
+            tenant_id: normalize_tenant(tenant_id),
+            dp_rank,
+        }
     }
 }
 
 impl fmt::Display for SubscriptionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}|{}|{}", self.instance_id, self.tenant_id, self.dp_rank)
+        write!(
+            f,
+            "{}|{}|{}",
+            self.instance_id, self.tenant_id, self.dp_rank
+        )
     }
 }
 
@@ -132,7 +151,11 @@ pub enum PublisherType {
 }
 
 impl PublisherType {
-    pub const ALL: [PublisherType; 3] = [PublisherType::Vllm, PublisherType::Sglang, PublisherType::Mooncake];
+    pub const ALL: [PublisherType; 3] = [
+        PublisherType::Vllm,
+        PublisherType::Sglang,
+        PublisherType::Mooncake,
+    ];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -187,7 +210,12 @@ impl PublisherConfig {
 
     /// The context this registration feeds with base-model blocks.
     pub fn context_key(&self) -> ContextKey {
-        ContextKey::new(&self.tenant_id, &self.model_name, &self.lora_name, self.block_size)
+        ContextKey::new(
+            &self.tenant_id,
+            &self.model_name,
+            &self.lora_name,
+            self.block_size,
+        )
     }
 }
 
@@ -206,7 +234,10 @@ mod tests {
     fn publisher_type_is_case_sensitive() {
         assert_eq!(PublisherType::parse("vLLM"), Some(PublisherType::Vllm));
         assert_eq!(PublisherType::parse("SGLang"), Some(PublisherType::Sglang));
-        assert_eq!(PublisherType::parse("Mooncake"), Some(PublisherType::Mooncake));
+        assert_eq!(
+            PublisherType::parse("Mooncake"),
+            Some(PublisherType::Mooncake)
+        );
         assert_eq!(PublisherType::parse("vllm"), None);
         assert_eq!(PublisherType::parse("sglang"), None);
     }
