@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, Rust unit and integration tests (real sockets, real
+# binary), and the Python client's tests against the real binary.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/setup.sh
+
+cargo fmt --all -- --check
+cargo clippy --locked --all-targets -p mooncake-conductor -- -D warnings
+cargo clippy --locked --all-targets -p mooncake-conductor-python -- -D warnings
+cargo build --locked --bins
+cargo test --locked -p mooncake-conductor
+
+.venv/bin/pip install -q --disable-pip-version-check ./python
+CONDUCTOR_BIN="$CARGO_TARGET_DIR/debug/mooncake_conductor" .venv/bin/python -m pytest -q python/tests

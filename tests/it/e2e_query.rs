@@ -1,0 +1,114 @@
+//! End to end: register a publisher, feed it engine batches over a real PUB socket, and check
+//! exact query answers over gRPC, HTTP JSON and HTTP msgpack.
+
+use mooncake_conductor::gateway::pb;
+use serde_json::json;
+
+use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::player::Player;
+use crate::support::server::Server;
+use crate::support::{WAIT, eventually, http};
+
+fn register_request(v: &serde_json::Value) -> pb::RegisterRequest {
+    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    let i = |k: &str| v.get(k).and_then(|x| x.as_i64());
+    let profile = v.get("hash_profile").and_then(|p| p.as_object()).cloned().unwrap_or_default();
+    pb::RegisterRequest {
+        instance_id: s("instance_id"),
+        endpoint: s("endpoint"),
+        replay_endpoint: s("replay_endpoint"),
+        publisher_type: s("publisher_type"),
+        model_name: s("model_name"),
+        lora_name: s("lora_name"),
+        tenant_id: s("tenant_id"),
+        block_size: i("block_size"),
+        dp_rank: i("dp_rank"),
+        cache_group: i("cache_group"),
+        has_hash_profile: v.get("hash_profile").is_some(),
+        hash_profile: profile.into_iter().map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned())).collect(),
+    }
+}
+
+/// Publish `payload` as seq 0 again and again until the subscription has applied it: the PUB
+/// socket drops messages until the SUB's subscription arrived, and duplicates are ignored.
+pub async fn handshake(server: &Server, player: &mut Player, service: &str, payload: Vec<u8>) {
+    let seq = player.publish(payload).await;
+    eventually("first batch applied", WAIT, || {
+        let resend = player.resend(seq);
+        async move {
+            resend.await;
+            let status = http::get(server.http_port, "/services/status").await.json();
+            let applied = status["services"].as_array()?.iter().any(|s| s["service"] == service && s["last_seq"] == json!(seq));
+            applied.then_some(())
+        }
+    })
+    .await;
+}
+
+async fn grpc_query(server: &Server, model: &str, tokens: Vec<i32>, block_size: i64) -> pb::QueryResponse {
+    let mut client = server.grpc().await;
+    let request = pb::QueryRequest { model_name: model.into(), block_size, token_ids: tokens, ..Default::default() };
+    client.query(request).await.expect("gRPC query").into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_blocks_become_hits_over_every_transport() {
+    let server = Server::start().await;
+    let mut player = Player::start(false, 0).await;
+    let registration = engine::registration("vllm-0", &player.endpoint, None, "vLLM", "my-model", 4, 0, vllm_cbor_profile());
+    let mut client = server.grpc().await;
+    let reply = client.register(register_request(&registration)).await.expect("register").into_inner();
+    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+
+    // 10 tokens, block size 4: two complete blocks on GPU; the tail is never a block for vLLM.
+    let tokens: Vec<i32> = (1..=10).collect();
+    let store = engine::vllm_store_prompt(&vllm_cbor_profile(), &tokens, 4, "GPU", 0);
+    handshake(&server, &mut player, "vllm-0|default|0", store).await;
+
+    let hits = eventually("hits", WAIT, || async {
+        let r = grpc_query(&server, "my-model", tokens.clone(), 4).await;
+        (r.hits.get("vllm-0").map(|h| h.device) == Some(8)).then_some(r)
+    })
+    .await;
+    assert_eq!(hits.ret, 0);
+    let row = &hits.hits["vllm-0"];
+    assert_eq!((row.longest_matched, row.device, row.cpu_local, row.cpu_share, row.disk), (8, 8, 8, 8, 8));
+    assert_eq!(row.dp.get("0"), Some(&8));
+    let rank = &row.rank_matches["0"];
+    assert_eq!((rank.device, rank.cpu_local, rank.cpu_share, rank.disk), (8, 8, 8, 8));
+
+    // A prompt that diverges in block 1 matches block 0 only.
+    let mut other = tokens.clone();
+    other[5] = 999;
+    let r = grpc_query(&server, "my-model", other, 4).await;
+    assert_eq!(r.hits["vllm-0"].device, 4);
+
+    // The same answer over HTTP JSON and msgpack, with the seed's field names.
+    let expected = json!({"instances": {"vllm-0": {
+        "longest_matched": 8, "dp": {"0": 8},
+        "rank_matches": {"0": {"device": 8, "cpu_local": 8, "cpu_share": 8, "disk": 8}},
+        "device": 8, "cpu_local": 8, "cpu_share": 8, "disk": 8,
+    }}});
+    let body = json!({"model": "my-model", "block_size": 4, "token_ids": tokens});
+    let r = http::post_json(server.http_port, "/query", &body).await;
+    assert_eq!((r.status, r.json()), (200, expected.clone()));
+    let packed: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let body = rmpv::Value::Map(vec![
+        ("model".into(), "my-model".into()),
+        ("block_size".into(), 4.into()),
+        ("token_ids".into(), rmpv::Value::Binary(packed)),
+    ]);
+    let r = http::post_msgpack(server.http_port, "/query", &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content_type, "application/msgpack");
+    assert_eq!(r.msgpack(), expected);
+
+    // Removing block 1 from GPU leaves block 0.
+    let keys = engine::block_keys(&vllm_cbor_profile(), &tokens, 4, "");
+    player.publish(engine::batch(vec![engine::vllm_removed(&keys[1..2], "GPU")], 0)).await;
+    eventually("removal applied", WAIT, || async {
+        let r = grpc_query(&server, "my-model", tokens.clone(), 4).await;
+        (r.hits["vllm-0"].device == 4).then_some(())
+    })
+    .await;
+}

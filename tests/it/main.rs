@@ -1,0 +1,6 @@
+//! Integration tests against the real binary, real ZeroMQ sockets on 127.0.0.1 and the real gRPC
+//! and HTTP servers. One test binary, so RocksDB is linked once.
+
+mod support;
+
+mod e2e_query;

@@ -1,0 +1,138 @@
+//! Engine payload builders (vLLM 0.33 map events in an array batch, SGLang, Mooncake store maps)
+//! and the block hashes a real engine would publish for a prompt.
+
+use mooncake_conductor::hashing::HashProfile;
+use rmpv::Value;
+
+pub fn vllm_cbor_profile() -> serde_json::Value {
+    serde_json::json!({
+        "strategy": "vllm_v1", "algorithm": "sha256_cbor", "python_hash_seed": "0", "index_projection": "low64_be",
+    })
+}
+
+pub fn sglang_profile() -> serde_json::Value {
+    serde_json::json!({
+        "strategy": "sglang", "algorithm": "sha256_raw", "python_hash_seed": "0", "index_projection": "first64_be",
+    })
+}
+
+fn resolve(profile: &serde_json::Value) -> HashProfile {
+    let get = |k: &str| profile.get(k).and_then(|v| v.as_str());
+    HashProfile::resolve(get("strategy"), get("algorithm"), get("python_hash_seed"), get("index_projection"))
+        .expect("test profile")
+}
+
+/// The 64-bit keys an engine publishes for the blocks of `tokens` (complete blocks for vLLM;
+/// SGLang pages including a partial last one).
+pub fn block_keys(profile: &serde_json::Value, tokens: &[i32], block_size: u32, lora: &str) -> Vec<u64> {
+    use mooncake_conductor::hashing::PrefixKeys;
+    let profile = resolve(profile);
+    let hasher = profile.hasher(lora, "");
+    let mut chain = hasher.chain(block_size, tokens);
+    (0..chain.num_blocks()).map(|i| chain.key(i).0).collect()
+}
+
+fn s(v: &str) -> Value {
+    Value::from(v)
+}
+
+fn encode(v: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, v).expect("encode msgpack");
+    out
+}
+
+fn map(pairs: Vec<(&str, Value)>) -> Value {
+    Value::Map(pairs.into_iter().map(|(k, v)| (s(k), v)).collect())
+}
+
+/// A vLLM 0.33 `BlockStored` map event.
+pub fn vllm_stored(hashes: &[u64], parent: Option<u64>, tokens: &[i32], block_size: u32, medium: &str, lora: Option<&str>) -> Value {
+    map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", Value::Array(hashes.iter().map(|h| Value::from(*h)).collect())),
+        ("parent_block_hash", parent.map_or(Value::Nil, Value::from)),
+        ("token_ids", Value::Array(tokens.iter().map(|t| Value::from(*t)).collect())),
+        ("block_size", Value::from(block_size)),
+        ("lora_id", if lora.is_some() { Value::from(1) } else { Value::Nil }),
+        ("medium", s(medium)),
+        ("lora_name", lora.map_or(Value::Nil, s)),
+        ("extra_keys", Value::Array(hashes.iter().map(|_| Value::Nil).collect())),
+        ("group_idx", Value::from(0)),
+        ("kv_cache_spec_kind", s("full_attention")),
+    ])
+}
+
+pub fn vllm_removed(hashes: &[u64], medium: &str) -> Value {
+    map(vec![
+        ("type", s("BlockRemoved")),
+        ("block_hashes", Value::Array(hashes.iter().map(|h| Value::from(*h)).collect())),
+        ("medium", s(medium)),
+        ("group_idx", Value::from(0)),
+    ])
+}
+
+pub fn vllm_cleared() -> Value {
+    map(vec![("type", s("AllBlocksCleared"))])
+}
+
+/// `[ts, events, dp_rank]`, msgspec's array batch.
+pub fn batch(events: Vec<Value>, dp_rank: u32) -> Vec<u8> {
+    encode(&Value::Array(vec![Value::F64(1_700_000_000.0), Value::Array(events), Value::from(dp_rank)]))
+}
+
+/// Store the blocks of `tokens` on `medium`: one `BlockStored` with every complete block.
+pub fn vllm_store_prompt(profile: &serde_json::Value, tokens: &[i32], block_size: u32, medium: &str, dp_rank: u32) -> Vec<u8> {
+    let keys = block_keys(profile, tokens, block_size, "");
+    let used = keys.len() * block_size as usize;
+    batch(vec![vllm_stored(&keys, None, &tokens[..used], block_size, medium, None)], dp_rank)
+}
+
+/// A Mooncake store object event (dev/conductor publisher maps).
+pub fn mooncake_event(kind: &str, model: &str, block_size: u32, backend: &str, object_key: &str, medium: &str, hash: u64) -> Value {
+    map(vec![
+        ("event_id", Value::from(1)),
+        ("timestamp", Value::from(1_700_000_000_000u64)),
+        ("event_type", s(kind)),
+        ("model_name", s(model)),
+        ("block_size", Value::from(block_size)),
+        ("additional_salt", Value::Nil),
+        ("lora_name", Value::Nil),
+        ("tenant_id", s("default")),
+        ("backend_id", s(backend)),
+        ("medium", s(medium)),
+        ("dp_rank", Value::from(0)),
+        ("group_id", Value::Nil),
+        ("object_key", s(object_key)),
+        ("seq_hashes", Value::Array(vec![Value::from(hash)])),
+        ("base_block_idx", Value::Nil),
+        ("parent_hash", Value::Nil),
+        ("token_ids", Value::Nil),
+    ])
+}
+
+/// `[timestamp_ms, events, dp_rank]` of the Mooncake store publisher.
+pub fn mooncake_batch(events: Vec<Value>) -> Vec<u8> {
+    encode(&Value::Array(vec![Value::from(1_700_000_000_000u64), Value::Array(events), Value::from(0)]))
+}
+
+/// A registration in Python field names (gRPC), as JSON for convenience.
+pub fn registration(instance: &str, endpoint: &str, replay: Option<&str>, kind: &str, model: &str, block_size: u32, rank: u32, profile: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "instance_id": instance, "endpoint": endpoint, "replay_endpoint": replay.unwrap_or(""),
+        "publisher_type": kind, "model_name": model, "block_size": block_size, "dp_rank": rank,
+        "hash_profile": profile,
+    })
+}
+
+/// The same registration with the HTTP names (`modelname`, `type`).
+pub fn http_registration(python: &serde_json::Value) -> serde_json::Value {
+    let mut m = python.as_object().cloned().unwrap_or_default();
+    if let Some(v) = m.remove("model_name") {
+        m.insert("modelname".into(), v);
+    }
+    if let Some(v) = m.remove("publisher_type") {
+        m.insert("type".into(), v);
+    }
+    serde_json::Value::Object(m)
+}

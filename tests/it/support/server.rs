@@ -1,0 +1,134 @@
+//! The real `mooncake_conductor` binary on free loopback ports with a temp config.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mooncake_conductor::gateway::pb::conductor_client::ConductorClient;
+use tonic::transport::Channel;
+
+use super::free_port;
+
+pub struct Server {
+    pub http_port: u16,
+    pub rpc_port: u16,
+    pub dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Server {
+    /// Start with an empty service list.
+    pub async fn start() -> Server {
+        Server::start_with(serde_json::json!({})).await
+    }
+
+    /// Start with extra config keys (e.g. `kvevent_instance`) merged into the temp config.
+    pub async fn start_with(extra: serde_json::Value) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        Server::start_in(dir, extra).await
+    }
+
+    /// Start in an existing data directory (restart tests).
+    pub async fn start_in(dir: tempfile::TempDir, extra: serde_json::Value) -> Server {
+        let (http_port, rpc_port) = (free_port(), free_port());
+        let mut config = serde_json::json!({
+            "http_server_port": http_port,
+            "rpc_server_port": rpc_port,
+            "bind_address": "127.0.0.1",
+            "kvevent_instance": {},
+            "data_dir": dir.path().join("data"),
+        });
+        if let (Some(base), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+        let config_path = dir.path().join("conductor.json");
+        std::fs::write(&config_path, serde_json::to_vec_pretty(&config).expect("config")).expect("write config");
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+            .env("CONDUCTOR_CONFIG_PATH", &config_path)
+            .env("CONDUCTOR_LOG_LEVEL", "debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn mooncake_conductor");
+        let mut server = Server { http_port, rpc_port, dir, child: Some(child) };
+        server.wait_ready().await;
+        server
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("server exited early with {status}:\n{}", self.log());
+                }
+            }
+            let r = super::http::get(self.http_port, "/health");
+            if let Ok(resp) = tokio::time::timeout(Duration::from_secs(1), r).await {
+                if resp.status == 200 {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "server not ready:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    pub async fn grpc(&self) -> ConductorClient<Channel> {
+        ConductorClient::connect(format!("http://127.0.0.1:{}", self.rpc_port)).await.expect("gRPC connect")
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        signal(&child, "TERM");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Give the data directory back for a restart.
+    pub fn into_dir(mut self) -> tempfile::TempDir {
+        self.kill();
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::mem::replace(&mut self.dir, dir)
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let _ = Command::new("kill").arg(format!("-{name}")).arg(child.id().to_string()).status();
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
