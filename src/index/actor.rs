@@ -1,0 +1,179 @@
+//! The actix shell around [`ContextIndex`]: the context's only writer. Each handler forwards one
+//! call; queries do not come here at all but go through the [`IndexReader`] in [`ContextHandle`].
+
+use actix::dev::ToEnvelope;
+use actix::prelude::*;
+
+use crate::events::IndexBatch;
+use crate::hashing::PrefixKeys;
+use crate::model::{ContextKey, SubscriptionKey};
+
+use super::context::{ApplyReport, ContextIndex, ContextSnapshot};
+use super::handle::{ContextView, IndexReader, IndexStats};
+use super::query::QueryHits;
+
+pub struct ContextActor {
+    index: ContextIndex,
+}
+
+impl ContextActor {
+    pub fn new(index: ContextIndex) -> Self {
+        ContextActor { index }
+    }
+}
+
+impl Actor for ContextActor {
+    type Context = Context<Self>;
+}
+
+/// Apply one batch from one source.
+#[derive(Debug, Message)]
+#[rtype(result = "ApplyReport")]
+pub struct ApplyBatch(pub IndexBatch);
+
+/// List a rank on behalf of a source (registration, or an engine source feeding this context).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct AttachRank {
+    pub source: SubscriptionKey,
+    pub instance_id: String,
+    pub dp_rank: u32,
+}
+
+/// Remove every block of a source (publisher restart, unrecoverable gap); ranks stay listed.
+/// Replies with the (block, holder) pairs removed.
+#[derive(Debug, Message)]
+#[rtype(result = "u64")]
+pub struct DropSource(pub SubscriptionKey);
+
+/// Unregister: drop the source's blocks and unlist its ranks. Replies with the pairs removed and
+/// whether the context is now empty and detached (then its owner may stop and forget it).
+#[derive(Debug, Message)]
+#[rtype(result = "DetachOutcome")]
+pub struct DetachSource(pub SubscriptionKey);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DetachOutcome {
+    pub removed: u64,
+    pub empty_and_detached: bool,
+}
+
+#[derive(Debug, Message)]
+#[rtype(result = "IndexStats")]
+pub struct GetStats;
+
+/// A replayable copy of the whole context, taken between two batches.
+#[derive(Debug, Message)]
+#[rtype(result = "ContextSnapshot")]
+pub struct Snapshot;
+
+impl Handler<ApplyBatch> for ContextActor {
+    type Result = MessageResult<ApplyBatch>;
+    fn handle(&mut self, msg: ApplyBatch, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.index.apply(&msg.0))
+    }
+}
+
+impl Handler<AttachRank> for ContextActor {
+    type Result = ();
+    fn handle(&mut self, msg: AttachRank, _: &mut Self::Context) {
+        self.index
+            .attach_rank(&msg.source, &msg.instance_id, msg.dp_rank);
+    }
+}
+
+impl Handler<DropSource> for ContextActor {
+    type Result = u64;
+    fn handle(&mut self, msg: DropSource, _: &mut Self::Context) -> u64 {
+        self.index.drop_source(&msg.0)
+    }
+}
+
+impl Handler<DetachSource> for ContextActor {
+    type Result = MessageResult<DetachSource>;
+    fn handle(&mut self, msg: DetachSource, _: &mut Self::Context) -> Self::Result {
+        let removed = self.index.detach_source(&msg.0);
+        MessageResult(DetachOutcome {
+            removed,
+            empty_and_detached: self.index.is_empty_and_detached(),
+        })
+    }
+}
+
+impl Handler<GetStats> for ContextActor {
+    type Result = MessageResult<GetStats>;
+    fn handle(&mut self, _: GetStats, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.index.stats())
+    }
+}
+
+impl Handler<Snapshot> for ContextActor {
+    type Result = MessageResult<Snapshot>;
+    fn handle(&mut self, _: Snapshot, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.index.snapshot())
+    }
+}
+
+/// What the rest of the service holds for one context: the writer's address for changes and the
+/// read handle for queries. `Clone + Send + Sync`.
+#[derive(Clone)]
+pub struct ContextHandle {
+    addr: Addr<ContextActor>,
+    reader: IndexReader,
+}
+
+impl ContextHandle {
+    /// Start the actor on the current actix arbiter. Must run inside an actix `System` (see
+    /// `Actor::start`); use [`ContextHandle::start_in_arbiter`] from elsewhere.
+    pub fn start(index: ContextIndex) -> Self {
+        let reader = index.reader();
+        ContextHandle {
+            addr: ContextActor::new(index).start(),
+            reader,
+        }
+    }
+
+    /// Start the actor on `arbiter` (any thread may call this).
+    pub fn start_in_arbiter(arbiter: &actix::ArbiterHandle, index: ContextIndex) -> Self {
+        let reader = index.reader();
+        let addr = ContextActor::start_in_arbiter(arbiter, move |_| ContextActor::new(index));
+        ContextHandle { addr, reader }
+    }
+
+    pub fn key(&self) -> &ContextKey {
+        self.reader.key()
+    }
+
+    pub fn addr(&self) -> &Addr<ContextActor> {
+        &self.addr
+    }
+
+    pub fn reader(&self) -> &IndexReader {
+        &self.reader
+    }
+
+    /// Query without touching the mailbox (see [`IndexReader::query`]).
+    pub fn query<K: PrefixKeys + ?Sized>(
+        &self,
+        keys: &mut K,
+        instance_filter: Option<&str>,
+    ) -> QueryHits {
+        self.reader.query(keys, instance_filter)
+    }
+
+    pub fn view(&self) -> ContextView {
+        self.reader.view()
+    }
+
+    /// Send a message to the writer and wait for its reply (back-pressure when the mailbox is
+    /// full; an error only when the actor has stopped).
+    pub async fn send<M>(&self, msg: M) -> Result<M::Result, MailboxError>
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        ContextActor: Handler<M>,
+        <ContextActor as Actor>::Context: ToEnvelope<ContextActor, M>,
+    {
+        self.addr.send(msg).await
+    }
+}

@@ -1,0 +1,437 @@
+//! [`ContextIndex`]: the single writer of one context's prefix index, a plain struct.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::events::{Holder, IndexBatch, IndexOp};
+use crate::hashing::{HashProfile, PrefixKeys};
+use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
+
+use super::handle::{ContextView, IndexReader, IndexStats, Meta, Shared};
+use super::query::{self, QueryHits};
+use super::table::{
+    ALL_TIERS, CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARED_TIERS, Table,
+    entry_bits, entry_id, read_lock, tier_bit, write_lock,
+};
+
+/// A holder as identified inside one context: engine (instance, rank) or store backend, always
+/// qualified by the subscription that reported it, so dropping a source drops exactly its blocks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct HolderKey {
+    source: SubscriptionKey,
+    holder: Holder,
+}
+
+struct HolderState {
+    key: HolderKey,
+    /// Blocks this holder has an entry on.
+    live: u64,
+    /// Reverse index: keys of the blocks this holder was added to. Removals leave stale keys
+    /// behind (checked against the table when used) and the list is compacted once stale keys
+    /// outnumber live ones, so remove/clear/drop cost O(blocks the holder owns), amortized.
+    blocks: Vec<u64>,
+}
+
+/// What one [`ContextIndex::apply`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    /// Block keys named by valid Store ops (stores are idempotent, so repeats count here too).
+    pub stored: u64,
+    /// Block keys named by valid Remove ops.
+    pub removed: u64,
+    /// (block, holder) pairs removed by ClearHolder ops.
+    pub cleared: u64,
+    /// Ops refused: a tier the holder kind cannot hold, or a holder table at its id limit.
+    pub invalid_ops: u64,
+}
+
+/// One context's prefix index. Owned by exactly one writer (the context actor); readers go
+/// through [`IndexReader`]s obtained from [`ContextIndex::reader`].
+pub struct ContextIndex {
+    shared: Arc<Shared>,
+    holders: Vec<HolderState>,
+    holder_ids: HashMap<HolderKey, u32>,
+    /// Source → holder ids it reported, for drop/detach in O(its blocks).
+    by_source: HashMap<SubscriptionKey, Vec<u32>>,
+    /// Source → (instance, rank) it listed, for detach without scanning the context.
+    attached: HashMap<SubscriptionKey, Vec<(String, u32)>>,
+}
+
+impl ContextIndex {
+    pub fn new(key: ContextKey, profile: HashProfile) -> Self {
+        let shared = Shared {
+            key,
+            profile,
+            table: Table::new(),
+            meta: RwLock::new(Meta::default()),
+            blocks: AtomicU64::new(0),
+            holder_blocks: AtomicU64::new(0),
+            invalid_ops: AtomicU64::new(0),
+        };
+        ContextIndex {
+            shared: Arc::new(shared),
+            holders: Vec::new(),
+            holder_ids: HashMap::new(),
+            by_source: HashMap::new(),
+            attached: HashMap::new(),
+        }
+    }
+
+    pub fn key(&self) -> &ContextKey {
+        &self.shared.key
+    }
+
+    pub fn profile(&self) -> &HashProfile {
+        &self.shared.profile
+    }
+
+    /// A read handle sharing this index; valid for as long as any clone lives.
+    pub fn reader(&self) -> IndexReader {
+        IndexReader {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Apply one batch of ops from one source, in order.
+    pub fn apply(&mut self, batch: &IndexBatch) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        for op in &batch.ops {
+            match op {
+                IndexOp::Store {
+                    holder,
+                    tier,
+                    hashes,
+                } => {
+                    if !tier_allowed(holder, *tier) {
+                        report.invalid_ops += 1;
+                        continue;
+                    }
+                    if let Holder::Engine {
+                        instance_id,
+                        dp_rank,
+                    } = holder
+                    {
+                        self.attach_rank(&batch.source, instance_id, *dp_rank);
+                    }
+                    let Some(id) = self.intern(&batch.source, holder) else {
+                        report.invalid_ops += 1;
+                        continue;
+                    };
+                    self.store(id, tier_bit(*tier), hashes);
+                    report.stored += hashes.len() as u64;
+                }
+                IndexOp::Remove {
+                    holder,
+                    tier,
+                    hashes,
+                } => {
+                    if !tier_allowed(holder, *tier) {
+                        report.invalid_ops += 1;
+                        continue;
+                    }
+                    report.removed += hashes.len() as u64;
+                    let key = HolderKey {
+                        source: batch.source.clone(),
+                        holder: holder.clone(),
+                    };
+                    if let Some(&id) = self.holder_ids.get(&key) {
+                        self.remove(id, tier_bit(*tier), hashes);
+                    }
+                }
+                IndexOp::ClearHolder { holder } => {
+                    let key = HolderKey {
+                        source: batch.source.clone(),
+                        holder: holder.clone(),
+                    };
+                    if let Some(&id) = self.holder_ids.get(&key) {
+                        report.cleared += self.clear_holder(id);
+                    }
+                }
+            }
+        }
+        if report.invalid_ops > 0 {
+            self.shared
+                .invalid_ops
+                .fetch_add(report.invalid_ops, Ordering::Relaxed);
+        }
+        report
+    }
+
+    /// List `(instance_id, dp_rank)` on behalf of `source` (a registration, or an engine source
+    /// feeding this context). Idempotent.
+    pub fn attach_rank(&mut self, source: &SubscriptionKey, instance_id: &str, dp_rank: u32) {
+        let list = self.attached.entry(source.clone()).or_default();
+        if list.iter().any(|(i, r)| i == instance_id && *r == dp_rank) {
+            return;
+        }
+        list.push((instance_id.to_owned(), dp_rank));
+        let mut meta = write_lock(&self.shared.meta);
+        let entry = meta
+            .ranks
+            .entry(instance_id.to_owned())
+            .or_default()
+            .entry(dp_rank)
+            .or_default();
+        entry.attached_by.insert(source.clone());
+    }
+
+    /// Remove every block `source` holds, in every tier; its ranks stay listed. Returns the
+    /// (block, holder) pairs removed.
+    pub fn drop_source(&mut self, source: &SubscriptionKey) -> u64 {
+        let ids = self.by_source.get(source).cloned().unwrap_or_default();
+        ids.into_iter().map(|id| self.clear_holder(id)).sum()
+    }
+
+    /// [`Self::drop_source`] and unlist every rank the source listed. Returns the pairs removed.
+    pub fn detach_source(&mut self, source: &SubscriptionKey) -> u64 {
+        let removed = self.drop_source(source);
+        if let Some(list) = self.attached.remove(source) {
+            let mut meta = write_lock(&self.shared.meta);
+            for (instance, rank) in list {
+                if let Some(ranks) = meta.ranks.get_mut(&instance) {
+                    if let Some(entry) = ranks.get_mut(&rank) {
+                        entry.attached_by.remove(source);
+                        if !entry.listed() && entry.holders.is_empty() {
+                            ranks.remove(&rank);
+                        }
+                    }
+                    if ranks.is_empty() {
+                        meta.ranks.remove(&instance);
+                    }
+                }
+            }
+        }
+        removed
+    }
+
+    /// No block left and no rank listed: the owner may delete this context.
+    pub fn is_empty_and_detached(&self) -> bool {
+        self.shared.blocks.load(Ordering::Relaxed) == 0
+            && !read_lock(&self.shared.meta).has_listed_rank()
+    }
+
+    /// Distinct blocks held in any tier.
+    pub fn prefix_count(&self) -> u64 {
+        self.shared.blocks.load(Ordering::Relaxed)
+    }
+
+    pub fn instances(&self) -> std::collections::BTreeMap<String, std::collections::BTreeSet<u32>> {
+        read_lock(&self.shared.meta).instances()
+    }
+
+    pub fn query<K: PrefixKeys + ?Sized>(
+        &self,
+        keys: &mut K,
+        instance_filter: Option<&str>,
+    ) -> QueryHits {
+        query::walk(&self.shared, keys, instance_filter)
+    }
+
+    pub fn view(&self) -> ContextView {
+        self.reader().view()
+    }
+
+    pub fn stats(&self) -> IndexStats {
+        self.reader().stats()
+    }
+
+    /// The whole index as replayable input: every (source, instance, rank) listing and one
+    /// batch per source that stores each of its holders' blocks. Applying these to a fresh
+    /// index reproduces every query answer (used for checkpoints and dumps).
+    pub fn snapshot(&self) -> ContextSnapshot {
+        let mut attachments: Vec<(SubscriptionKey, String, u32)> = self
+            .attached
+            .iter()
+            .flat_map(|(s, list)| list.iter().map(move |(i, r)| (s.clone(), i.clone(), *r)))
+            .collect();
+        attachments.sort();
+        let mut per_holder: Vec<[Vec<BlockHash>; 4]> = (0..self.holders.len())
+            .map(|_| Default::default())
+            .collect();
+        for shard in self.shared.table.shards() {
+            shard.for_each(|key, e| {
+                if let Some(slots) = per_holder.get_mut(entry_id(e) as usize) {
+                    for tier in Tier::ALL {
+                        if entry_bits(e) & tier_bit(tier) != 0 {
+                            slots[tier.index()].push(BlockHash(key));
+                        }
+                    }
+                }
+            });
+        }
+        let mut batches: HashMap<SubscriptionKey, Vec<IndexOp>> = HashMap::new();
+        for (state, tiers) in self.holders.iter().zip(per_holder) {
+            for (tier, mut hashes) in Tier::ALL.into_iter().zip(tiers) {
+                if hashes.is_empty() {
+                    continue;
+                }
+                hashes.sort_unstable();
+                let op = IndexOp::Store {
+                    holder: state.key.holder.clone(),
+                    tier,
+                    hashes,
+                };
+                batches
+                    .entry(state.key.source.clone())
+                    .or_default()
+                    .push(op);
+            }
+        }
+        let mut batches: Vec<IndexBatch> = batches
+            .into_iter()
+            .map(|(source, ops)| IndexBatch { source, ops })
+            .collect();
+        batches.sort_by(|a, b| a.source.cmp(&b.source));
+        ContextSnapshot {
+            key: self.key().clone(),
+            profile: self.profile().clone(),
+            attachments,
+            batches,
+        }
+    }
+
+    fn intern(&mut self, source: &SubscriptionKey, holder: &Holder) -> Option<u32> {
+        let key = HolderKey {
+            source: source.clone(),
+            holder: holder.clone(),
+        };
+        if let Some(&id) = self.holder_ids.get(&key) {
+            return Some(id);
+        }
+        if self.holders.len() >= MAX_HOLDERS {
+            return None;
+        }
+        let id = self.holders.len() as u32;
+        {
+            let mut meta = write_lock(&self.shared.meta);
+            meta.shared.push(matches!(holder, Holder::Shared { .. }));
+            if let Holder::Engine {
+                instance_id,
+                dp_rank,
+            } = holder
+            {
+                let ranks = meta.ranks.entry(instance_id.clone()).or_default();
+                ranks.entry(*dp_rank).or_default().holders.push(id);
+            }
+        }
+        self.holders.push(HolderState {
+            key: key.clone(),
+            live: 0,
+            blocks: Vec::new(),
+        });
+        self.holder_ids.insert(key, id);
+        self.by_source.entry(source.clone()).or_default().push(id);
+        Some(id)
+    }
+
+    fn store(&mut self, id: u32, bit: u8, hashes: &[BlockHash]) {
+        let Some(state) = self.holders.get_mut(id as usize) else {
+            return;
+        };
+        let (mut new_blocks, mut new_pairs) = (0u64, 0u64);
+        for h in hashes {
+            let added = self.shared.table.write(h.0).add(h.0, id, bit);
+            if added.new_holder {
+                state.blocks.push(h.0);
+                new_pairs += 1;
+            }
+            new_blocks += u64::from(added.new_block);
+        }
+        state.live += new_pairs;
+        self.shared.blocks.fetch_add(new_blocks, Ordering::Relaxed);
+        self.shared
+            .holder_blocks
+            .fetch_add(new_pairs, Ordering::Relaxed);
+    }
+
+    fn remove(&mut self, id: u32, bits: u8, hashes: &[BlockHash]) {
+        let Some(state) = self.holders.get_mut(id as usize) else {
+            return;
+        };
+        let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
+        for h in hashes {
+            let removed = self.shared.table.write(h.0).remove(h.0, id, bits);
+            gone_pairs += u64::from(removed.holder_gone);
+            gone_blocks += u64::from(removed.block_gone);
+        }
+        state.live = state.live.saturating_sub(gone_pairs);
+        self.shared.blocks.fetch_sub(gone_blocks, Ordering::Relaxed);
+        self.shared
+            .holder_blocks
+            .fetch_sub(gone_pairs, Ordering::Relaxed);
+        if state.blocks.len() as u64 > 2 * state.live + 64 {
+            compact(&self.shared.table, id, &mut state.blocks);
+        }
+    }
+
+    /// Remove every entry of holder `id`; returns the pairs removed.
+    fn clear_holder(&mut self, id: u32) -> u64 {
+        let Some(state) = self.holders.get_mut(id as usize) else {
+            return 0;
+        };
+        let keys = std::mem::take(&mut state.blocks);
+        let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
+        for key in keys {
+            let removed = self.shared.table.write(key).remove(key, id, ALL_TIERS);
+            gone_pairs += u64::from(removed.holder_gone);
+            gone_blocks += u64::from(removed.block_gone);
+        }
+        state.live = 0;
+        self.shared.blocks.fetch_sub(gone_blocks, Ordering::Relaxed);
+        self.shared
+            .holder_blocks
+            .fetch_sub(gone_pairs, Ordering::Relaxed);
+        gone_pairs
+    }
+}
+
+/// Drop stale and duplicate keys from a holder's reverse index (a key removed and stored again
+/// appears twice).
+fn compact(table: &Table, id: u32, blocks: &mut Vec<u64>) {
+    blocks.retain(|&k| table.read(k).holder_bits(k, id) != 0);
+    blocks.sort_unstable();
+    blocks.dedup();
+    if blocks.capacity() > 2 * blocks.len() + 64 {
+        blocks.shrink_to_fit();
+    }
+}
+
+/// Engines hold device, cpu_local and rank-local disk; a store backend holds cpu_share and
+/// shared disk.
+fn tier_allowed(holder: &Holder, tier: Tier) -> bool {
+    let allowed = match holder {
+        Holder::Engine { .. } => ENGINE_TIERS,
+        Holder::Shared { .. } => SHARED_TIERS,
+    };
+    allowed & tier_bit(tier) != 0
+}
+
+/// Replayable content of one context (see [`ContextIndex::snapshot`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextSnapshot {
+    pub key: ContextKey,
+    pub profile: HashProfile,
+    /// (source, instance, rank) listings, sorted.
+    pub attachments: Vec<(SubscriptionKey, String, u32)>,
+    /// One batch of Store ops per source, sorted by source.
+    pub batches: Vec<IndexBatch>,
+}
+
+impl ContextSnapshot {
+    /// Rebuild an index from a snapshot.
+    pub fn restore(&self) -> ContextIndex {
+        let mut index = ContextIndex::new(self.key.clone(), self.profile.clone());
+        for (source, instance, rank) in &self.attachments {
+            index.attach_rank(source, instance, *rank);
+        }
+        for batch in &self.batches {
+            index.apply(batch);
+        }
+        index
+    }
+}
+
+// The tier constants are part of this module's vocabulary for readers of `tier_allowed`.
+const _: () =
+    assert!(ENGINE_TIERS == DEVICE | CPU_LOCAL | DISK && SHARED_TIERS == CPU_SHARE | DISK);

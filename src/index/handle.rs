@@ -1,0 +1,156 @@
+//! The read side of a context: what the writer shares with concurrent readers, and
+//! [`IndexReader`], the cloneable handle queries and the global view go through.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::hashing::{HashProfile, PrefixKeys};
+use crate::model::{ContextKey, SubscriptionKey};
+
+use super::query::{self, QueryHits};
+use super::table::{Table, read_lock};
+
+/// State shared between the single writer ([`super::ContextIndex`]) and any number of readers.
+pub(crate) struct Shared {
+    pub key: ContextKey,
+    pub profile: HashProfile,
+    pub table: Table,
+    /// Registered ranks and the holder ids behind each (instance, rank); small, read once per
+    /// query to plan the walk.
+    pub meta: RwLock<Meta>,
+    /// Distinct blocks (in any tier). Written only by the writer; relaxed is enough for metrics
+    /// and the global view, which are point-in-time figures anyway.
+    pub blocks: AtomicU64,
+    /// (block, holder) pairs.
+    pub holder_blocks: AtomicU64,
+    /// Ops refused as invalid (e.g. an engine storing into cpu_share), counted not failed.
+    pub invalid_ops: AtomicU64,
+}
+
+#[derive(Default)]
+pub(crate) struct Meta {
+    /// instance → rank → who listed it and which holders hold blocks for it.
+    pub ranks: BTreeMap<String, BTreeMap<u32, RankEntry>>,
+    /// Holder id → whether it is a shared (store backend) holder. Ids are never reused, so a
+    /// plan built from this stays valid for the whole walk.
+    pub shared: Vec<bool>,
+}
+
+#[derive(Default)]
+pub(crate) struct RankEntry {
+    /// Sources whose registration (or engine stores) list this rank; listed while non-empty.
+    pub attached_by: BTreeSet<SubscriptionKey>,
+    /// Engine holder ids naming this (instance, rank), one per source that stored for it.
+    pub holders: Vec<u32>,
+}
+
+impl RankEntry {
+    pub fn listed(&self) -> bool {
+        !self.attached_by.is_empty()
+    }
+}
+
+impl Meta {
+    pub fn instances(&self) -> BTreeMap<String, BTreeSet<u32>> {
+        self.ranks
+            .iter()
+            .filter_map(|(inst, ranks)| {
+                let listed: BTreeSet<u32> = ranks
+                    .iter()
+                    .filter(|(_, e)| e.listed())
+                    .map(|(r, _)| *r)
+                    .collect();
+                (!listed.is_empty()).then(|| (inst.clone(), listed))
+            })
+            .collect()
+    }
+
+    pub fn has_listed_rank(&self) -> bool {
+        self.ranks
+            .values()
+            .any(|ranks| ranks.values().any(RankEntry::listed))
+    }
+}
+
+/// One context as the global view reports it (`spec/python-api.md`, get_global_view()).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextView {
+    pub key: ContextKey,
+    pub profile: HashProfile,
+    /// Distinct blocks held in any tier.
+    pub prefix_count: u64,
+    /// Instance id → listed DP ranks.
+    pub instances: BTreeMap<String, BTreeSet<u32>>,
+}
+
+/// Size figures for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    pub blocks: u64,
+    pub holder_blocks: u64,
+    /// Interned holders (ids are never reused within a context).
+    pub holders: u64,
+    pub invalid_ops: u64,
+}
+
+/// A cheap, cloneable, `Send + Sync` read handle on one context. Queries through it never wait
+/// for the writer's mailbox; they take one shard read lock per block lookup (see the module doc).
+#[derive(Clone)]
+pub struct IndexReader {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl IndexReader {
+    pub fn key(&self) -> &ContextKey {
+        &self.shared.key
+    }
+
+    pub fn profile(&self) -> &HashProfile {
+        &self.shared.profile
+    }
+
+    /// Prefix hits per instance for the prompt behind `keys` (see [`query`]). `instance_filter`
+    /// `None` or `Some("")` selects every registered instance.
+    pub fn query<K: PrefixKeys + ?Sized>(
+        &self,
+        keys: &mut K,
+        instance_filter: Option<&str>,
+    ) -> QueryHits {
+        query::walk(&self.shared, keys, instance_filter)
+    }
+
+    /// Distinct blocks held in any tier.
+    pub fn prefix_count(&self) -> u64 {
+        self.shared.blocks.load(Ordering::Relaxed)
+    }
+
+    /// Registered instances and their listed ranks.
+    pub fn instances(&self) -> BTreeMap<String, BTreeSet<u32>> {
+        read_lock(&self.shared.meta).instances()
+    }
+
+    pub fn view(&self) -> ContextView {
+        ContextView {
+            key: self.shared.key.clone(),
+            profile: self.shared.profile.clone(),
+            prefix_count: self.prefix_count(),
+            instances: self.instances(),
+        }
+    }
+
+    pub fn stats(&self) -> IndexStats {
+        IndexStats {
+            blocks: self.shared.blocks.load(Ordering::Relaxed),
+            holder_blocks: self.shared.holder_blocks.load(Ordering::Relaxed),
+            holders: read_lock(&self.shared.meta).shared.len() as u64,
+            invalid_ops: self.shared.invalid_ops.load(Ordering::Relaxed),
+        }
+    }
+
+    /// True when no lock of this context is held (tests: hashing must run unlocked).
+    #[cfg(test)]
+    pub(crate) fn all_unlocked(&self) -> bool {
+        self.shared.table.all_unlocked() && self.shared.meta.try_write().is_ok()
+    }
+}
