@@ -14,7 +14,7 @@ use crate::hashing::IndexProjection;
 use crate::model::{BlockHash, normalize_tenant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Key {
+enum Field {
     EventId,
     Timestamp,
     EventType,
@@ -45,38 +45,38 @@ enum Key {
     ParentBlockHash,
 }
 
-const KEYS: [(&str, Key); 28] = [
-    ("event_id", Key::EventId),
-    ("timestamp", Key::Timestamp),
-    ("event_type", Key::EventType),
-    ("type", Key::LegacyType),
-    ("model_name", Key::ModelName),
-    ("block_size", Key::BlockSize),
-    ("additional_salt", Key::AdditionalSalt),
-    ("lora_name", Key::LoraName),
-    ("tenant_id", Key::TenantId),
-    ("backend_id", Key::BackendId),
-    ("medium", Key::Medium),
-    ("dp_rank", Key::DpRank),
-    ("group_id", Key::GroupId),
-    ("object_key", Key::ObjectKey),
-    ("connector_block_hash", Key::ConnectorBlockHash),
-    ("cache_prefix", Key::CachePrefix),
-    ("tp_rank", Key::TpRank),
-    ("head_or_tp_rank", Key::HeadOrTpRank),
-    ("pcp_rank", Key::PcpRank),
-    ("dcp_rank", Key::DcpRank),
-    ("pp_rank", Key::PpRank),
-    ("layer_id", Key::LayerId),
-    ("seq_hashes", Key::SeqHashes),
-    ("block_hashes", Key::BlockHashes),
-    ("base_block_idx", Key::BaseBlockIdx),
-    ("parent_hash", Key::ParentHash),
-    ("token_ids", Key::TokenIds),
-    ("parent_block_hash", Key::ParentBlockHash),
+const KEYS: [(&str, Field); 28] = [
+    ("event_id", Field::EventId),
+    ("timestamp", Field::Timestamp),
+    ("event_type", Field::EventType),
+    ("type", Field::LegacyType),
+    ("model_name", Field::ModelName),
+    ("block_size", Field::BlockSize),
+    ("additional_salt", Field::AdditionalSalt),
+    ("lora_name", Field::LoraName),
+    ("tenant_id", Field::TenantId),
+    ("backend_id", Field::BackendId),
+    ("medium", Field::Medium),
+    ("dp_rank", Field::DpRank),
+    ("group_id", Field::GroupId),
+    ("object_key", Field::ObjectKey),
+    ("connector_block_hash", Field::ConnectorBlockHash),
+    ("cache_prefix", Field::CachePrefix),
+    ("tp_rank", Field::TpRank),
+    ("head_or_tp_rank", Field::HeadOrTpRank),
+    ("pcp_rank", Field::PcpRank),
+    ("dcp_rank", Field::DcpRank),
+    ("pp_rank", Field::PpRank),
+    ("layer_id", Field::LayerId),
+    ("seq_hashes", Field::SeqHashes),
+    ("block_hashes", Field::BlockHashes),
+    ("base_block_idx", Field::BaseBlockIdx),
+    ("parent_hash", Field::ParentHash),
+    ("token_ids", Field::TokenIds),
+    ("parent_block_hash", Field::ParentBlockHash),
 ];
 
-impl Key {
+impl Field {
     const fn bit(self) -> u32 {
         1 << self as u32
     }
@@ -88,7 +88,7 @@ impl Key {
     }
 }
 
-const fn mask(keys: &[Key]) -> u32 {
+const fn mask(keys: &[Field]) -> u32 {
     let mut m = 0;
     let mut i = 0;
     while i < keys.len() {
@@ -100,25 +100,25 @@ const fn mask(keys: &[Key]) -> u32 {
 
 /// Object, hash, topology, parent and token keys: a `cleared` event names no object.
 const OBJECT_KEYS: u32 = mask(&[
-    Key::GroupId,
-    Key::ObjectKey,
-    Key::ConnectorBlockHash,
-    Key::CachePrefix,
-    Key::TpRank,
-    Key::HeadOrTpRank,
-    Key::PcpRank,
-    Key::DcpRank,
-    Key::PpRank,
-    Key::LayerId,
-    Key::SeqHashes,
-    Key::BlockHashes,
-    Key::BaseBlockIdx,
-    Key::ParentHash,
-    Key::TokenIds,
-    Key::ParentBlockHash,
+    Field::GroupId,
+    Field::ObjectKey,
+    Field::ConnectorBlockHash,
+    Field::CachePrefix,
+    Field::TpRank,
+    Field::HeadOrTpRank,
+    Field::PcpRank,
+    Field::DcpRank,
+    Field::PpRank,
+    Field::LayerId,
+    Field::SeqHashes,
+    Field::BlockHashes,
+    Field::BaseBlockIdx,
+    Field::ParentHash,
+    Field::TokenIds,
+    Field::ParentBlockHash,
 ]);
 /// Keys that only make sense on `stored`.
-const STORED_ONLY: u32 = mask(&[Key::ParentHash, Key::TokenIds, Key::ParentBlockHash]);
+const STORED_ONLY: u32 = mask(&[Field::ParentHash, Field::TokenIds, Field::ParentBlockHash]);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EventType {
@@ -199,26 +199,26 @@ pub(crate) fn decode_event(
     admit(raw, projection)
 }
 
-fn read_value<'a>(r: &mut Reader<'a>, key: Key, raw: &mut RawStoreEvent<'a>) -> EventResult<()> {
+fn read_value<'a>(r: &mut Reader<'a>, key: Field, raw: &mut RawStoreEvent<'a>) -> EventResult<()> {
     let field = key.name();
     if raw.seen & key.bit() != 0 {
         return invalid(field, Problem::Duplicate);
     }
     raw.seen |= key.bit();
     match key {
-        Key::EventType => raw.event_type = Some(typed(r.str(), field, "str")?),
-        Key::LegacyType => raw.legacy_type = nullable_str(r, field)?,
-        Key::TenantId => raw.tenant_id = Some(typed(r.str(), field, "str")?),
-        Key::BackendId => raw.backend_id = Some(typed(r.str(), field, "str")?),
-        Key::ObjectKey => raw.object_key = Some(typed(r.str(), field, "str")?),
-        Key::ModelName => raw.model_name = nullable_str(r, field)?,
-        Key::LoraName => raw.lora_name = nullable_str(r, field)?,
-        Key::Medium => raw.medium = nullable_str(r, field)?,
-        Key::ConnectorBlockHash => raw.connector_block_hash = nullable_str(r, field)?,
-        Key::AdditionalSalt | Key::CachePrefix => {
+        Field::EventType => raw.event_type = Some(typed(r.str(), field, "str")?),
+        Field::LegacyType => raw.legacy_type = nullable_str(r, field)?,
+        Field::TenantId => raw.tenant_id = Some(typed(r.str(), field, "str")?),
+        Field::BackendId => raw.backend_id = Some(typed(r.str(), field, "str")?),
+        Field::ObjectKey => raw.object_key = Some(typed(r.str(), field, "str")?),
+        Field::ModelName => raw.model_name = nullable_str(r, field)?,
+        Field::LoraName => raw.lora_name = nullable_str(r, field)?,
+        Field::Medium => raw.medium = nullable_str(r, field)?,
+        Field::ConnectorBlockHash => raw.connector_block_hash = nullable_str(r, field)?,
+        Field::AdditionalSalt | Field::CachePrefix => {
             nullable_str(r, field)?;
         }
-        Key::BlockSize => {
+        Field::BlockSize => {
             // The publisher maps "unknown" to nil; 0 means the same thing.
             raw.block_size =
                 match nullable_int(r, field)? {
@@ -228,24 +228,24 @@ fn read_value<'a>(r: &mut Reader<'a>, key: Key, raw: &mut RawStoreEvent<'a>) -> 
                     })?),
                 }
         }
-        Key::GroupId => raw.group = read_group(r)?,
-        Key::EventId
-        | Key::Timestamp
-        | Key::DpRank
-        | Key::TpRank
-        | Key::HeadOrTpRank
-        | Key::PcpRank
-        | Key::DcpRank => {
+        Field::GroupId => raw.group = read_group(r)?,
+        Field::EventId
+        | Field::Timestamp
+        | Field::DpRank
+        | Field::TpRank
+        | Field::HeadOrTpRank
+        | Field::PcpRank
+        | Field::DcpRank => {
             nullable_int(r, field)?;
         }
-        Key::PpRank | Key::LayerId | Key::BaseBlockIdx => {
+        Field::PpRank | Field::LayerId | Field::BaseBlockIdx => {
             nullable_int(r, field)?;
         }
-        Key::SeqHashes => raw.seq_hashes = Some(hash_list(r, field)?),
-        Key::BlockHashes => raw.block_hashes = Some(hash_list(r, field)?),
-        Key::ParentHash => raw.parent_hash = nullable_hash(r, field)?,
-        Key::ParentBlockHash => raw.parent_block_hash = nullable_hash(r, field)?,
-        Key::TokenIds => {
+        Field::SeqHashes => raw.seq_hashes = Some(hash_list(r, field)?),
+        Field::BlockHashes => raw.block_hashes = Some(hash_list(r, field)?),
+        Field::ParentHash => raw.parent_hash = nullable_hash(r, field)?,
+        Field::ParentBlockHash => raw.parent_block_hash = nullable_hash(r, field)?,
+        Field::TokenIds => {
             if !structural(r.nil())? {
                 let n = typed(r.array_len(), field, "array or nil")?;
                 for _ in 0..n {
@@ -341,7 +341,7 @@ fn connector_digest(hex: &str) -> EventResult<Vec<u8>> {
         .strip_prefix("0x")
         .or_else(|| hex.strip_prefix("0X"))
         .unwrap_or(hex);
-    if hex.len() < 16 || hex.len() % 2 != 0 {
+    if hex.len() < 16 || !hex.len().is_multiple_of(2) {
         return invalid(
             FIELD,
             Problem::Invalid("must be an even number (at least 16) of hex digits"),
@@ -444,8 +444,8 @@ fn admit(raw: RawStoreEvent<'_>, projection: IndexProjection) -> EventResult<Out
         Some("") => return invalid("object_key", Problem::Invalid("must not be empty")),
         Some(k) => k.to_owned(),
     };
-    if raw.seen & Key::ParentHash.bit() != 0
-        && raw.seen & Key::ParentBlockHash.bit() != 0
+    if raw.seen & Field::ParentHash.bit() != 0
+        && raw.seen & Field::ParentBlockHash.bit() != 0
         && raw.parent_hash != raw.parent_block_hash
     {
         return invalid(

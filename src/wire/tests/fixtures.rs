@@ -28,7 +28,7 @@ pub(super) fn manifest() -> Vec<Value> {
 pub(super) fn payload(name: &str) -> Vec<u8> {
     let text = std::fs::read_to_string(dir().join(format!("{name}.hex"))).expect("fixture file");
     let hex = text.trim();
-    assert!(hex.len() % 2 == 0, "{name}: odd hex length");
+    assert!(hex.len().is_multiple_of(2), "{name}: odd hex length");
     (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
