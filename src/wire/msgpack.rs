@@ -98,6 +98,7 @@ impl<'a> Reader<'a> {
         Fail::Malformed { offset: self.pos }
     }
 
+    #[inline]
     fn take(&mut self, n: usize) -> Read<&'a [u8]> {
         let end = self
             .pos
@@ -109,6 +110,7 @@ impl<'a> Reader<'a> {
         Ok(bytes)
     }
 
+    #[inline]
     fn be<const N: usize>(&mut self) -> Read<[u8; N]> {
         let bytes = self.take(N)?;
         let mut out = [0u8; N];
@@ -142,6 +144,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Any msgpack integer, signed or unsigned, widened so no value is lost.
+    #[inline]
     pub(crate) fn int(&mut self) -> Read<i128> {
         let m = self.marker()?;
         let start = self.pos;
