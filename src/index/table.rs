@@ -6,8 +6,8 @@
 //!   shared tier): the low 32 bits are the first entry, the high 32 bits the second entry or 0.
 //!   An entry is `holder_id << 4 | tier_bits` and its tier bits are never 0, so the low half of an
 //!   inline slot is never 0;
-//! - spilled, for three or more holders: the low 32 bits are 0 and the high 32 bits index a
-//!   `Vec<u32>` of entries in the shard's spill slab.
+//! - spilled, for three or more holders: the low 32 bits are 0 and the high 32 bits are the
+//!   offset of the entry list in the shard's arena.
 //!
 //! Empty holder sets are never kept: the last removed entry removes the block.
 
@@ -121,19 +121,129 @@ pub(crate) struct Removed {
     pub block_gone: bool,
 }
 
+/// Holder lists of blocks with three or more holders, packed into one `Vec<u32>` per shard
+/// instead of one heap allocation per block (a `Vec` header alone would cost 24 bytes). A list
+/// lives in a chunk of `2^class` words: a header word (`len << 5 | class`) and its entries.
+/// Freed chunks are kept per class for reuse.
+#[derive(Default)]
+struct Arena {
+    words: Vec<u32>,
+    free: Vec<Vec<u32>>,
+}
+
+const MIN_CLASS: u32 = 2;
+
+impl Arena {
+    fn header(&self, off: u32) -> (usize, u32) {
+        let h = self.words.get(off as usize).copied().unwrap_or(0);
+        ((h >> 5) as usize, h & 31)
+    }
+
+    fn list(&self, off: u32) -> &[u32] {
+        let (len, _) = self.header(off);
+        let start = off as usize + 1;
+        self.words.get(start..start + len).unwrap_or(&[])
+    }
+
+    fn list_mut(&mut self, off: u32) -> &mut [u32] {
+        let (len, _) = self.header(off);
+        let start = off as usize + 1;
+        self.words.get_mut(start..start + len).unwrap_or(&mut [])
+    }
+
+    /// A chunk holding `items`; `None` only when offsets would overflow `u32`.
+    fn alloc(&mut self, items: &[u32]) -> Option<u32> {
+        let mut class = MIN_CLASS;
+        while (1usize << class) <= items.len() {
+            class += 1;
+        }
+        if class > 27 {
+            return None;
+        }
+        let off = match self.free.get_mut(class as usize).and_then(Vec::pop) {
+            Some(off) => off,
+            None => {
+                let off = u32::try_from(self.words.len()).ok()?;
+                let end = self
+                    .words
+                    .len()
+                    .checked_add(1 << class)
+                    .filter(|&e| e <= u32::MAX as usize)?;
+                self.words.resize(end, 0);
+                off
+            }
+        };
+        let o = off as usize;
+        self.words[o] = (items.len() as u32) << 5 | class;
+        self.words[o + 1..o + 1 + items.len()].copy_from_slice(items);
+        Some(off)
+    }
+
+    fn release(&mut self, off: u32) {
+        let (_, class) = self.header(off);
+        if self.free.len() <= class as usize {
+            self.free.resize_with(class as usize + 1, Vec::new);
+        }
+        self.free[class as usize].push(off);
+    }
+
+    /// Append `entry`; returns the list's (possibly moved) offset.
+    fn push(&mut self, off: u32, entry: u32) -> Option<u32> {
+        let (len, class) = self.header(off);
+        if len + 1 < 1 << class {
+            let o = off as usize;
+            self.words[o + 1 + len] = entry;
+            self.words[o] = ((len + 1) as u32) << 5 | class;
+            return Some(off);
+        }
+        let mut items = self.list(off).to_vec();
+        items.push(entry);
+        let new = self.alloc(&items)?;
+        self.release(off);
+        Some(new)
+    }
+
+    /// Remove the entry at `pos` (order is not kept); returns the new length.
+    fn swap_remove(&mut self, off: u32, pos: usize) -> usize {
+        let (len, class) = self.header(off);
+        let o = off as usize;
+        if pos < len {
+            self.words[o + 1 + pos] = self.words[o + len];
+            self.words[o] = ((len - 1) as u32) << 5 | class;
+            return len - 1;
+        }
+        len
+    }
+}
+
+const KEPT: Added = Added {
+    new_holder: false,
+    new_block: false,
+};
+const JOINED: Added = Added {
+    new_holder: true,
+    new_block: false,
+};
+const GONE_HOLDER: Removed = Removed {
+    holder_gone: true,
+    block_gone: false,
+};
+const GONE_BLOCK: Removed = Removed {
+    holder_gone: true,
+    block_gone: true,
+};
+
 /// One shard of a context's blocks.
 pub(crate) struct Shard {
     map: HashMap<u64, u64, MixState>,
-    spills: Vec<Vec<u32>>,
-    free_spills: Vec<u32>,
+    arena: Arena,
 }
 
 impl Shard {
     pub fn new(seed: u64) -> Self {
         Shard {
             map: HashMap::with_hasher(MixState(seed)),
-            spills: Vec::new(),
-            free_spills: Vec::new(),
+            arena: Arena::default(),
         }
     }
 
@@ -155,8 +265,12 @@ impl Shard {
             if high != 0 {
                 f(high);
             }
-        } else if let Some(list) = self.spills.get((slot >> 32) as usize) {
-            list.iter().copied().for_each(f);
+        } else {
+            self.arena
+                .list((slot >> 32) as u32)
+                .iter()
+                .copied()
+                .for_each(f);
         }
         true
     }
@@ -182,79 +296,49 @@ impl Shard {
     /// Add tier `bits` (non-zero) for holder `id` on block `key`. Idempotent.
     pub fn add(&mut self, key: u64, id: u32, bits: u8) -> Added {
         let new = make_entry(id, bits);
-        let slot = match self.map.get_mut(&key) {
-            None => {
-                self.map.insert(key, u64::from(new));
-                return Added {
-                    new_holder: true,
-                    new_block: true,
-                };
-            }
-            Some(slot) => slot,
-        };
-        let low = *slot as u32;
-        if low == 0 {
-            let Some(list) = self.spills.get_mut((*slot >> 32) as usize) else {
-                // A dangling spill index cannot be built by this module; rebuild the slot rather
-                // than lose the new holder.
-                *slot = u64::from(new);
-                return Added {
-                    new_holder: true,
-                    new_block: false,
-                };
-            };
-            if let Some(e) = list.iter_mut().find(|e| entry_id(**e) == id) {
-                *e |= new;
-                return Added {
-                    new_holder: false,
-                    new_block: false,
-                };
-            }
-            list.push(new);
+        let Some(slot) = self.map.get_mut(&key) else {
+            self.map.insert(key, u64::from(new));
             return Added {
                 new_holder: true,
-                new_block: false,
+                new_block: true,
             };
-        }
+        };
+        let low = *slot as u32;
         let high = (*slot >> 32) as u32;
+        if low == 0 {
+            if let Some(e) = self
+                .arena
+                .list_mut(high)
+                .iter_mut()
+                .find(|e| entry_id(**e) == id)
+            {
+                *e |= new;
+                return KEPT;
+            }
+            // `None` only at 2^32 words in one shard: refuse the entry, stay consistent.
+            let Some(moved) = self.arena.push(high, new) else {
+                return KEPT;
+            };
+            *slot = u64::from(moved) << 32;
+            return JOINED;
+        }
         if entry_id(low) == id {
             *slot |= u64::from(new);
-            return Added {
-                new_holder: false,
-                new_block: false,
-            };
+            return KEPT;
         }
         if high != 0 && entry_id(high) == id {
             *slot |= u64::from(new) << 32;
-            return Added {
-                new_holder: false,
-                new_block: false,
-            };
+            return KEPT;
         }
         if high == 0 {
             *slot |= u64::from(new) << 32;
-            return Added {
-                new_holder: true,
-                new_block: false,
-            };
+            return JOINED;
         }
-        let list = vec![low, high, new];
-        let index = match self.free_spills.pop() {
-            Some(i) => {
-                self.spills[i as usize] = list;
-                i
-            }
-            None => {
-                self.spills.push(list);
-                // Spill slots are at most one per block, far below u32::MAX per shard.
-                (self.spills.len() - 1) as u32
-            }
+        let Some(off) = self.arena.alloc(&[low, high, new]) else {
+            return KEPT;
         };
-        *slot = u64::from(index) << 32;
-        Added {
-            new_holder: true,
-            new_block: false,
-        }
+        *slot = u64::from(off) << 32;
+        JOINED
     }
 
     /// Clear tier `bits` of holder `id` on block `key`. Idempotent; absent blocks are a no-op.
@@ -284,21 +368,12 @@ impl Shard {
             }
             if other != 0 {
                 *slot = u64::from(other);
-                return Removed {
-                    holder_gone: true,
-                    block_gone: false,
-                };
+                return GONE_HOLDER;
             }
             self.map.remove(&key);
-            return Removed {
-                holder_gone: true,
-                block_gone: true,
-            };
+            return GONE_BLOCK;
         }
-        let index = high as usize;
-        let Some(list) = self.spills.get_mut(index) else {
-            return Removed::default();
-        };
+        let list = self.arena.list_mut(high);
         let Some(pos) = list.iter().position(|e| entry_id(*e) == id) else {
             return Removed::default();
         };
@@ -307,25 +382,18 @@ impl Shard {
             list[pos] = make_entry(id, left);
             return Removed::default();
         }
-        list.swap_remove(pos);
-        if list.len() <= 2 {
-            let first = list.first().copied().unwrap_or(0);
-            let second = list.get(1).copied().unwrap_or(0);
-            self.spills[index] = Vec::new();
-            self.free_spills.push(high);
+        if self.arena.swap_remove(high, pos) <= 2 {
+            let rest = self.arena.list(high);
+            let first = rest.first().copied().unwrap_or(0);
+            let second = rest.get(1).copied().unwrap_or(0);
+            self.arena.release(high);
             if first == 0 {
                 self.map.remove(&key);
-                return Removed {
-                    holder_gone: true,
-                    block_gone: true,
-                };
+                return GONE_BLOCK;
             }
             *slot = u64::from(first) | u64::from(second) << 32;
         }
-        Removed {
-            holder_gone: true,
-            block_gone: false,
-        }
+        GONE_HOLDER
     }
 }
 
@@ -460,7 +528,7 @@ mod tests {
             }
         );
         assert_eq!(entries(&s, 7), vec![(1, CPU_SHARE), (3, DEVICE)]);
-        assert_eq!(s.free_spills.len(), 1);
+        assert_eq!(s.arena.free[MIN_CLASS as usize].len(), 1);
         assert_eq!(s.remove(7, 9, ALL_TIERS), Removed::default());
         assert_eq!(
             s.remove(7, 1, CPU_SHARE),
@@ -500,7 +568,7 @@ mod tests {
     }
 
     #[test]
-    fn freed_spills_are_reused() {
+    fn freed_chunks_are_reused() {
         let mut s = Shard::new(3);
         for id in 0..4 {
             s.add(10, id, DEVICE);
@@ -511,7 +579,19 @@ mod tests {
         for id in 0..4 {
             s.add(11, id, DEVICE);
         }
-        assert_eq!(s.spills.len(), 1);
+        assert_eq!(
+            s.arena.words.len(),
+            4 + 8,
+            "one chunk of each class, reused"
+        );
         assert_eq!(entries(&s, 11).len(), 4);
+        for id in 4..40 {
+            s.add(11, id, DISK);
+        }
+        assert_eq!(entries(&s, 11).len(), 40);
+        for id in 0..39 {
+            assert!(!s.remove(11, id, ALL_TIERS).block_gone);
+        }
+        assert_eq!(entries(&s, 11), vec![(39, DISK)]);
     }
 }
