@@ -14,6 +14,9 @@ const LATENCY_BUCKETS: [f64; 14] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
 
+/// A per-service counter: metric name, help text, and how to read it from a status.
+type PerService = (&'static str, &'static str, fn(&ServiceInfo) -> u64);
+
 /// Transports a query can arrive on (a label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
@@ -100,7 +103,7 @@ pub fn render(s: &Scrape<'_>) -> String {
             svc.status.connected
         );
     }
-    let per_service: [(&str, &str, fn(&ServiceInfo) -> u64); 10] = [
+    let per_service: [PerService; 10] = [
         (
             "conductor_batches_applied_total",
             "Publisher batches applied",

@@ -79,7 +79,7 @@ impl ContextDirectory {
         &self,
         key: &ContextKey,
         profile: &HashProfile,
-    ) -> Result<ContextHandle, ProfileConflict> {
+    ) -> Result<ContextHandle, Box<ProfileConflict>> {
         if let Some(handle) = self.get(key) {
             return check_profile(handle, profile);
         }
@@ -147,15 +147,15 @@ impl ContextDirectory {
 fn check_profile(
     handle: ContextHandle,
     profile: &HashProfile,
-) -> Result<ContextHandle, ProfileConflict> {
+) -> Result<ContextHandle, Box<ProfileConflict>> {
     let existing = handle.reader().profile();
     if existing == profile {
         Ok(handle)
     } else {
-        Err(ProfileConflict {
+        Err(Box::new(ProfileConflict {
             key: handle.key().clone(),
             existing: existing.to_string(),
             requested: profile.to_string(),
-        })
+        }))
     }
 }

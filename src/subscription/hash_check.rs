@@ -78,7 +78,7 @@ impl HashCheck {
 
     pub fn observe_stored(&mut self, event: &EngineStored) {
         self.events_seen += 1;
-        if self.ok > 0 && self.events_seen % SAMPLE_AFTER_OK != 0 {
+        if self.ok > 0 && !self.events_seen.is_multiple_of(SAMPLE_AFTER_OK) {
             return;
         }
         let Some(tokens) = &event.tokens else { return };

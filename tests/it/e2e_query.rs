@@ -9,10 +9,14 @@ use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 
-fn register_request(v: &serde_json::Value) -> pb::RegisterRequest {
+pub fn register_request(v: &serde_json::Value) -> pb::RegisterRequest {
     let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
     let i = |k: &str| v.get(k).and_then(|x| x.as_i64());
-    let profile = v.get("hash_profile").and_then(|p| p.as_object()).cloned().unwrap_or_default();
+    let profile = v
+        .get("hash_profile")
+        .and_then(|p| p.as_object())
+        .cloned()
+        .unwrap_or_default();
     pb::RegisterRequest {
         instance_id: s("instance_id"),
         endpoint: s("endpoint"),
@@ -25,7 +29,10 @@ fn register_request(v: &serde_json::Value) -> pb::RegisterRequest {
         dp_rank: i("dp_rank"),
         cache_group: i("cache_group"),
         has_hash_profile: v.get("hash_profile").is_some(),
-        hash_profile: profile.into_iter().map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned())).collect(),
+        hash_profile: profile
+            .into_iter()
+            .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned()))
+            .collect(),
     }
 }
 
@@ -33,31 +40,64 @@ fn register_request(v: &serde_json::Value) -> pb::RegisterRequest {
 /// socket drops messages until the SUB's subscription arrived, and duplicates are ignored.
 pub async fn handshake(server: &Server, player: &mut Player, service: &str, payload: Vec<u8>) {
     let seq = player.publish(payload).await;
-    eventually("first batch applied", WAIT, || {
-        let resend = player.resend(seq);
-        async move {
-            resend.await;
-            let status = http::get(server.http_port, "/services/status").await.json();
-            let applied = status["services"].as_array()?.iter().any(|s| s["service"] == service && s["last_seq"] == json!(seq));
-            applied.then_some(())
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let status = http::get(server.http_port, "/services/status").await.json();
+        let services = status["services"].as_array().cloned().unwrap_or_default();
+        if services
+            .iter()
+            .any(|s| s["service"] == service && s["last_seq"] == json!(seq))
+        {
+            return;
         }
-    })
-    .await;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "first batch of {service} never applied: {status}"
+        );
+        player.resend(seq).await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
-async fn grpc_query(server: &Server, model: &str, tokens: Vec<i32>, block_size: i64) -> pb::QueryResponse {
+pub async fn grpc_query(
+    server: &Server,
+    model: &str,
+    tokens: Vec<i32>,
+    block_size: i64,
+) -> pb::QueryResponse {
     let mut client = server.grpc().await;
-    let request = pb::QueryRequest { model_name: model.into(), block_size, token_ids: tokens, ..Default::default() };
-    client.query(request).await.expect("gRPC query").into_inner()
+    let request = pb::QueryRequest {
+        model_name: model.into(),
+        block_size,
+        token_ids: tokens,
+        ..Default::default()
+    };
+    client
+        .query(request)
+        .await
+        .expect("gRPC query")
+        .into_inner()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_blocks_become_hits_over_every_transport() {
     let server = Server::start().await;
     let mut player = Player::start(false, 0).await;
-    let registration = engine::registration("vllm-0", &player.endpoint, None, "vLLM", "my-model", 4, 0, vllm_cbor_profile());
+    let registration = engine::registration(
+        "vllm-0",
+        (&player.endpoint, None),
+        "vLLM",
+        "my-model",
+        4,
+        0,
+        vllm_cbor_profile(),
+    );
     let mut client = server.grpc().await;
-    let reply = client.register(register_request(&registration)).await.expect("register").into_inner();
+    let reply = client
+        .register(register_request(&registration))
+        .await
+        .expect("register")
+        .into_inner();
     assert_eq!(reply.ret, 0, "{:?}", reply.error);
 
     // 10 tokens, block size 4: two complete blocks on GPU; the tail is never a block for vLLM.
@@ -72,10 +112,22 @@ async fn vllm_blocks_become_hits_over_every_transport() {
     .await;
     assert_eq!(hits.ret, 0);
     let row = &hits.hits["vllm-0"];
-    assert_eq!((row.longest_matched, row.device, row.cpu_local, row.cpu_share, row.disk), (8, 8, 8, 8, 8));
+    assert_eq!(
+        (
+            row.longest_matched,
+            row.device,
+            row.cpu_local,
+            row.cpu_share,
+            row.disk
+        ),
+        (8, 8, 8, 8, 8)
+    );
     assert_eq!(row.dp.get("0"), Some(&8));
     let rank = &row.rank_matches["0"];
-    assert_eq!((rank.device, rank.cpu_local, rank.cpu_share, rank.disk), (8, 8, 8, 8));
+    assert_eq!(
+        (rank.device, rank.cpu_local, rank.cpu_share, rank.disk),
+        (8, 8, 8, 8)
+    );
 
     // A prompt that diverges in block 1 matches block 0 only.
     let mut other = tokens.clone();
@@ -105,7 +157,12 @@ async fn vllm_blocks_become_hits_over_every_transport() {
 
     // Removing block 1 from GPU leaves block 0.
     let keys = engine::block_keys(&vllm_cbor_profile(), &tokens, 4, "");
-    player.publish(engine::batch(vec![engine::vllm_removed(&keys[1..2], "GPU")], 0)).await;
+    player
+        .publish(engine::batch(
+            vec![engine::vllm_removed(&keys[1..2], "GPU")],
+            0,
+        ))
+        .await;
     eventually("removal applied", WAIT, || async {
         let r = grpc_query(&server, "my-model", tokens.clone(), 4).await;
         (r.hits["vllm-0"].device == 4).then_some(())

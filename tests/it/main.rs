@@ -4,3 +4,5 @@
 mod support;
 
 mod e2e_query;
+mod http_api;
+mod ingest;

@@ -18,13 +18,23 @@ pub fn sglang_profile() -> serde_json::Value {
 
 fn resolve(profile: &serde_json::Value) -> HashProfile {
     let get = |k: &str| profile.get(k).and_then(|v| v.as_str());
-    HashProfile::resolve(get("strategy"), get("algorithm"), get("python_hash_seed"), get("index_projection"))
-        .expect("test profile")
+    HashProfile::resolve(
+        get("strategy"),
+        get("algorithm"),
+        get("python_hash_seed"),
+        get("index_projection"),
+    )
+    .expect("test profile")
 }
 
 /// The 64-bit keys an engine publishes for the blocks of `tokens` (complete blocks for vLLM;
 /// SGLang pages including a partial last one).
-pub fn block_keys(profile: &serde_json::Value, tokens: &[i32], block_size: u32, lora: &str) -> Vec<u64> {
+pub fn block_keys(
+    profile: &serde_json::Value,
+    tokens: &[i32],
+    block_size: u32,
+    lora: &str,
+) -> Vec<u64> {
     use mooncake_conductor::hashing::PrefixKeys;
     let profile = resolve(profile);
     let hasher = profile.hasher(lora, "");
@@ -47,17 +57,40 @@ fn map(pairs: Vec<(&str, Value)>) -> Value {
 }
 
 /// A vLLM 0.33 `BlockStored` map event.
-pub fn vllm_stored(hashes: &[u64], parent: Option<u64>, tokens: &[i32], block_size: u32, medium: &str, lora: Option<&str>) -> Value {
+pub fn vllm_stored(
+    hashes: &[u64],
+    parent: Option<u64>,
+    tokens: &[i32],
+    block_size: u32,
+    medium: &str,
+    lora: Option<&str>,
+) -> Value {
     map(vec![
         ("type", s("BlockStored")),
-        ("block_hashes", Value::Array(hashes.iter().map(|h| Value::from(*h)).collect())),
+        (
+            "block_hashes",
+            Value::Array(hashes.iter().map(|h| Value::from(*h)).collect()),
+        ),
         ("parent_block_hash", parent.map_or(Value::Nil, Value::from)),
-        ("token_ids", Value::Array(tokens.iter().map(|t| Value::from(*t)).collect())),
+        (
+            "token_ids",
+            Value::Array(tokens.iter().map(|t| Value::from(*t)).collect()),
+        ),
         ("block_size", Value::from(block_size)),
-        ("lora_id", if lora.is_some() { Value::from(1) } else { Value::Nil }),
+        (
+            "lora_id",
+            if lora.is_some() {
+                Value::from(1)
+            } else {
+                Value::Nil
+            },
+        ),
         ("medium", s(medium)),
         ("lora_name", lora.map_or(Value::Nil, s)),
-        ("extra_keys", Value::Array(hashes.iter().map(|_| Value::Nil).collect())),
+        (
+            "extra_keys",
+            Value::Array(hashes.iter().map(|_| Value::Nil).collect()),
+        ),
         ("group_idx", Value::from(0)),
         ("kv_cache_spec_kind", s("full_attention")),
     ])
@@ -66,7 +99,10 @@ pub fn vllm_stored(hashes: &[u64], parent: Option<u64>, tokens: &[i32], block_si
 pub fn vllm_removed(hashes: &[u64], medium: &str) -> Value {
     map(vec![
         ("type", s("BlockRemoved")),
-        ("block_hashes", Value::Array(hashes.iter().map(|h| Value::from(*h)).collect())),
+        (
+            "block_hashes",
+            Value::Array(hashes.iter().map(|h| Value::from(*h)).collect()),
+        ),
         ("medium", s(medium)),
         ("group_idx", Value::from(0)),
     ])
@@ -78,18 +114,46 @@ pub fn vllm_cleared() -> Value {
 
 /// `[ts, events, dp_rank]`, msgspec's array batch.
 pub fn batch(events: Vec<Value>, dp_rank: u32) -> Vec<u8> {
-    encode(&Value::Array(vec![Value::F64(1_700_000_000.0), Value::Array(events), Value::from(dp_rank)]))
+    encode(&Value::Array(vec![
+        Value::F64(1_700_000_000.0),
+        Value::Array(events),
+        Value::from(dp_rank),
+    ]))
 }
 
 /// Store the blocks of `tokens` on `medium`: one `BlockStored` with every complete block.
-pub fn vllm_store_prompt(profile: &serde_json::Value, tokens: &[i32], block_size: u32, medium: &str, dp_rank: u32) -> Vec<u8> {
+pub fn vllm_store_prompt(
+    profile: &serde_json::Value,
+    tokens: &[i32],
+    block_size: u32,
+    medium: &str,
+    dp_rank: u32,
+) -> Vec<u8> {
     let keys = block_keys(profile, tokens, block_size, "");
     let used = keys.len() * block_size as usize;
-    batch(vec![vllm_stored(&keys, None, &tokens[..used], block_size, medium, None)], dp_rank)
+    batch(
+        vec![vllm_stored(
+            &keys,
+            None,
+            &tokens[..used],
+            block_size,
+            medium,
+            None,
+        )],
+        dp_rank,
+    )
 }
 
 /// A Mooncake store object event (dev/conductor publisher maps).
-pub fn mooncake_event(kind: &str, model: &str, block_size: u32, backend: &str, object_key: &str, medium: &str, hash: u64) -> Value {
+pub fn mooncake_event(
+    kind: &str,
+    model: &str,
+    block_size: u32,
+    backend: &str,
+    object_key: &str,
+    medium: &str,
+    hash: u64,
+) -> Value {
     map(vec![
         ("event_id", Value::from(1)),
         ("timestamp", Value::from(1_700_000_000_000u64)),
@@ -113,11 +177,23 @@ pub fn mooncake_event(kind: &str, model: &str, block_size: u32, backend: &str, o
 
 /// `[timestamp_ms, events, dp_rank]` of the Mooncake store publisher.
 pub fn mooncake_batch(events: Vec<Value>) -> Vec<u8> {
-    encode(&Value::Array(vec![Value::from(1_700_000_000_000u64), Value::Array(events), Value::from(0)]))
+    encode(&Value::Array(vec![
+        Value::from(1_700_000_000_000u64),
+        Value::Array(events),
+        Value::from(0),
+    ]))
 }
 
 /// A registration in Python field names (gRPC), as JSON for convenience.
-pub fn registration(instance: &str, endpoint: &str, replay: Option<&str>, kind: &str, model: &str, block_size: u32, rank: u32, profile: serde_json::Value) -> serde_json::Value {
+pub fn registration(
+    instance: &str,
+    (endpoint, replay): (&str, Option<&str>),
+    kind: &str,
+    model: &str,
+    block_size: u32,
+    rank: u32,
+    profile: serde_json::Value,
+) -> serde_json::Value {
     serde_json::json!({
         "instance_id": instance, "endpoint": endpoint, "replay_endpoint": replay.unwrap_or(""),
         "publisher_type": kind, "model_name": model, "block_size": block_size, "dp_rank": rank,

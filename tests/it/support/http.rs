@@ -26,9 +26,20 @@ impl HttpResponse {
     }
 }
 
-pub async fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect HTTP");
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+pub async fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> HttpResponse {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect HTTP");
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -41,11 +52,18 @@ pub async fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str
 }
 
 fn parse(raw: &[u8]) -> HttpResponse {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("header end");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("header end");
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
     let mut body = raw[split + 4..].to_vec();
     let mut lines = head.lines();
-    let status: u16 = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status");
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status");
     let mut content_type = String::new();
     let mut chunked = false;
     for line in lines {
@@ -59,14 +77,21 @@ fn parse(raw: &[u8]) -> HttpResponse {
     if chunked {
         body = dechunk(&body);
     }
-    HttpResponse { status, content_type, body }
+    HttpResponse {
+        status,
+        content_type,
+        body,
+    }
 }
 
 fn dechunk(mut raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
-        let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") else { return out };
-        let size = usize::from_str_radix(String::from_utf8_lossy(&raw[..eol]).trim(), 16).unwrap_or(0);
+        let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&raw[..eol]).trim(), 16).unwrap_or(0);
         if size == 0 {
             return out;
         }
@@ -81,11 +106,25 @@ pub async fn get(port: u16, path: &str) -> HttpResponse {
 
 pub async fn post_json(port: u16, path: &str, body: &serde_json::Value) -> HttpResponse {
     let bytes = serde_json::to_vec(body).expect("encode JSON");
-    request(port, "POST", path, &[("Content-Type", "application/json")], &bytes).await
+    request(
+        port,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        &bytes,
+    )
+    .await
 }
 
 pub async fn post_msgpack(port: u16, path: &str, body: &rmpv::Value) -> HttpResponse {
     let mut bytes = Vec::new();
     rmpv::encode::write_value(&mut bytes, body).expect("encode msgpack");
-    request(port, "POST", path, &[("Content-Type", "application/msgpack")], &bytes).await
+    request(
+        port,
+        "POST",
+        path,
+        &[("Content-Type", "application/msgpack")],
+        &bytes,
+    )
+    .await
 }

@@ -40,7 +40,14 @@ impl Player {
         } else {
             None
         };
-        Player { endpoint: bound.to_string(), replay_endpoint, socket, buffer, next_seq: first_seq, cancel }
+        Player {
+            endpoint: bound.to_string(),
+            replay_endpoint,
+            socket,
+            buffer,
+            next_seq: first_seq,
+            cancel,
+        }
     }
 
     pub fn next_seq(&self) -> u64 {
@@ -66,7 +73,13 @@ impl Player {
 
     /// Re-send an already published seq (used to beat the slow-joiner race: duplicates are ignored).
     pub async fn resend(&mut self, seq: u64) {
-        let payload = self.buffer.lock().unwrap().iter().find(|(s, _)| *s == seq).map(|(_, p)| p.clone());
+        let payload = self
+            .buffer
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(s, _)| *s == seq)
+            .map(|(_, p)| p.clone());
         if let Some(payload) = payload {
             self.send(seq, payload.to_vec()).await;
         }
@@ -89,12 +102,19 @@ impl Player {
     fn record(&mut self, payload: Vec<u8>) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.buffer.lock().unwrap().push_back((seq, Bytes::from(payload)));
+        self.buffer
+            .lock()
+            .unwrap()
+            .push_back((seq, Bytes::from(payload)));
         seq
     }
 
     async fn send(&mut self, seq: u64, payload: Vec<u8>) {
-        let parts = vec![Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)];
+        let parts = vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            Bytes::from(payload),
+        ];
         self.socket.send(frames(parts)).await.expect("PUB send");
     }
 }
@@ -113,21 +133,41 @@ async fn serve_replay(mut router: RouterSocket, buffer: Buffer, cancel: Cancella
             _ = cancel.cancelled() => return,
             r = router.recv() => match r { Ok(m) => m.into_vec(), Err(_) => return },
         };
-        let [identity, _empty, start] = request.as_slice() else { continue };
+        let [identity, _empty, start] = request.as_slice() else {
+            continue;
+        };
         let mut start_bytes = [0u8; 8];
         if start.len() != 8 {
             continue;
         }
         start_bytes.copy_from_slice(start);
         let start = u64::from_be_bytes(start_bytes);
-        let batches: Vec<(u64, Bytes)> = buffer.lock().unwrap().iter().filter(|(s, _)| *s >= start).cloned().collect();
+        let batches: Vec<(u64, Bytes)> = buffer
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(s, _)| *s >= start)
+            .cloned()
+            .collect();
         for (seq, payload) in batches {
-            let parts = vec![identity.clone(), Bytes::new(), Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
+            let parts = vec![
+                identity.clone(),
+                Bytes::new(),
+                Bytes::new(),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                payload,
+            ];
             if router.send(frames(parts)).await.is_err() {
                 break;
             }
         }
-        let end = vec![identity.clone(), Bytes::new(), Bytes::new(), Bytes::copy_from_slice(&u64::MAX.to_be_bytes()), Bytes::new()];
+        let end = vec![
+            identity.clone(),
+            Bytes::new(),
+            Bytes::new(),
+            Bytes::copy_from_slice(&u64::MAX.to_be_bytes()),
+            Bytes::new(),
+        ];
         let _ = router.send(frames(end)).await;
     }
 }

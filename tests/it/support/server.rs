@@ -44,7 +44,11 @@ impl Server {
             }
         }
         let config_path = dir.path().join("conductor.json");
-        std::fs::write(&config_path, serde_json::to_vec_pretty(&config).expect("config")).expect("write config");
+        std::fs::write(
+            &config_path,
+            serde_json::to_vec_pretty(&config).expect("config"),
+        )
+        .expect("write config");
         let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
             .env("CONDUCTOR_CONFIG_PATH", &config_path)
@@ -53,7 +57,12 @@ impl Server {
             .stderr(log)
             .spawn()
             .expect("spawn mooncake_conductor");
-        let mut server = Server { http_port, rpc_port, dir, child: Some(child) };
+        let mut server = Server {
+            http_port,
+            rpc_port,
+            dir,
+            child: Some(child),
+        };
         server.wait_ready().await;
         server
     }
@@ -61,18 +70,22 @@ impl Server {
     async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("server exited early with {status}:\n{}", self.log());
-                }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("server exited early with {status}:\n{}", self.log());
             }
             let r = super::http::get(self.http_port, "/health");
-            if let Ok(resp) = tokio::time::timeout(Duration::from_secs(1), r).await {
-                if resp.status == 200 {
-                    return;
-                }
+            if let Ok(resp) = tokio::time::timeout(Duration::from_secs(1), r).await
+                && resp.status == 200
+            {
+                return;
             }
-            assert!(Instant::now() < deadline, "server not ready:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "server not ready:\n{}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -86,7 +99,9 @@ impl Server {
     }
 
     pub async fn grpc(&self) -> ConductorClient<Channel> {
-        ConductorClient::connect(format!("http://127.0.0.1:{}", self.rpc_port)).await.expect("gRPC connect")
+        ConductorClient::connect(format!("http://127.0.0.1:{}", self.rpc_port))
+            .await
+            .expect("gRPC connect")
     }
 
     /// SIGTERM and wait; returns the exit code.
@@ -124,7 +139,10 @@ impl Server {
 }
 
 fn signal(child: &Child, name: &str) {
-    let _ = Command::new("kill").arg(format!("-{name}")).arg(child.id().to_string()).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status();
 }
 
 impl Drop for Server {

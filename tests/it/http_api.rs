@@ -1,0 +1,691 @@
+//! The HTTP API's contract: registration in JSON and msgpack, listings with the seed's keys, and
+//! every error reason and status. Plus the gRPC error codes.
+
+use mooncake_conductor::gateway::pb;
+use serde_json::{Value, json};
+
+use crate::e2e_query::register_request;
+use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::server::Server;
+use crate::support::{free_port, http};
+
+fn reg(instance: &str, port: u16) -> Value {
+    let python = engine::registration(
+        instance,
+        (&format!("tcp://127.0.0.1:{port}"), None),
+        "vLLM",
+        "m",
+        16,
+        0,
+        vllm_cbor_profile(),
+    );
+    engine::http_registration(&python)
+}
+
+fn to_msgpack(v: &Value) -> rmpv::Value {
+    let bytes = rmp_serde::to_vec_named(v).unwrap();
+    rmpv::decode::read_value(&mut bytes.as_slice()).unwrap()
+}
+
+async fn expect_error(
+    server: &Server,
+    path: &str,
+    body: Value,
+    status: u16,
+    reason: &str,
+    field: Option<&str>,
+) {
+    let r = http::post_json(server.http_port, path, &body).await;
+    let j = r.json();
+    assert_eq!(r.status, status, "{path} {body}: {j}");
+    assert_eq!(j["reason"], reason, "{path} {body}: {j}");
+    assert_eq!(
+        j.get("field").and_then(Value::as_str),
+        field,
+        "{path} {body}: {j}"
+    );
+    assert!(j["error"].as_str().is_some_and(|e| !e.is_empty()), "{j}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_list_and_view_over_json_and_msgpack() {
+    let server = Server::start().await;
+    let r = http::post_json(server.http_port, "/register", &reg("e0", free_port())).await;
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            200,
+            json!({"status": "registered successfully", "instance_id": "e0"})
+        )
+    );
+    // An exact duplicate is fine and changes nothing.
+    let dup = reg("e0", 0);
+    let first = http::get(server.http_port, "/services").await.json();
+    let endpoint = first["services"][0]["Endpoint"].clone();
+    let mut same = dup.clone();
+    same["endpoint"] = endpoint;
+    assert_eq!(
+        http::post_json(server.http_port, "/register", &same)
+            .await
+            .status,
+        200
+    );
+    // msgpack in, msgpack out.
+    let r = http::post_msgpack(
+        server.http_port,
+        "/register",
+        &to_msgpack(&reg("e1", free_port())),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.content_type.as_str()),
+        (200, "application/msgpack")
+    );
+    assert_eq!(r.msgpack()["instance_id"], "e1");
+
+    let services = http::get(server.http_port, "/services").await.json();
+    assert_eq!(services["count"], 2);
+    let s = &services["services"][0];
+    let mut keys: Vec<&str> = s.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "BlockSize",
+            "CacheGroup",
+            "DPRank",
+            "Endpoint",
+            "HashProfile",
+            "InstanceID",
+            "LoraName",
+            "ModelName",
+            "ReplayEndpoint",
+            "TenantID",
+            "Type"
+        ]
+    );
+    assert_eq!(
+        (
+            s["InstanceID"].as_str(),
+            s["TenantID"].as_str(),
+            s["Type"].as_str(),
+            s["CacheGroup"].clone()
+        ),
+        (Some("e0"), Some("default"), Some("vLLM"), Value::Null)
+    );
+    assert_eq!(
+        s["HashProfile"]["root_digest"],
+        "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
+    );
+
+    let view = http::get(server.http_port, "/global_view").await.json();
+    assert_eq!(view["context_count"], 1);
+    let c = &view["contexts"][0];
+    assert_eq!(
+        (
+            c["model_name"].as_str(),
+            c["block_size"].as_u64(),
+            c["tenant_id"].as_str(),
+            c["prefix_count"].as_u64()
+        ),
+        (Some("m"), Some(16), Some("default"), Some(0))
+    );
+    assert_eq!(c["instances"], json!({"e0": [0], "e1": [0]}));
+
+    let r = http::post_json(
+        server.http_port,
+        "/unregister",
+        &json!({"instance_id": "e1", "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            200,
+            json!({"status": "unregistered successfully", "removed_instances": ["e1|default|0"]})
+        )
+    );
+    let r = http::post_json(
+        server.http_port,
+        "/unregister",
+        &json!({"instance_id": "e1", "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!(r.status, 404);
+
+    assert_eq!(http::get(server.http_port, "/health").await.status, 200);
+    let metrics = http::get(server.http_port, "/metrics").await;
+    assert_eq!(metrics.status, 200);
+    for name in [
+        "conductor_subscription_info",
+        "conductor_query_duration_seconds_bucket",
+        "conductor_index_blocks",
+        "conductor_gaps_total",
+    ] {
+        assert!(metrics.text().contains(name), "missing {name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_reason_and_status() {
+    let body_limit = 4096;
+    let server = Server::start_with(json!({"http_body_limit_bytes": body_limit})).await;
+    let port = free_port();
+    let base = reg("x", port);
+    let with = |k: &str, v: Value| {
+        let mut b = base.clone();
+        b[k] = v;
+        b
+    };
+    let without = |k: &str| {
+        let mut b = base.clone();
+        b.as_object_mut().unwrap().remove(k);
+        b
+    };
+    expect_error(
+        &server,
+        "/register",
+        with("bogus", json!(1)),
+        400,
+        "unknown_field",
+        Some("bogus"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("model_name", json!("m")),
+        400,
+        "unknown_field",
+        Some("model_name"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        without("endpoint"),
+        400,
+        "missing",
+        Some("endpoint"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        without("modelname"),
+        400,
+        "missing",
+        Some("modelname"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        without("hash_profile"),
+        400,
+        "missing",
+        Some("hash_profile"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("endpoint", json!("")),
+        400,
+        "invalid_value",
+        Some("endpoint"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("endpoint", json!("not-an-endpoint")),
+        400,
+        "invalid_value",
+        Some("endpoint"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("type", json!("vllm")),
+        400,
+        "invalid_value",
+        Some("type"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("block_size", json!(1.5)),
+        400,
+        "invalid_type",
+        Some("block_size"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("block_size", json!(0)),
+        400,
+        "out_of_range",
+        Some("block_size"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("dp_rank", json!(-1)),
+        400,
+        "out_of_range",
+        Some("dp_rank"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("dp_rank", json!(true)),
+        400,
+        "invalid_type",
+        Some("dp_rank"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("cache_group", json!(1)),
+        400,
+        "unsupported",
+        Some("cache_group"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("cache_group", json!("0")),
+        400,
+        "invalid_type",
+        Some("cache_group"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("tenant_id", Value::Null),
+        400,
+        "invalid_type",
+        Some("tenant_id"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/register",
+        with("hash_profile", json!("x")),
+        400,
+        "invalid_type",
+        Some("hash_profile"),
+    )
+    .await;
+    let mut p = vllm_cbor_profile();
+    p["root_digest"] = json!("00");
+    expect_error(
+        &server,
+        "/register",
+        with("hash_profile", p),
+        400,
+        "unknown_field",
+        Some("root_digest"),
+    )
+    .await;
+    for seed in ["", "-1", "+1", " 0", "0 ", "4294967296"] {
+        let mut p = vllm_cbor_profile();
+        p["python_hash_seed"] = json!(seed);
+        expect_error(
+            &server,
+            "/register",
+            with("hash_profile", p),
+            400,
+            "invalid_value",
+            Some("python_hash_seed"),
+        )
+        .await;
+    }
+    let mut p = vllm_cbor_profile();
+    p["python_hash_seed"] = json!(0);
+    expect_error(
+        &server,
+        "/register",
+        with("hash_profile", p),
+        400,
+        "invalid_type",
+        Some("python_hash_seed"),
+    )
+    .await;
+    let mut p = vllm_cbor_profile();
+    p["algorithm"] = json!("md5");
+    expect_error(
+        &server,
+        "/register",
+        with("hash_profile", p),
+        400,
+        "invalid_value",
+        Some("algorithm"),
+    )
+    .await;
+    // A conflicting registration of an existing key, and a context bound to another profile.
+    assert_eq!(
+        http::post_json(server.http_port, "/register", &base)
+            .await
+            .status,
+        200
+    );
+    expect_error(
+        &server,
+        "/register",
+        with("block_size", json!(32)),
+        400,
+        "invalid_registration",
+        None,
+    )
+    .await;
+    let mut other = reg("y", free_port());
+    other["hash_profile"]["algorithm"] = json!("sha256");
+    expect_error(
+        &server,
+        "/register",
+        other,
+        400,
+        "invalid_registration",
+        None,
+    )
+    .await;
+
+    expect_error(
+        &server,
+        "/unregister",
+        json!({"instance_id": "x"}),
+        400,
+        "missing",
+        Some("dp_rank"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/unregister",
+        json!({"dp_rank": 0}),
+        400,
+        "missing",
+        Some("instance_id"),
+    )
+    .await;
+    let r = http::post_json(
+        server.http_port,
+        "/unregister",
+        &json!({"instance_id": "nobody", "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!(r.status, 404);
+
+    expect_error(
+        &server,
+        "/query",
+        json!({"block_size": 4, "token_ids": []}),
+        400,
+        "missing",
+        Some("model"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/query",
+        json!({"model": "m", "token_ids": []}),
+        400,
+        "missing",
+        Some("block_size"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/query",
+        json!({"model": "m", "block_size": 0, "token_ids": []}),
+        400,
+        "out_of_range",
+        Some("block_size"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/query",
+        json!({"model": "m", "block_size": "4", "token_ids": []}),
+        400,
+        "invalid_type",
+        Some("block_size"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/query",
+        json!({"model": "m", "block_size": 4, "token_ids": [2147483648i64]}),
+        400,
+        "out_of_range",
+        Some("token_ids"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/query",
+        json!({"model": "m", "block_size": 4, "token_ids": ["1"]}),
+        400,
+        "invalid_type",
+        Some("token_ids"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/query",
+        json!({"model": "m", "block_size": 4, "token_ids": []})
+            .as_object()
+            .map(|o| {
+                let mut o = o.clone();
+                o.insert("root_digest".into(), json!("x"));
+                Value::Object(o)
+            })
+            .unwrap(),
+        400,
+        "unknown_field",
+        Some("root_digest"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/query",
+        json!({"model": "m", "block_size": 4, "token_ids": [], "cache_salt": 1}),
+        400,
+        "invalid_type",
+        Some("cache_salt"),
+    )
+    .await;
+    let bad_bin = rmpv::Value::Map(vec![
+        ("model".into(), "m".into()),
+        ("block_size".into(), 4.into()),
+        ("token_ids".into(), rmpv::Value::Binary(vec![1, 2, 3])),
+    ]);
+    let r = http::post_msgpack(server.http_port, "/query", &bad_bin).await;
+    assert_eq!(
+        (r.status, r.msgpack()["reason"].as_str()),
+        (400, Some("invalid_value"))
+    );
+    // Unknown context: OK and empty.
+    let r = http::post_json(
+        server.http_port,
+        "/query",
+        &json!({"model": "nope", "block_size": 4, "token_ids": [1, 2, 3, 4]}),
+    )
+    .await;
+    assert_eq!((r.status, r.json()), (200, json!({"instances": {}})));
+
+    // Bodies that are not what they claim to be.
+    let r = http::request(
+        server.http_port,
+        "POST",
+        "/query",
+        &[("Content-Type", "application/json")],
+        b"{not json",
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["reason"].as_str()),
+        (400, Some("invalid_json"))
+    );
+    let r = http::request(
+        server.http_port,
+        "POST",
+        "/query",
+        &[("Content-Type", "application/msgpack")],
+        &[0xc1],
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.msgpack()["reason"].as_str()),
+        (400, Some("invalid_msgpack"))
+    );
+    let r = http::request(
+        server.http_port,
+        "POST",
+        "/query",
+        &[("Content-Type", "text/plain")],
+        b"hi",
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["reason"].as_str()),
+        (400, Some("unsupported_content_type"))
+    );
+    let big = vec![b' '; body_limit + 1];
+    let r = http::request(
+        server.http_port,
+        "POST",
+        "/query",
+        &[("Content-Type", "application/json")],
+        &big,
+    )
+    .await;
+    assert_eq!(r.status, 413);
+    assert_eq!(http::get(server.http_port, "/query").await.status, 405);
+    assert_eq!(
+        http::request(server.http_port, "POST", "/services", &[], b"")
+            .await
+            .status,
+        405
+    );
+    assert_eq!(http::get(server.http_port, "/nowhere").await.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_reports_seed_codes() {
+    let server = Server::start().await;
+    let mut client = server.grpc().await;
+    let good = engine::registration(
+        "g",
+        (&format!("tcp://127.0.0.1:{}", free_port()), None),
+        "vLLM",
+        "m",
+        16,
+        0,
+        vllm_cbor_profile(),
+    );
+    let mut bad = good.clone();
+    bad["endpoint"] = json!("127.0.0.1:5557");
+    let r = client
+        .register(register_request(&bad))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (r.ret, r.error.unwrap().field),
+        (-600, "endpoint".to_owned())
+    );
+    let mut missing = good.clone();
+    missing.as_object_mut().unwrap().remove("hash_profile");
+    let r = client
+        .register(register_request(&missing))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (r.ret, r.error.unwrap().reason),
+        (-600, "missing".to_owned())
+    );
+    let mut bigram = good.clone();
+    bigram["hash_profile"] = json!({"strategy": "sglang_bigram", "algorithm": "sha256", "python_hash_seed": "0", "index_projection": "first64_be"});
+    let r = client
+        .register(register_request(&bigram))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (r.ret, r.error.unwrap().field),
+        (-600, "algorithm".to_owned())
+    );
+    assert_eq!(
+        client
+            .register(register_request(&good))
+            .await
+            .unwrap()
+            .into_inner()
+            .ret,
+        0
+    );
+    let r = client
+        .unregister(pb::UnregisterRequest {
+            instance_id: "nobody".into(),
+            tenant_id: String::new(),
+            dp_rank: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.ret, -2001);
+    let r = client
+        .query(pb::QueryRequest {
+            model_name: String::new(),
+            block_size: 16,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.ret, r.hits.len()), (-600, 0));
+    let health = client
+        .health(pb::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(health.ready);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_registrations_start_and_bad_entries_are_skipped_by_name() {
+    let port = free_port();
+    let good = json!({"type": "vLLM", "endpoint": format!("tcp://127.0.0.1:{port}"), "modelname": "m", "block_size": 16, "dp_rank": 0, "hash_profile": vllm_cbor_profile()});
+    let mut bad = good.clone();
+    bad["block_size"] = json!(-3);
+    let mut server =
+        Server::start_with(json!({"kvevent_instance": {"engine-a": good, "engine-b": bad}})).await;
+    let services = http::get(server.http_port, "/services").await.json();
+    assert_eq!(services["count"], 1);
+    assert_eq!(
+        services["services"][0]["InstanceID"], "engine-a",
+        "instance_id defaults to the stream key"
+    );
+    assert!(
+        server.log().contains("engine-b"),
+        "the skipped entry is named in the log"
+    );
+    assert_eq!(
+        server.terminate(),
+        Some(0),
+        "SIGTERM exits 0:\n{}",
+        server.log()
+    );
+}
