@@ -16,5 +16,6 @@ pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod service;
+pub mod storage;
 pub mod subscription;
 pub mod wire;

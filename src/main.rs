@@ -8,7 +8,7 @@ use mooncake_conductor::service;
 fn main() -> ExitCode {
     let level = LogLevel::parse(std::env::var(LOG_LEVEL_ENV).ok().as_deref());
     tracing_subscriber::fmt()
-        .with_env_filter(level.unwrap_or(LogLevel::Info).as_filter())
+        .with_env_filter(level.clone().unwrap_or(LogLevel::Info).as_filter())
         .with_writer(std::io::stderr)
         .init();
     if let Err(warning) = level {

@@ -154,6 +154,19 @@ async fn decode_body(state: &Http, request: Request) -> Result<Decoded, Response
             .map_err(|e| OpError::invalid("", "invalid_json", format!("Invalid JSON: {e}"))),
         Format::Msgpack => decode_msgpack(&body),
     };
+    let root = root.and_then(|root| match (root, format) {
+        (root @ Val::Map(_), _) => Ok(root),
+        (_, Format::Json) => Err(OpError::invalid(
+            "",
+            "invalid_json",
+            "request body must be a JSON object",
+        )),
+        (_, Format::Msgpack) => Err(OpError::invalid(
+            "",
+            "invalid_msgpack",
+            "request body must be a msgpack map",
+        )),
+    });
     root.map(|root| Decoded { root, reply })
         .map_err(|e| error_response(&e, reply))
 }

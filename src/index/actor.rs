@@ -10,6 +10,7 @@ use crate::model::{ContextKey, SubscriptionKey};
 
 use super::context::{ApplyReport, ContextIndex, ContextSnapshot};
 use super::handle::{ContextView, IndexReader, IndexStats};
+use super::persist::{ContextChanges, Watermark};
 use super::query::QueryHits;
 
 pub struct ContextActor {
@@ -66,6 +67,45 @@ pub struct GetStats;
 #[derive(Debug, Message)]
 #[rtype(result = "ContextSnapshot")]
 pub struct Snapshot;
+
+/// Apply one publisher batch unless this context already has it (see `persist`).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct ApplySequenced {
+    pub batch: IndexBatch,
+    pub mark: Watermark,
+}
+
+/// Take the changes since the last checkpoint.
+#[derive(Debug, Message)]
+#[rtype(result = "ContextChanges")]
+pub struct TakeChanges;
+
+/// A checkpoint write failed: these pairs must be written by the next one.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct MarkDirty(pub Vec<(u32, u64)>);
+
+impl Handler<ApplySequenced> for ContextActor {
+    type Result = ();
+    fn handle(&mut self, msg: ApplySequenced, _: &mut Self::Context) {
+        self.index.apply_sequenced(&msg.batch, msg.mark);
+    }
+}
+
+impl Handler<TakeChanges> for ContextActor {
+    type Result = MessageResult<TakeChanges>;
+    fn handle(&mut self, _: TakeChanges, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.index.take_changes())
+    }
+}
+
+impl Handler<MarkDirty> for ContextActor {
+    type Result = ();
+    fn handle(&mut self, msg: MarkDirty, _: &mut Self::Context) {
+        self.index.mark_dirty(msg.0);
+    }
+}
 
 impl Handler<ApplyBatch> for ContextActor {
     type Result = MessageResult<ApplyBatch>;

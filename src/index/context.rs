@@ -18,13 +18,13 @@ use super::table::{
 /// A holder as identified inside one context: engine (instance, rank) or store backend, always
 /// qualified by the subscription that reported it, so dropping a source drops exactly its blocks.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct HolderKey {
-    source: SubscriptionKey,
-    holder: Holder,
+pub(super) struct HolderKey {
+    pub(super) source: SubscriptionKey,
+    pub(super) holder: Holder,
 }
 
-struct HolderState {
-    key: HolderKey,
+pub(super) struct HolderState {
+    pub(super) key: HolderKey,
     /// Blocks this holder has an entry on.
     live: u64,
     /// Reverse index: keys of the blocks this holder was added to. Removals leave stale keys
@@ -49,13 +49,18 @@ pub struct ApplyReport {
 /// One context's prefix index. Owned by exactly one writer (the context actor); readers go
 /// through [`IndexReader`]s obtained from [`ContextIndex::reader`].
 pub struct ContextIndex {
-    shared: Arc<Shared>,
-    holders: Vec<HolderState>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) holders: Vec<HolderState>,
     holder_ids: HashMap<HolderKey, u32>,
     /// Source → holder ids it reported, for drop/detach in O(its blocks).
     by_source: HashMap<SubscriptionKey, Vec<u32>>,
     /// Source → (instance, rank) it listed, for detach without scanning the context.
-    attached: HashMap<SubscriptionKey, Vec<(String, u32)>>,
+    pub(super) attached: HashMap<SubscriptionKey, Vec<(String, u32)>>,
+    /// (holder, block) pairs touched since the last checkpoint took them, with repeats; the
+    /// checkpoint reads their current bits, so its cost follows the change, not the index size.
+    pub(super) dirty: Vec<(u32, u64)>,
+    /// Per source, the last publisher batch applied here (see `persist`).
+    pub(super) watermarks: HashMap<SubscriptionKey, super::persist::Watermark>,
 }
 
 impl ContextIndex {
@@ -75,6 +80,8 @@ impl ContextIndex {
             holder_ids: HashMap::new(),
             by_source: HashMap::new(),
             attached: HashMap::new(),
+            dirty: Vec::new(),
+            watermarks: HashMap::new(),
         }
     }
 
@@ -179,6 +186,8 @@ impl ContextIndex {
     /// Remove every block `source` holds, in every tier; its ranks stay listed. Returns the
     /// (block, holder) pairs removed.
     pub fn drop_source(&mut self, source: &SubscriptionKey) -> u64 {
+        // What follows from this source is a new stream: forget its position.
+        self.watermarks.remove(source);
         let ids = self.by_source.get(source).cloned().unwrap_or_default();
         ids.into_iter().map(|id| self.clear_holder(id)).sum()
     }
@@ -291,7 +300,7 @@ impl ContextIndex {
         }
     }
 
-    fn intern(&mut self, source: &SubscriptionKey, holder: &Holder) -> Option<u32> {
+    pub(super) fn intern(&mut self, source: &SubscriptionKey, holder: &Holder) -> Option<u32> {
         let key = HolderKey {
             source: source.clone(),
             holder: holder.clone(),
@@ -325,10 +334,11 @@ impl ContextIndex {
         Some(id)
     }
 
-    fn store(&mut self, id: u32, bit: u8, hashes: &[BlockHash]) {
+    pub(super) fn store(&mut self, id: u32, bit: u8, hashes: &[BlockHash]) {
         let Some(state) = self.holders.get_mut(id as usize) else {
             return;
         };
+        self.dirty.extend(hashes.iter().map(|h| (id, h.0)));
         let (mut new_blocks, mut new_pairs) = (0u64, 0u64);
         for h in hashes {
             let added = self.shared.table.write(h.0).add(h.0, id, bit);
@@ -349,6 +359,7 @@ impl ContextIndex {
         let Some(state) = self.holders.get_mut(id as usize) else {
             return;
         };
+        self.dirty.extend(hashes.iter().map(|h| (id, h.0)));
         let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
         for h in hashes {
             let removed = self.shared.table.write(h.0).remove(h.0, id, bits);
@@ -371,6 +382,7 @@ impl ContextIndex {
             return 0;
         };
         let keys = std::mem::take(&mut state.blocks);
+        self.dirty.extend(keys.iter().map(|k| (id, *k)));
         let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
         for key in keys {
             let removed = self.shared.table.write(key).remove(key, id, ALL_TIERS);

@@ -80,6 +80,7 @@
 pub mod actor;
 pub mod context;
 pub mod handle;
+pub mod persist;
 pub mod query;
 mod table;
 
@@ -94,4 +95,5 @@ pub use actor::{
 };
 pub use context::{ApplyReport, ContextIndex, ContextSnapshot};
 pub use handle::{ContextView, IndexReader, IndexStats};
+pub use persist::{ContextChanges, HolderRecord, Restorer, Watermark};
 pub use query::{HashList, InstanceHits, QueryHits, TierCounts};

@@ -33,9 +33,20 @@ pub async fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> HttpResponse {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    try_request(port, method, path, headers, body)
         .await
-        .expect("connect HTTP");
+        .expect("HTTP request")
+}
+
+/// Like [`request`], but a connection failure is an error (for readiness polling).
+pub async fn try_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<HttpResponse> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -44,11 +55,11 @@ pub async fn request(
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await.expect("write head");
-    stream.write_all(body).await.expect("write body");
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body).await?;
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.expect("read response");
-    parse(&raw)
+    stream.read_to_end(&mut raw).await?;
+    Ok(parse(&raw))
 }
 
 fn parse(raw: &[u8]) -> HttpResponse {

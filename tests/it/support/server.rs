@@ -75,8 +75,8 @@ impl Server {
             {
                 panic!("server exited early with {status}:\n{}", self.log());
             }
-            let r = super::http::get(self.http_port, "/health");
-            if let Ok(resp) = tokio::time::timeout(Duration::from_secs(1), r).await
+            let r = super::http::try_request(self.http_port, "GET", "/health", &[], b"");
+            if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(1), r).await
                 && resp.status == 200
             {
                 return;

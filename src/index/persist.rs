@@ -1,0 +1,191 @@
+//! What a context hands to checkpoints and takes back at recovery.
+//!
+//! A checkpoint of one context is: its key and profile, its holders (interned ids are never
+//! reused, so a holder record never changes once written), the current tier bits of every
+//! (holder, block) pair touched since the last checkpoint (0 = gone), the rank listings, and per
+//! source the last publisher batch applied here. All of it goes to disk in one atomic batch, so a
+//! watermark is never paired with older or newer state than the one it describes.
+//!
+//! Watermarks also make re-delivery harmless: after a restart the subscription replays from the
+//! lowest watermark of its contexts, and a context skips batches at or below its own.
+
+use crate::events::{Holder, IndexBatch};
+use crate::hashing::HashProfile;
+use crate::model::{BlockHash, ContextKey, SubscriptionKey};
+
+use super::context::{ApplyReport, ContextIndex};
+
+/// The last publisher batch of one source applied to one context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Watermark {
+    pub seq: u64,
+    /// A digest of that batch's payload: after a restart, the publisher's replay of the same seq
+    /// must carry the same bytes, or the publisher is another process and its old blocks are gone.
+    pub digest: u64,
+}
+
+/// A holder as persisted: which source reported it, and the engine rank or store backend.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HolderRecord {
+    pub id: u32,
+    pub source: SubscriptionKey,
+    pub holder: Holder,
+}
+
+/// Everything a checkpoint writes for one context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextChanges {
+    pub key: ContextKey,
+    pub profile: HashProfile,
+    /// Every holder, in id order (few, and rewriting them keeps recovery simple).
+    pub holders: Vec<HolderRecord>,
+    /// (holder id, block, tier bits now); bits 0 means the pair is gone.
+    pub pairs: Vec<(u32, u64, u8)>,
+    /// (source, instance, rank) listings, sorted.
+    pub attachments: Vec<(SubscriptionKey, String, u32)>,
+    /// Per source, sorted.
+    pub watermarks: Vec<(SubscriptionKey, Watermark)>,
+}
+
+impl ContextIndex {
+    /// Apply a publisher batch unless this context already has it (seq at or below the
+    /// source's watermark, as happens when a replay after a restart overlaps the checkpoint).
+    pub fn apply_sequenced(&mut self, batch: &IndexBatch, mark: Watermark) -> Option<ApplyReport> {
+        if self
+            .watermarks
+            .get(&batch.source)
+            .is_some_and(|w| mark.seq <= w.seq)
+        {
+            return None;
+        }
+        self.watermarks.insert(batch.source.clone(), mark);
+        Some(self.apply(batch))
+    }
+
+    pub fn watermark(&self, source: &SubscriptionKey) -> Option<Watermark> {
+        self.watermarks.get(source).copied()
+    }
+
+    /// Take what changed since the last call. If writing it fails, hand the pairs back with
+    /// [`ContextIndex::mark_dirty`] so the next checkpoint writes them again.
+    pub fn take_changes(&mut self) -> ContextChanges {
+        let mut touched = std::mem::take(&mut self.dirty);
+        touched.sort_unstable();
+        touched.dedup();
+        let pairs = touched
+            .into_iter()
+            .map(|(id, block)| {
+                (
+                    id,
+                    block,
+                    self.shared.table.read(block).holder_bits(block, id),
+                )
+            })
+            .collect();
+        let holders = self
+            .holders
+            .iter()
+            .enumerate()
+            .map(|(id, h)| HolderRecord {
+                id: id as u32,
+                source: h.key.source.clone(),
+                holder: h.key.holder.clone(),
+            })
+            .collect();
+        let mut attachments: Vec<(SubscriptionKey, String, u32)> = self
+            .attached
+            .iter()
+            .flat_map(|(s, list)| list.iter().map(move |(i, r)| (s.clone(), i.clone(), *r)))
+            .collect();
+        attachments.sort();
+        let mut watermarks: Vec<(SubscriptionKey, Watermark)> = self
+            .watermarks
+            .iter()
+            .map(|(s, w)| (s.clone(), *w))
+            .collect();
+        watermarks.sort_by(|a, b| a.0.cmp(&b.0));
+        ContextChanges {
+            key: self.key().clone(),
+            profile: self.profile().clone(),
+            holders,
+            pairs,
+            attachments,
+            watermarks,
+        }
+    }
+
+    /// Put pairs back for the next checkpoint (its write failed).
+    pub fn mark_dirty(&mut self, pairs: impl IntoIterator<Item = (u32, u64)>) {
+        self.dirty.extend(pairs);
+    }
+
+    /// Whether anything changed since the last [`ContextIndex::take_changes`].
+    pub fn has_changes(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+}
+
+/// Rebuilds a context from what a checkpoint wrote. Feed holders first (in id order), then the
+/// pairs in any order, then finish.
+pub struct Restorer {
+    index: ContextIndex,
+    /// Consecutive pairs of one holder and tier bits, stored in one call.
+    run: Option<(u32, u8)>,
+    run_blocks: Vec<BlockHash>,
+}
+
+impl Restorer {
+    pub fn new(key: ContextKey, profile: HashProfile) -> Self {
+        Restorer {
+            index: ContextIndex::new(key, profile),
+            run: None,
+            run_blocks: Vec::new(),
+        }
+    }
+
+    /// Re-intern a holder; ids are assigned in order, so records must come sorted by id.
+    /// Returns false when the record's id does not match (a gap or a duplicate: corrupt data).
+    pub fn holder(&mut self, record: &HolderRecord) -> bool {
+        self.index.intern(&record.source, &record.holder) == Some(record.id)
+    }
+
+    pub fn attach(&mut self, source: &SubscriptionKey, instance_id: &str, dp_rank: u32) {
+        self.index.attach_rank(source, instance_id, dp_rank);
+    }
+
+    pub fn watermark(&mut self, source: SubscriptionKey, mark: Watermark) {
+        self.index.watermarks.insert(source, mark);
+    }
+
+    /// One persisted pair. Pairs naming an unknown holder are ignored (returns false).
+    pub fn pair(&mut self, holder_id: u32, block: u64, bits: u8) -> bool {
+        if holder_id as usize >= self.index.holders.len() || bits == 0 {
+            return false;
+        }
+        if self.run != Some((holder_id, bits)) {
+            self.flush();
+            self.run = Some((holder_id, bits));
+        }
+        self.run_blocks.push(BlockHash(block));
+        if self.run_blocks.len() >= 4096 {
+            self.flush();
+        }
+        true
+    }
+
+    fn flush(&mut self) {
+        if let Some((id, bits)) = self.run {
+            let blocks = std::mem::take(&mut self.run_blocks);
+            self.index.store(id, bits, &blocks);
+            self.run_blocks = blocks;
+            self.run_blocks.clear();
+        }
+    }
+
+    /// The rebuilt index, with nothing left to checkpoint.
+    pub fn finish(mut self) -> ContextIndex {
+        self.flush();
+        self.index.dirty.clear();
+        self.index
+    }
+}

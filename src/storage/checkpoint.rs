@@ -1,0 +1,201 @@
+//! Periodic checkpoints: each context writes what changed since its last checkpoint together with
+//! the watermarks of its sources, in one atomic write. Cost follows the change, not the index
+//! size; queries never wait (the context actor only reads the touched pairs' current bits).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::index::ContextChanges;
+use crate::index::actor::{MarkDirty, TakeChanges};
+use crate::model::ContextKey;
+use crate::registry::ContextDirectory;
+
+use super::codec::{self, context_id};
+use super::{Cf, KvOp, KvStore, StorageError, prefix_end};
+
+/// The writes of one context's checkpoint.
+pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
+    let ctx = context_id(&changes.key);
+    let mut ops = Vec::with_capacity(changes.pairs.len() + changes.holders.len() + 8);
+    ops.push(KvOp::Put {
+        cf: Cf::Contexts,
+        key: ctx.to_vec(),
+        value: codec::context_value(&changes.key, &changes.profile),
+    });
+    for h in &changes.holders {
+        ops.push(KvOp::Put {
+            cf: Cf::Holders,
+            key: codec::indexed_key(&ctx, h.id),
+            value: codec::holder_value(h),
+        });
+    }
+    for &(holder, block, bits) in &changes.pairs {
+        let key = codec::pair_key(&ctx, holder, block);
+        ops.push(if bits == 0 {
+            KvOp::Delete { cf: Cf::Pairs, key }
+        } else {
+            KvOp::Put {
+                cf: Cf::Pairs,
+                key,
+                value: vec![bits],
+            }
+        });
+    }
+    // Listings and watermarks are few: rewrite them whole.
+    for cf in [Cf::Attachments, Cf::Watermarks] {
+        ops.push(KvOp::DeleteRange {
+            cf,
+            from: ctx.to_vec(),
+            to: prefix_end(&ctx),
+        });
+    }
+    for (n, (source, instance, rank)) in changes.attachments.iter().enumerate() {
+        let value = codec::attachment_value(source, instance, *rank);
+        ops.push(KvOp::Put {
+            cf: Cf::Attachments,
+            key: codec::indexed_key(&ctx, n as u32),
+            value,
+        });
+    }
+    for (source, mark) in &changes.watermarks {
+        let mut key = ctx.to_vec();
+        key.extend_from_slice(source.to_string().as_bytes());
+        ops.push(KvOp::Put {
+            cf: Cf::Watermarks,
+            key,
+            value: codec::watermark_value(*mark),
+        });
+    }
+    ops
+}
+
+/// Delete everything of a context that no longer exists.
+pub fn forget_context_ops(key: &ContextKey) -> Vec<KvOp> {
+    let ctx = context_id(key);
+    let mut ops = vec![KvOp::Delete {
+        cf: Cf::Contexts,
+        key: ctx.to_vec(),
+    }];
+    for cf in [Cf::Holders, Cf::Attachments, Cf::Watermarks, Cf::Pairs] {
+        ops.push(KvOp::DeleteRange {
+            cf,
+            from: ctx.to_vec(),
+            to: prefix_end(&ctx),
+        });
+    }
+    ops
+}
+
+/// What one checkpoint round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckpointReport {
+    pub contexts: usize,
+    pub pairs: usize,
+    pub failed: usize,
+    pub forgotten: usize,
+}
+
+/// Writes checkpoints of every live context.
+pub struct Checkpointer {
+    store: Arc<dyn KvStore>,
+    contexts: ContextDirectory,
+    /// Contexts that have data on disk (so a removed one is deleted there too).
+    persisted: HashSet<ContextKey>,
+}
+
+impl Checkpointer {
+    /// `persisted`: the contexts recovery found on disk.
+    pub fn new(
+        store: Arc<dyn KvStore>,
+        contexts: ContextDirectory,
+        persisted: HashSet<ContextKey>,
+    ) -> Self {
+        Checkpointer {
+            store,
+            contexts,
+            persisted,
+        }
+    }
+
+    pub async fn checkpoint(&mut self) -> CheckpointReport {
+        let mut report = CheckpointReport::default();
+        let live = self.contexts.all();
+        let live_keys: HashSet<ContextKey> = live.iter().map(|h| h.key().clone()).collect();
+        for handle in live {
+            let Ok(changes) = handle.send(TakeChanges).await else {
+                continue;
+            };
+            let pairs = changes.pairs.len();
+            match self.store.write(context_ops(&changes)) {
+                Ok(()) => {
+                    report.contexts += 1;
+                    report.pairs += pairs;
+                    self.persisted.insert(changes.key);
+                }
+                Err(e) => {
+                    report.failed += 1;
+                    tracing::warn!(context = %changes.key, "checkpoint write failed, retried next round: {e}");
+                    handle.addr().do_send(MarkDirty(
+                        changes.pairs.iter().map(|&(h, b, _)| (h, b)).collect(),
+                    ));
+                }
+            }
+        }
+        let gone: Vec<ContextKey> = self.persisted.difference(&live_keys).cloned().collect();
+        for key in gone {
+            match self.store.write(forget_context_ops(&key)) {
+                Ok(()) => {
+                    report.forgotten += 1;
+                    self.persisted.remove(&key);
+                }
+                Err(e) => tracing::warn!(context = %key, "could not delete a removed context: {e}"),
+            }
+        }
+        report
+    }
+
+    /// Checkpoint every `interval` until `shutdown`, then once more.
+    pub async fn run(mut self, interval: Duration, shutdown: CancellationToken) -> Self {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = ticker.tick() => {
+                    let started = Instant::now();
+                    let r = self.checkpoint().await;
+                    if r.pairs > 0 || r.failed > 0 || r.forgotten > 0 {
+                        tracing::debug!(?r, elapsed = ?started.elapsed(), "checkpoint");
+                    }
+                }
+            }
+        }
+        self
+    }
+}
+
+/// Persist one registration (synchronously, before the caller is told it succeeded).
+pub fn put_registration(
+    store: &dyn KvStore,
+    config: &crate::model::PublisherConfig,
+) -> Result<(), StorageError> {
+    let key = config.subscription_key().to_string().into_bytes();
+    store.write(vec![KvOp::Put {
+        cf: Cf::Registrations,
+        key,
+        value: codec::registration_value(config),
+    }])
+}
+
+pub fn delete_registration(
+    store: &dyn KvStore,
+    key: &crate::model::SubscriptionKey,
+) -> Result<(), StorageError> {
+    store.write(vec![KvOp::Delete {
+        cf: Cf::Registrations,
+        key: key.to_string().into_bytes(),
+    }])
+}

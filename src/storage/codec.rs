@@ -1,0 +1,258 @@
+//! Keys and values of the on-disk layout (see the module doc of [`super`]).
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::events::Holder;
+use crate::hashing::HashProfile;
+use crate::index::{HolderRecord, Watermark};
+use crate::model::{ContextKey, PublisherConfig, PublisherType, SubscriptionKey};
+
+use super::StorageError;
+
+/// Stable 8-byte id of a context.
+pub fn context_id(key: &ContextKey) -> [u8; 8] {
+    let mut h = Sha256::new();
+    for part in [
+        key.tenant_id.as_bytes(),
+        key.model_name.as_bytes(),
+        key.lora_name.as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    h.update(key.block_size.to_be_bytes());
+    let digest: [u8; 32] = h.finalize().into();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&digest[..8]);
+    id
+}
+
+/// A digest of a publisher batch payload, stable across builds (the first 8 bytes of SHA-256).
+pub fn payload_digest(payload: &[u8]) -> u64 {
+    let digest: [u8; 32] = Sha256::digest(payload).into();
+    u64::from_be_bytes([
+        digest[0], digest[1], digest[2], digest[3], digest[4], digest[5], digest[6], digest[7],
+    ])
+}
+
+fn corrupt(cf: &'static str, what: impl Into<String>) -> StorageError {
+    StorageError::Corrupt {
+        cf,
+        what: what.into(),
+    }
+}
+
+fn parse(cf: &'static str, bytes: &[u8]) -> Result<Value, StorageError> {
+    serde_json::from_slice(bytes).map_err(|e| corrupt(cf, format!("invalid JSON: {e}")))
+}
+
+fn text<'a>(cf: &'static str, v: &'a Value, field: &str) -> Result<&'a str, StorageError> {
+    v.get(field)
+        .and_then(Value::as_str)
+        .ok_or_else(|| corrupt(cf, format!("missing string `{field}`")))
+}
+
+fn uint(cf: &'static str, v: &Value, field: &str) -> Result<u32, StorageError> {
+    v.get(field)
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| corrupt(cf, format!("missing integer `{field}`")))
+}
+
+fn profile_json(p: &HashProfile) -> Value {
+    json!({
+        "strategy": p.strategy().as_str(), "algorithm": p.algorithm().as_str(),
+        "python_hash_seed": p.python_hash_seed(), "index_projection": p.index_projection().as_str(),
+    })
+}
+
+fn profile_from(cf: &'static str, v: &Value) -> Result<HashProfile, StorageError> {
+    let p = v
+        .get("hash_profile")
+        .ok_or_else(|| corrupt(cf, "missing hash_profile"))?;
+    let get = |k: &str| p.get(k).and_then(Value::as_str);
+    HashProfile::resolve(
+        get("strategy"),
+        get("algorithm"),
+        get("python_hash_seed"),
+        get("index_projection"),
+    )
+    .map_err(|e| corrupt(cf, format!("hash profile: {e}")))
+}
+
+pub fn context_value(key: &ContextKey, profile: &HashProfile) -> Vec<u8> {
+    let v = json!({
+        "tenant_id": key.tenant_id, "model_name": key.model_name, "lora_name": key.lora_name,
+        "block_size": key.block_size, "hash_profile": profile_json(profile),
+    });
+    v.to_string().into_bytes()
+}
+
+pub fn decode_context(bytes: &[u8]) -> Result<(ContextKey, HashProfile), StorageError> {
+    const CF: &str = "contexts";
+    let v = parse(CF, bytes)?;
+    let key = ContextKey::new(
+        text(CF, &v, "tenant_id")?,
+        text(CF, &v, "model_name")?,
+        text(CF, &v, "lora_name")?,
+        uint(CF, &v, "block_size")?,
+    );
+    Ok((key, profile_from(CF, &v)?))
+}
+
+fn source_json(s: &SubscriptionKey) -> Value {
+    json!({"instance_id": s.instance_id, "tenant_id": s.tenant_id, "dp_rank": s.dp_rank})
+}
+
+fn source_from(cf: &'static str, v: &Value) -> Result<SubscriptionKey, StorageError> {
+    let s = v
+        .get("source")
+        .ok_or_else(|| corrupt(cf, "missing source"))?;
+    Ok(SubscriptionKey::new(
+        text(cf, s, "instance_id")?,
+        text(cf, s, "tenant_id")?,
+        uint(cf, s, "dp_rank")?,
+    ))
+}
+
+pub fn holder_value(record: &HolderRecord) -> Vec<u8> {
+    let holder = match &record.holder {
+        Holder::Engine {
+            instance_id,
+            dp_rank,
+        } => json!({"engine": {"instance_id": instance_id, "dp_rank": dp_rank}}),
+        Holder::Shared { backend_id } => json!({"shared": {"backend_id": backend_id}}),
+    };
+    json!({"source": source_json(&record.source), "holder": holder})
+        .to_string()
+        .into_bytes()
+}
+
+pub fn decode_holder(id: u32, bytes: &[u8]) -> Result<HolderRecord, StorageError> {
+    const CF: &str = "holders";
+    let v = parse(CF, bytes)?;
+    let h = v
+        .get("holder")
+        .ok_or_else(|| corrupt(CF, "missing holder"))?;
+    let holder = if let Some(e) = h.get("engine") {
+        Holder::Engine {
+            instance_id: text(CF, e, "instance_id")?.to_owned(),
+            dp_rank: uint(CF, e, "dp_rank")?,
+        }
+    } else if let Some(s) = h.get("shared") {
+        Holder::Shared {
+            backend_id: text(CF, s, "backend_id")?.to_owned(),
+        }
+    } else {
+        return Err(corrupt(CF, "holder is neither engine nor shared"));
+    };
+    Ok(HolderRecord {
+        id,
+        source: source_from(CF, &v)?,
+        holder,
+    })
+}
+
+pub fn attachment_value(source: &SubscriptionKey, instance_id: &str, dp_rank: u32) -> Vec<u8> {
+    json!({"source": source_json(source), "instance_id": instance_id, "dp_rank": dp_rank})
+        .to_string()
+        .into_bytes()
+}
+
+pub fn decode_attachment(bytes: &[u8]) -> Result<(SubscriptionKey, String, u32), StorageError> {
+    const CF: &str = "attachments";
+    let v = parse(CF, bytes)?;
+    Ok((
+        source_from(CF, &v)?,
+        text(CF, &v, "instance_id")?.to_owned(),
+        uint(CF, &v, "dp_rank")?,
+    ))
+}
+
+pub fn watermark_value(mark: Watermark) -> Vec<u8> {
+    let mut v = mark.seq.to_be_bytes().to_vec();
+    v.extend_from_slice(&mark.digest.to_be_bytes());
+    v
+}
+
+pub fn decode_watermark(bytes: &[u8]) -> Result<Watermark, StorageError> {
+    let bytes: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| corrupt("watermarks", "value is not 16 bytes"))?;
+    let (seq, digest) = bytes.split_at(8);
+    Ok(Watermark {
+        seq: u64::from_be_bytes(seq.try_into().unwrap_or_default()),
+        digest: u64::from_be_bytes(digest.try_into().unwrap_or_default()),
+    })
+}
+
+/// The source a watermark key names: ctx id (8 bytes) + service key text.
+pub fn decode_watermark_source(key: &[u8]) -> Result<SubscriptionKey, StorageError> {
+    let text = std::str::from_utf8(key.get(8..).unwrap_or_default())
+        .map_err(|_| corrupt("watermarks", "key is not UTF-8"))?;
+    let mut parts = text.rsplitn(3, '|');
+    let (rank, tenant, instance) = (parts.next(), parts.next(), parts.next());
+    match (instance, tenant, rank.and_then(|r| r.parse::<u32>().ok())) {
+        (Some(i), Some(t), Some(r)) => Ok(SubscriptionKey::new(i, t, r)),
+        _ => Err(corrupt("watermarks", format!("bad source key {text:?}"))),
+    }
+}
+
+pub fn registration_value(c: &PublisherConfig) -> Vec<u8> {
+    json!({
+        "instance_id": c.instance_id, "endpoint": c.endpoint, "replay_endpoint": c.replay_endpoint,
+        "publisher_type": c.publisher_type.as_str(), "model_name": c.model_name, "lora_name": c.lora_name,
+        "tenant_id": c.tenant_id, "block_size": c.block_size, "dp_rank": c.dp_rank, "cache_group": c.cache_group,
+        "hash_profile": profile_json(&c.hash_profile),
+    })
+    .to_string()
+    .into_bytes()
+}
+
+pub fn decode_registration(bytes: &[u8]) -> Result<PublisherConfig, StorageError> {
+    const CF: &str = "registrations";
+    let v = parse(CF, bytes)?;
+    let kind = text(CF, &v, "publisher_type")?;
+    Ok(PublisherConfig {
+        instance_id: text(CF, &v, "instance_id")?.to_owned(),
+        endpoint: text(CF, &v, "endpoint")?.to_owned(),
+        replay_endpoint: text(CF, &v, "replay_endpoint")?.to_owned(),
+        publisher_type: PublisherType::parse(kind)
+            .ok_or_else(|| corrupt(CF, format!("unknown publisher type {kind:?}")))?,
+        model_name: text(CF, &v, "model_name")?.to_owned(),
+        lora_name: text(CF, &v, "lora_name")?.to_owned(),
+        tenant_id: text(CF, &v, "tenant_id")?.to_owned(),
+        block_size: uint(CF, &v, "block_size")?,
+        dp_rank: uint(CF, &v, "dp_rank")?,
+        cache_group: v
+            .get("cache_group")
+            .and_then(Value::as_u64)
+            .map(|g| g as u32),
+        hash_profile: profile_from(CF, &v)?,
+    })
+}
+
+pub fn pair_key(ctx: &[u8; 8], holder: u32, block: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(20);
+    k.extend_from_slice(ctx);
+    k.extend_from_slice(&holder.to_be_bytes());
+    k.extend_from_slice(&block.to_be_bytes());
+    k
+}
+
+pub fn decode_pair_key(key: &[u8]) -> Result<(u32, u64), StorageError> {
+    if key.len() != 20 {
+        return Err(corrupt("pairs", "key is not 20 bytes"));
+    }
+    let holder = u32::from_be_bytes([key[8], key[9], key[10], key[11]]);
+    let mut block = [0u8; 8];
+    block.copy_from_slice(&key[12..20]);
+    Ok((holder, u64::from_be_bytes(block)))
+}
+
+pub fn indexed_key(ctx: &[u8; 8], n: u32) -> Vec<u8> {
+    let mut k = ctx.to_vec();
+    k.extend_from_slice(&n.to_be_bytes());
+    k
+}

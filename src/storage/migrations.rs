@@ -1,0 +1,116 @@
+//! The migration runner over the steps described in `migrations/`.
+
+use super::{Cf, KvOp, KvStore, StorageError};
+
+/// The schema version this binary writes.
+pub const CURRENT_VERSION: u32 = 1;
+
+const VERSION_KEY: &[u8] = b"schema_version";
+
+/// One schema step: what it changes (the file in `migrations/`) and the writes that do it.
+pub struct Migration {
+    pub version: u32,
+    pub description: &'static str,
+    pub apply: fn(&dyn KvStore) -> Result<Vec<KvOp>, StorageError>,
+}
+
+/// Every step, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: include_str!("../../migrations/0001_initial_layout.md"),
+    apply: |_| Ok(Vec::new()),
+}];
+
+pub fn read_version(store: &dyn KvStore) -> Result<Option<u32>, StorageError> {
+    match store.get(Cf::Meta, VERSION_KEY)? {
+        None => Ok(None),
+        Some(bytes) => {
+            let bytes: [u8; 4] =
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| StorageError::Corrupt {
+                        cf: "meta",
+                        what: "schema_version is not 4 bytes".into(),
+                    })?;
+            Ok(Some(u32::from_be_bytes(bytes)))
+        }
+    }
+}
+
+pub fn version_op(version: u32) -> KvOp {
+    KvOp::Put {
+        cf: Cf::Meta,
+        key: VERSION_KEY.to_vec(),
+        value: version.to_be_bytes().to_vec(),
+    }
+}
+
+/// Bring the store to [`CURRENT_VERSION`]; returns the version it had (0 for a new store).
+pub fn migrate(store: &dyn KvStore, path: &str) -> Result<u32, StorageError> {
+    let found = read_version(store)?.unwrap_or(0);
+    if found > CURRENT_VERSION {
+        return Err(StorageError::TooNew {
+            path: path.to_owned(),
+            found,
+            supported: CURRENT_VERSION,
+        });
+    }
+    for step in MIGRATIONS.iter().filter(|m| m.version > found) {
+        let mut ops = (step.apply)(store)?;
+        ops.push(version_op(step.version));
+        store.write(ops)?;
+        let title = step
+            .description
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("# ");
+        tracing::info!(version = step.version, "applied schema migration {title}");
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::memory::MemoryStore;
+
+    #[test]
+    fn steps_are_numbered_in_order_and_described() {
+        for (i, step) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(step.version, i as u32 + 1);
+            assert!(
+                step.description
+                    .starts_with(&format!("# {:04}", step.version))
+            );
+        }
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(CURRENT_VERSION));
+        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().as_bytes()[0].is_ascii_digit())
+                    .count()
+            })
+            .unwrap_or(0);
+        assert_eq!(files, MIGRATIONS.len(), "one file in migrations/ per step");
+    }
+
+    #[test]
+    fn a_new_store_gets_the_current_version_and_a_newer_one_is_refused() {
+        let store = MemoryStore::new();
+        assert_eq!(migrate(&store, "mem").unwrap(), 0);
+        assert_eq!(read_version(&store).unwrap(), Some(CURRENT_VERSION));
+        assert_eq!(
+            migrate(&store, "mem").unwrap(),
+            CURRENT_VERSION,
+            "idempotent"
+        );
+        store.write(vec![version_op(CURRENT_VERSION + 1)]).unwrap();
+        let err = migrate(&store, "/data/x").unwrap_err().to_string();
+        assert!(
+            err.contains("/data/x") && err.contains("newer than this binary"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,127 @@
+//! Durable state: registrations, per-source watermarks and index state, behind a small key-value
+//! trait ([`KvStore`]) that knows nothing about RocksDB. [`rocks`] is the RocksDB implementation;
+//! [`memory`] an in-memory one with fault injection for tests.
+//!
+//! # Layout (column families)
+//!
+//! | cf | key | value |
+//! |---|---|---|
+//! | `meta` | `schema_version` | u32 BE |
+//! | `registrations` | service key text | JSON registration (Python names, hash profile inputs) |
+//! | `contexts` | context id (8 B) | JSON context key + hash profile inputs |
+//! | `holders` | ctx id + holder id (u32 BE) | JSON holder record |
+//! | `attachments` | ctx id + n (u32 BE) | JSON (source, instance, rank) |
+//! | `watermarks` | ctx id + source key text | seq (u64 BE) + payload digest (u64 BE) |
+//! | `pairs` | ctx id + holder id (u32 BE) + block (u64 BE) | tier bits (1 B) |
+//!
+//! The context id is the first 8 bytes of SHA-256 over the context key, so it is stable across
+//! restarts without an allocation table. One checkpoint of one context is one atomic write.
+
+pub mod checkpoint;
+pub mod codec;
+pub mod memory;
+pub mod migrations;
+pub mod recovery;
+#[cfg(feature = "rocksdb")]
+pub mod rocks;
+
+/// Column families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cf {
+    Meta,
+    Registrations,
+    Contexts,
+    Holders,
+    Attachments,
+    Watermarks,
+    Pairs,
+}
+
+impl Cf {
+    pub const ALL: [Cf; 7] = [
+        Cf::Meta,
+        Cf::Registrations,
+        Cf::Contexts,
+        Cf::Holders,
+        Cf::Attachments,
+        Cf::Watermarks,
+        Cf::Pairs,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Cf::Meta => "meta",
+            Cf::Registrations => "registrations",
+            Cf::Contexts => "contexts",
+            Cf::Holders => "holders",
+            Cf::Attachments => "attachments",
+            Cf::Watermarks => "watermarks",
+            Cf::Pairs => "pairs",
+        }
+    }
+}
+
+/// One change in an atomic write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvOp {
+    Put {
+        cf: Cf,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        cf: Cf,
+        key: Vec<u8>,
+    },
+    /// Delete every key in `[from, to)`.
+    DeleteRange {
+        cf: Cf,
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+}
+
+/// A storage failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("storage I/O: {0}")]
+    Io(String),
+    #[error("corrupt data in {cf}: {what}")]
+    Corrupt { cf: &'static str, what: String },
+    #[error(
+        "the database at {path} has schema version {found}, newer than this binary supports ({supported}); \
+         use a newer mooncake_conductor or move the data directory aside"
+    )]
+    TooNew {
+        path: String,
+        found: u32,
+        supported: u32,
+    },
+}
+
+/// The key-value operations the Conductor needs; implementations must make `write` atomic.
+pub trait KvStore: Send + Sync {
+    fn write(&self, ops: Vec<KvOp>) -> Result<(), StorageError>;
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
+    /// Visit every entry whose key starts with `prefix`, in key order.
+    fn scan_prefix(
+        &self,
+        cf: Cf,
+        prefix: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError>;
+    /// Reclaim space (a no-op where meaningless).
+    fn compact(&self) -> Result<(), StorageError>;
+}
+
+/// The exclusive upper bound of keys starting with `prefix` (for range deletes).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![u8::MAX; prefix.len() + 1]
+}

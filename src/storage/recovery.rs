@@ -1,0 +1,120 @@
+//! Recovery at start: rebuild every context and the registrations from the last checkpoints.
+//!
+//! Sources present in a context but no longer registered (an unregistration the last checkpoint
+//! did not see) are dropped: their blocks cannot be vouched for. Each registration resumes from
+//! the lowest watermark its contexts hold; contexts skip what they already have.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::index::{ContextIndex, Restorer, Watermark};
+use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
+
+use super::codec;
+use super::{Cf, KvStore, StorageError};
+
+/// What recovery loaded.
+pub struct Recovered {
+    pub contexts: Vec<ContextIndex>,
+    /// Registrations with the watermark to resume from (none when no context has one).
+    pub registrations: Vec<(PublisherConfig, Option<Watermark>)>,
+    /// (block, holder) pairs loaded.
+    pub pairs: u64,
+}
+
+pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
+    let mut registrations: BTreeMap<String, PublisherConfig> = BTreeMap::new();
+    store.scan_prefix(Cf::Registrations, b"", &mut |key, value| {
+        let config = codec::decode_registration(value)?;
+        registrations.insert(String::from_utf8_lossy(key).into_owned(), config);
+        Ok(())
+    })?;
+    let registered: Vec<SubscriptionKey> = registrations
+        .values()
+        .map(|c| c.subscription_key())
+        .collect();
+
+    let mut headers: Vec<([u8; 8], ContextKey, crate::hashing::HashProfile)> = Vec::new();
+    store.scan_prefix(Cf::Contexts, b"", &mut |key, value| {
+        let ctx: [u8; 8] = key.try_into().map_err(|_| StorageError::Corrupt {
+            cf: "contexts",
+            what: "key is not 8 bytes".into(),
+        })?;
+        let (key, profile) = codec::decode_context(value)?;
+        headers.push((ctx, key, profile));
+        Ok(())
+    })?;
+
+    let mut contexts = Vec::with_capacity(headers.len());
+    let mut resume: HashMap<SubscriptionKey, Watermark> = HashMap::new();
+    let mut pairs = 0u64;
+    for (ctx, key, profile) in headers {
+        let mut restorer = Restorer::new(key.clone(), profile);
+        let mut expected = 0u32;
+        store.scan_prefix(Cf::Holders, &ctx, &mut |k, v| {
+            let id = u32::from_be_bytes(
+                k.get(8..12)
+                    .and_then(|b| b.try_into().ok())
+                    .unwrap_or([0xff; 4]),
+            );
+            let record = codec::decode_holder(id, v)?;
+            if id != expected || !restorer.holder(&record) {
+                return Err(StorageError::Corrupt {
+                    cf: "holders",
+                    what: format!("context {key}: holder ids not contiguous at {id}"),
+                });
+            }
+            expected += 1;
+            Ok(())
+        })?;
+        store.scan_prefix(Cf::Attachments, &ctx, &mut |_, v| {
+            let (source, instance, rank) = codec::decode_attachment(v)?;
+            restorer.attach(&source, &instance, rank);
+            Ok(())
+        })?;
+        store.scan_prefix(Cf::Watermarks, &ctx, &mut |k, v| {
+            let source = codec::decode_watermark_source(k)?;
+            let mark = codec::decode_watermark(v)?;
+            let lowest = resume.entry(source.clone()).or_insert(mark);
+            if mark.seq < lowest.seq {
+                *lowest = mark;
+            }
+            restorer.watermark(source, mark);
+            Ok(())
+        })?;
+        store.scan_prefix(Cf::Pairs, &ctx, &mut |k, v| {
+            let (holder, block) = codec::decode_pair_key(k)?;
+            pairs += u64::from(restorer.pair(holder, block, v.first().copied().unwrap_or(0)));
+            Ok(())
+        })?;
+        let mut index = restorer.finish();
+        // Sources whose registration is gone: never keep what cannot be vouched for.
+        let loaded = index.take_changes();
+        let mut stale: Vec<SubscriptionKey> = loaded
+            .holders
+            .iter()
+            .map(|h| h.source.clone())
+            .chain(loaded.attachments.iter().map(|a| a.0.clone()))
+            .filter(|s| !registered.contains(s))
+            .collect();
+        stale.sort();
+        stale.dedup();
+        for source in stale {
+            index.detach_source(&source);
+        }
+        if !index.is_empty_and_detached() {
+            contexts.push(index);
+        }
+    }
+    let registrations = registrations
+        .into_values()
+        .map(|c| {
+            let mark = resume.get(&c.subscription_key()).copied();
+            (c, mark)
+        })
+        .collect();
+    Ok(Recovered {
+        contexts,
+        registrations,
+        pairs,
+    })
+}
