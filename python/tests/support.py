@@ -94,8 +94,11 @@ class _Peer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        while conn.recv(65536):
-            pass
+        try:
+            while conn.recv(65536):
+                pass
+        except OSError:
+            return  # closed by close() while blocked in recv()
 
     def close(self) -> None:
         # shutdown() first: a bare close() would not wake the thread blocked in accept(), and the
