@@ -41,6 +41,9 @@ pub struct Config {
     pub http_body_limit_bytes: u64,
     /// Largest gRPC message decoded or encoded.
     pub rpc_message_limit_bytes: u64,
+    /// What to do when the data directory cannot be opened or read: stop (default), or move it
+    /// aside and start empty.
+    pub move_corrupt_data_aside: bool,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -125,6 +128,7 @@ impl Config {
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_INTERVAL_MS,
             http_body_limit_bytes: DEFAULT_HTTP_BODY_LIMIT,
             rpc_message_limit_bytes: DEFAULT_RPC_MESSAGE_LIMIT,
+            move_corrupt_data_aside: false,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -177,6 +181,13 @@ impl Config {
                 "rpc_message_limit_bytes" => {
                     config.rpc_message_limit_bytes =
                         positive(value, 1 << 31).map_err(|m| err(field, m))?
+                }
+                "on_corrupt_data" => {
+                    config.move_corrupt_data_aside = match value.as_str() {
+                        Some("refuse") => false,
+                        Some("move_aside") => true,
+                        _ => return Err(err(field, "must be \"refuse\" or \"move_aside\"".into())),
+                    }
                 }
                 _ => return Err(err(field, "unknown configuration key".into())),
             }

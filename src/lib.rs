@@ -14,6 +14,7 @@ pub mod hashing;
 pub mod index;
 pub mod metrics;
 pub mod model;
+pub mod persistence;
 pub mod registry;
 pub mod service;
 pub mod storage;

@@ -2,9 +2,11 @@
 //! registry and contexts, static registrations, the gRPC and HTTP servers, and the shutdown
 //! protocol (stop accepting, finish in-flight requests, stop subscriptions, exit 0).
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use actix::Actor;
 use tokio_util::sync::CancellationToken;
@@ -16,6 +18,7 @@ use crate::gateway::pb;
 use crate::gateway::registration::{HTTP_NAMES, RegistrationInput};
 use crate::gateway::value::Val;
 use crate::registry::{ArbiterPool, ContextDirectory, Register, Registry, ShutdownAll};
+use crate::storage::checkpoint::Checkpointer;
 use crate::subscription::socket::SocketTimings;
 
 /// A start-up failure of the service.
@@ -29,6 +32,8 @@ pub enum ServiceError {
     },
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("{0}")]
+    Storage(#[from] crate::storage::StorageError),
     #[error("{0}")]
     Other(String),
 }
@@ -76,16 +81,50 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .local_addr()
         .map_err(|e| ServiceError::Other(e.to_string()))?;
 
+    // Recovery runs before the servers accept anything; `/health` reports ready only after it.
+    let loaded = crate::persistence::load(&config)?;
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 8);
     let arbiters = ArbiterPool::new(threads);
     let contexts = ContextDirectory::new(arbiters.clone());
-    let registry = Registry::new(contexts.clone(), SocketTimings::default()).start();
+    let mut persisted = HashSet::new();
+    for index in loaded.recovered.contexts {
+        persisted.insert(index.key().clone());
+        contexts.insert(contexts.start(index));
+    }
+    let registry = Registry::new(
+        contexts.clone(),
+        SocketTimings::default(),
+        loaded.store.clone(),
+    )
+    .start();
     let ready = Arc::new(AtomicBool::new(false));
     let ops = Ops::new(registry.clone(), contexts.clone(), ready.clone());
 
+    for (config, resume_after) in loaded.recovered.registrations {
+        let key = config.subscription_key();
+        match registry
+            .send(Register {
+                config,
+                resume_after,
+            })
+            .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::error!(service = %key, "recovered registration not restarted: {}", e.message)
+            }
+            Err(e) => tracing::error!(service = %key, "registry unavailable: {e}"),
+        }
+    }
     start_static_registrations(&config, &registry).await;
+    let checkpoint_stop = CancellationToken::new();
+    let checkpointer = Checkpointer::new(loaded.store.clone(), contexts.clone(), persisted);
+    let checkpoints = tokio::spawn(checkpointer.run(
+        Duration::from_millis(config.checkpoint_interval_ms),
+        checkpoint_stop.clone(),
+    ));
     ready.store(true, Ordering::Release);
 
     let http_server = {
@@ -128,6 +167,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         tracing::warn!("gRPC server ended with an error: {e}");
     }
     let _ = registry.send(ShutdownAll).await;
+    // The last checkpoint runs after every subscription stopped, so it holds all they applied.
+    checkpoint_stop.cancel();
+    if let Ok(mut checkpointer) = checkpoints.await {
+        let report = checkpointer.checkpoint().await;
+        tracing::info!(
+            contexts = report.contexts,
+            pairs = report.pairs,
+            failed = report.failed,
+            "final checkpoint"
+        );
+    }
     arbiters.stop();
     tracing::info!("shutdown complete");
     Ok(())

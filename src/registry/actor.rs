@@ -13,6 +13,8 @@ use crate::subscription::socket::SocketTimings;
 use crate::subscription::status::{StatusCell, SubscriptionStatus};
 
 use super::contexts::ContextDirectory;
+use crate::storage::KvStore;
+use crate::storage::checkpoint::{delete_registration, put_registration};
 
 /// One registered service.
 struct ServiceEntry {
@@ -28,22 +30,29 @@ pub struct Registry {
     /// One endpoint feeds one subscription.
     endpoints: HashMap<String, SubscriptionKey>,
     timings: SocketTimings,
+    /// Registrations are written here before they are acknowledged, so they survive a restart.
+    store: Arc<dyn KvStore>,
 }
 
 impl Registry {
-    pub fn new(contexts: ContextDirectory, timings: SocketTimings) -> Self {
+    pub fn new(
+        contexts: ContextDirectory,
+        timings: SocketTimings,
+        store: Arc<dyn KvStore>,
+    ) -> Self {
         Registry {
             contexts,
             services: BTreeMap::new(),
             endpoints: HashMap::new(),
             timings,
+            store,
         }
     }
 
     fn register(
         &mut self,
         config: PublisherConfig,
-        resume_after: Option<u64>,
+        resume_after: Option<crate::index::Watermark>,
     ) -> Result<RegisterOutcome, OpError> {
         let key = config.subscription_key();
         let key_text = key.to_string();
@@ -83,6 +92,8 @@ impl Registry {
                 )));
             }
         }
+        put_registration(self.store.as_ref(), &config)
+            .map_err(|e| OpError::internal(format!("cannot persist the registration: {e}")))?;
         let config = Arc::new(config);
         let status = StatusCell::default();
         let actor = {
@@ -119,7 +130,7 @@ impl Actor for Registry {
 #[rtype(result = "Result<RegisterOutcome, OpError>")]
 pub struct Register {
     pub config: PublisherConfig,
-    pub resume_after: Option<u64>,
+    pub resume_after: Option<crate::index::Watermark>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,9 +176,22 @@ impl Handler<Unregister> for Registry {
 
     fn handle(&mut self, msg: Unregister, _ctx: &mut Context<Self>) -> Self::Result {
         let key = msg.0;
-        let Some(entry) = self.services.remove(&key.to_string()) else {
-            let missing = Err(OpError::not_found(format!("service not found: {key}")));
-            return AtomicResponse::new(Box::pin(async move { missing }.into_actor(self)));
+        let key_text = key.to_string();
+        let outcome = if !self.services.contains_key(&key_text) {
+            Err(OpError::not_found(format!("service not found: {key}")))
+        } else {
+            // Forget it on disk first: if that fails, nothing changed and the caller may retry.
+            delete_registration(self.store.as_ref(), &key).map_err(|e| {
+                OpError::internal(format!("cannot delete the persisted registration: {e}"))
+            })
+        };
+        let entry = match outcome.map(|()| self.services.remove(&key_text)) {
+            Ok(Some(entry)) => entry,
+            Ok(None) => {
+                let missing = OpError::not_found(format!("service not found: {key}"));
+                return AtomicResponse::new(Box::pin(async move { Err(missing) }.into_actor(self)));
+            }
+            Err(e) => return AtomicResponse::new(Box::pin(async move { Err(e) }.into_actor(self))),
         };
         self.endpoints.remove(&entry.config.endpoint);
         let contexts = self.contexts.clone();

@@ -157,7 +157,7 @@ impl Checkpointer {
         report
     }
 
-    /// Checkpoint every `interval` until `shutdown`, then once more.
+    /// Checkpoint every `interval` until `shutdown`; the caller takes the last one.
     pub async fn run(mut self, interval: Duration, shutdown: CancellationToken) -> Self {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -8,9 +8,11 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{DecodedBatch, IndexBatch, KvEvent};
-use crate::index::actor::{ApplyBatch, AttachRank, DropSource};
+use crate::index::Watermark;
+use crate::index::actor::{ApplySequenced, AttachRank, DropSource};
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::registry::contexts::ContextDirectory;
+use crate::storage::codec::payload_digest;
 use crate::wire;
 
 use super::hash_check::HashCheck;
@@ -44,7 +46,7 @@ impl SubscriptionActor {
         contexts: ContextDirectory,
         status: StatusCell,
         timings: SocketTimings,
-        resume_after: Option<u64>,
+        resume_after: Option<Watermark>,
     ) -> Self {
         let stream_start = if config.publisher_type.is_engine() {
             0
@@ -56,8 +58,8 @@ impl SubscriptionActor {
             !config.replay_endpoint.is_empty(),
             MAX_HELD_DURING_REPLAY,
         );
-        if let Some(last) = resume_after {
-            seq.resume_from(last);
+        if let Some(mark) = resume_after {
+            seq.resume_verified(mark.seq, mark.digest);
         }
         SubscriptionActor {
             key: config.subscription_key(),
@@ -122,6 +124,10 @@ impl SubscriptionActor {
     /// Decode one batch and hand its ops to the contexts. A bad payload is counted and dropped;
     /// it never disturbs what is already indexed.
     fn apply(&mut self, seq: u64, payload: &[u8]) {
+        let mark = Watermark {
+            seq,
+            digest: payload_digest(payload),
+        };
         let projection = self.config.hash_profile.index_projection();
         let batch = match wire::decode(self.config.publisher_type, payload, projection) {
             Ok(batch) => batch,
@@ -164,10 +170,13 @@ impl SubscriptionActor {
                             dp_rank: self.config.dp_rank,
                         });
                     }
-                    handle.addr().do_send(ApplyBatch(IndexBatch {
-                        source: self.key.clone(),
-                        ops,
-                    }));
+                    handle.addr().do_send(ApplySequenced {
+                        batch: IndexBatch {
+                            source: self.key.clone(),
+                            ops,
+                        },
+                        mark,
+                    });
                 }
                 Err(conflict) => {
                     tracing::warn!(service = %self.key, "{conflict}; events for it are skipped");
@@ -316,7 +325,10 @@ impl Handler<Replayed> for SubscriptionActor {
         }
         let actions = match msg.event {
             ReplayEvent::Frames(frames) => match socket::parse_frames(&frames) {
-                Ok(frame) => self.seq.on_replayed(frame.seq, frame.payload),
+                Ok(frame) => {
+                    let digest = payload_digest(&frame.payload);
+                    self.seq.on_replayed(frame.seq, frame.payload, digest)
+                }
                 Err(e) => {
                     tracing::warn!(service = %self.key, error = e.as_str(), "malformed replay message");
                     self.status.update(|s| s.frame_errors += 1);

@@ -106,6 +106,9 @@ pub struct SeqState {
     /// Live batches held during a replay at most; beyond that the replay is abandoned.
     max_held: usize,
     last: Option<u64>,
+    /// After a restart of the Conductor: the last applied batch and its payload digest, to be
+    /// compared with the publisher's replay of the same seq (another process = other bytes).
+    verify: Option<(u64, u64)>,
     replay: Option<Replay>,
     resyncing: bool,
     counters: SeqCounters,
@@ -118,6 +121,7 @@ impl SeqState {
             has_replay,
             max_held,
             last: None,
+            verify: None,
             replay: None,
             resyncing: false,
             counters: SeqCounters::default(),
@@ -128,6 +132,13 @@ impl SeqState {
     /// recovered index, so the next batch must be `last_applied + 1`.
     pub fn resume_from(&mut self, last_applied: u64) {
         self.last = Some(last_applied);
+    }
+
+    /// [`SeqState::resume_from`], and check through the replay socket that the publisher is still
+    /// the process that sent batch `last_applied` (whose payload digest was `digest`).
+    pub fn resume_verified(&mut self, last_applied: u64, digest: u64) {
+        self.last = Some(last_applied);
+        self.verify = Some((last_applied, digest));
     }
 
     /// The next batch this stream needs, when one is known (for the first replay request after
@@ -162,7 +173,12 @@ impl SeqState {
 
     /// Start a replay without a live trigger (after recovery: ask for what was missed while down).
     pub fn begin_catch_up(&mut self) -> Vec<Action> {
-        match (self.has_replay, self.replay.is_some(), self.next_needed()) {
+        // With a digest to verify, ask for the last applied batch itself as well.
+        let from = match self.verify {
+            Some((seq, _)) => Some(seq),
+            None => self.next_needed(),
+        };
+        match (self.has_replay, self.replay.is_some(), from) {
             (true, false, Some(from_seq)) => {
                 self.replay = Some(Replay {
                     expected: from_seq,
@@ -227,11 +243,38 @@ impl SeqState {
         actions.push(Action::RequestReplay { from_seq });
     }
 
-    /// A batch the replay socket delivered.
-    pub fn on_replayed(&mut self, seq: u64, payload: Bytes) -> Vec<Action> {
+    /// A batch the replay socket delivered; `digest` is its payload digest.
+    pub fn on_replayed(&mut self, seq: u64, payload: Bytes, digest: u64) -> Vec<Action> {
         let mut actions = Vec::new();
-        let Some(replay) = &mut self.replay else {
+        if self.replay.is_none() {
             return actions; // a late answer to a replay already given up: ignore it
+        }
+        if let Some((verify_seq, verify_digest)) = self.verify.take() {
+            if seq == verify_seq && digest == verify_digest {
+                // The same publisher process: everything up to here is already indexed.
+                if let Some(replay) = &mut self.replay {
+                    replay.expected = seq + 1;
+                }
+                return actions;
+            }
+            // Another process reuses the seq, or the buffer no longer reaches our position:
+            // what was recovered for this source cannot be vouched for.
+            self.counters.restarts += u64::from(seq == verify_seq);
+            let reason = if seq == verify_seq {
+                DropReason::PublisherRestarted
+            } else {
+                DropReason::ReplayIncomplete
+            };
+            if let Some(replay) = &mut self.replay {
+                replay.expected = seq + 1;
+                replay.incomplete = true;
+            }
+            self.drop_source(reason, &mut actions);
+            self.apply(seq, payload, &mut actions);
+            return actions;
+        }
+        let Some(replay) = &mut self.replay else {
+            return actions;
         };
         if seq < replay.expected {
             return actions; // already applied
@@ -255,6 +298,17 @@ impl SeqState {
             return Vec::new();
         };
         let mut actions = Vec::new();
+        if self.verify.take().is_some() {
+            // The publisher's buffer did not hold our last batch: after our restart, its identity
+            // cannot be checked, so what was recovered for it is dropped.
+            self.counters.replays_failed += 1;
+            self.drop_source(DropReason::ReplayIncomplete, &mut actions);
+            self.last = None;
+            for (seq, payload) in replay.held {
+                self.accept_live(seq, payload, &mut actions);
+            }
+            return actions;
+        }
         let next = self.last.map_or(self.stream_start, |l| l + 1);
         // The first held batch must follow what the replay delivered; if the replay stopped short,
         // the batches between are lost for good.
@@ -311,6 +365,7 @@ impl SeqState {
     }
 
     fn abandon_replay(&mut self, reason: DropReason, extra: Option<(u64, Bytes)>) -> Vec<Action> {
+        self.verify = None;
         let mut actions = Vec::new();
         let Some(replay) = self.replay.take() else {
             return actions;

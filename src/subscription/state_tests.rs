@@ -8,6 +8,10 @@ fn p(seq: u64) -> Bytes {
     Bytes::from(format!("batch-{seq}"))
 }
 
+fn digest(seq: u64) -> u64 {
+    seq * 7919 + 1
+}
+
 /// The seqs of the Apply actions, with `D` for a drop, in order.
 fn trace(actions: &[Action]) -> Vec<String> {
     actions
@@ -67,7 +71,7 @@ fn a_gap_with_replay_is_healed_in_order_without_double_apply() {
     // The replay re-sends what we already have, then the gap, then what is also held.
     let mut t = Vec::new();
     for q in [1, 2, 3, 4, 5] {
-        t.extend(trace(&s.on_replayed(q, p(q))));
+        t.extend(trace(&s.on_replayed(q, p(q), digest(q))));
     }
     t.extend(trace(&s.on_replay_end()));
     assert_eq!(t, ["2", "3", "4", "5"]);
@@ -82,9 +86,9 @@ fn a_replay_that_starts_too_late_drops_the_source() {
     let mut s = SeqState::new(0, true, 100);
     live(&mut s, &[0]);
     assert_eq!(live(&mut s, &[10]), ["R:1"]);
-    let mut t = trace(&s.on_replayed(7, p(7)));
+    let mut t = trace(&s.on_replayed(7, p(7), digest(7)));
     for q in [8, 9, 10] {
-        t.extend(trace(&s.on_replayed(q, p(q))));
+        t.extend(trace(&s.on_replayed(q, p(q), digest(q))));
     }
     t.extend(trace(&s.on_replay_end()));
     assert_eq!(t, ["D:replay_incomplete", "7", "8", "9", "10"]);
@@ -96,7 +100,7 @@ fn a_replay_that_stops_short_of_the_held_batches_drops_the_source() {
     let mut s = SeqState::new(0, true, 100);
     live(&mut s, &[0]);
     live(&mut s, &[5]);
-    let mut t = trace(&s.on_replayed(1, p(1)));
+    let mut t = trace(&s.on_replayed(1, p(1), digest(1)));
     t.extend(trace(&s.on_replay_end()));
     assert_eq!(t, ["1", "D:replay_incomplete", "5"]);
     assert_eq!(s.counters().replays_failed, 1);
@@ -110,7 +114,7 @@ fn a_failed_replay_drops_the_source_and_applies_the_held_stream() {
     assert_eq!(trace(&s.on_replay_failed()), ["D:replay_failed", "3", "4"]);
     assert_eq!(s.phase(), Phase::Live);
     // A late replay answer after giving up changes nothing.
-    assert!(s.on_replayed(1, p(1)).is_empty());
+    assert!(s.on_replayed(1, p(1), digest(1)).is_empty());
     assert!(s.on_replay_end().is_empty());
 }
 
@@ -129,7 +133,7 @@ fn a_late_join_with_replay_asks_for_the_stream_start() {
     assert_eq!(live(&mut s, &[3]), ["R:0"]);
     let mut t = Vec::new();
     for q in 0..3 {
-        t.extend(trace(&s.on_replayed(q, p(q))));
+        t.extend(trace(&s.on_replayed(q, p(q), digest(q))));
     }
     t.extend(trace(&s.on_replay_end()));
     assert_eq!(t, ["0", "1", "2", "3"]);
@@ -156,7 +160,7 @@ fn a_restart_into_a_late_seq_replays_the_new_stream() {
     assert_eq!(live(&mut s, &[2]), ["D:publisher_restarted", "R:0"]);
     let mut t = Vec::new();
     for q in 0..2 {
-        t.extend(trace(&s.on_replayed(q, p(q))));
+        t.extend(trace(&s.on_replayed(q, p(q), digest(q))));
     }
     t.extend(trace(&s.on_replay_end()));
     assert_eq!(t, ["0", "1", "2"]);
@@ -170,7 +174,7 @@ fn catch_up_after_recovery_requests_the_missed_batches() {
     assert!(live(&mut s, &[45]).is_empty());
     let mut t = Vec::new();
     for q in 42..45 {
-        t.extend(trace(&s.on_replayed(q, p(q))));
+        t.extend(trace(&s.on_replayed(q, p(q), digest(q))));
     }
     t.extend(trace(&s.on_replay_end()));
     assert_eq!(t, ["42", "43", "44", "45"]);
@@ -186,7 +190,7 @@ fn after_the_replay_a_further_gap_among_held_batches_drops_instead_of_looping() 
     let mut s = SeqState::new(0, true, 100);
     live(&mut s, &[0]);
     live(&mut s, &[2, 5]);
-    let mut t = trace(&s.on_replayed(1, p(1)));
+    let mut t = trace(&s.on_replayed(1, p(1), digest(1)));
     t.extend(trace(&s.on_replay_end()));
     assert_eq!(
         t,
@@ -197,4 +201,49 @@ fn after_the_replay_a_further_gap_among_held_batches_drops_instead_of_looping() 
             "5"
         ]
     );
+}
+
+#[test]
+fn a_verified_resume_skips_what_the_checkpoint_has() {
+    let mut s = SeqState::new(0, true, 100);
+    s.resume_verified(41, digest(41));
+    assert_eq!(trace(&s.begin_catch_up()), ["R:41"]);
+    let mut t = Vec::new();
+    for q in 41..44 {
+        t.extend(trace(&s.on_replayed(q, p(q), digest(q))));
+    }
+    t.extend(trace(&s.on_replay_end()));
+    assert_eq!(t, ["42", "43"]);
+    assert_eq!(s.counters().sources_dropped, 0);
+}
+
+#[test]
+fn a_publisher_that_restarted_while_we_were_down_is_dropped() {
+    let mut s = SeqState::new(0, true, 100);
+    s.resume_verified(41, digest(41));
+    s.begin_catch_up();
+    // The new process also reached seq 41, with other bytes.
+    let mut t = trace(&s.on_replayed(41, p(41), 12345));
+    t.extend(trace(&s.on_replayed(42, p(42), digest(42))));
+    t.extend(trace(&s.on_replay_end()));
+    assert_eq!(t, ["D:publisher_restarted", "41", "42"]);
+    // Or the buffer no longer reaches our position.
+    let mut s = SeqState::new(0, true, 100);
+    s.resume_verified(41, digest(41));
+    s.begin_catch_up();
+    assert_eq!(
+        trace(&s.on_replayed(60, p(60), digest(60))),
+        ["D:replay_incomplete", "60"]
+    );
+}
+
+#[test]
+fn a_resume_whose_batch_the_publisher_no_longer_has_is_dropped() {
+    let mut s = SeqState::new(0, true, 100);
+    s.resume_verified(41, digest(41));
+    s.begin_catch_up();
+    // A restarted publisher at seq 5 answers a request for 41 with the end marker only.
+    assert_eq!(trace(&s.on_replay_end()), ["D:replay_incomplete"]);
+    // The new stream is then followed from its start, through the replay socket.
+    assert_eq!(live(&mut s, &[6]), ["R:0"]);
 }

@@ -1,0 +1,69 @@
+//! Opening the data directory at start-up: the store, its migrations, and recovery, with the
+//! configured policy for a directory that cannot be read.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::storage::recovery::{Recovered, recover};
+use crate::storage::{KvStore, StorageError, migrations};
+
+/// The store and what it held.
+pub struct Loaded {
+    pub store: Arc<dyn KvStore>,
+    pub recovered: Recovered,
+}
+
+/// Open, migrate and recover. A database newer than this binary always stops start-up; any other
+/// failure does too, unless `on_corrupt_data` is `move_aside`.
+pub fn load(config: &Config) -> Result<Loaded, StorageError> {
+    match open_and_recover(&config.data_dir) {
+        Ok(loaded) => Ok(loaded),
+        Err(e @ StorageError::TooNew { .. }) => Err(e),
+        Err(e) if config.move_corrupt_data_aside => {
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let aside = config
+                .data_dir
+                .with_extension(format!("unreadable-{stamp}"));
+            tracing::error!(
+                "data directory {} is unreadable ({e}); moving it to {} and starting empty",
+                config.data_dir.display(),
+                aside.display()
+            );
+            std::fs::rename(&config.data_dir, &aside).map_err(|io| {
+                StorageError::Io(format!("move {} aside: {io}", config.data_dir.display()))
+            })?;
+            open_and_recover(&config.data_dir)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn open_and_recover(dir: &Path) -> Result<Loaded, StorageError> {
+    let store = open(dir)?;
+    let found = migrations::migrate(store.as_ref(), &dir.display().to_string())?;
+    let recovered = recover(store.as_ref())?;
+    tracing::info!(
+        data_dir = %dir.display(),
+        schema_from = found,
+        contexts = recovered.contexts.len(),
+        registrations = recovered.registrations.len(),
+        pairs = recovered.pairs,
+        "recovered state"
+    );
+    Ok(Loaded { store, recovered })
+}
+
+#[cfg(feature = "rocksdb")]
+fn open(dir: &Path) -> Result<Arc<dyn KvStore>, StorageError> {
+    Ok(Arc::new(crate::storage::rocks::RocksStore::open(dir)?))
+}
+
+/// Built without RocksDB (release benchmarks of the pure parts): state lives in memory only.
+#[cfg(not(feature = "rocksdb"))]
+fn open(dir: &Path) -> Result<Arc<dyn KvStore>, StorageError> {
+    tracing::warn!(data_dir = %dir.display(), "built without RocksDB: nothing is persisted");
+    Ok(Arc::new(crate::storage::memory::MemoryStore::new()))
+}
