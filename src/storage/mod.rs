@@ -125,3 +125,6 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     }
     vec![u8::MAX; prefix.len() + 1]
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,301 @@
+//! Checkpoint and recovery against the in-memory store: round trips, incremental cost, stale
+//! sources, and fault injection before, during and after the atomic write.
+
+use crate::events::{Holder, IndexBatch, IndexOp};
+use crate::hashing::HashProfile;
+use crate::index::{ContextIndex, ContextSnapshot, Watermark};
+use crate::model::{BlockHash, ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier};
+
+use super::checkpoint::{context_ops, forget_context_ops, put_registration};
+use super::memory::{Fault, MemoryStore};
+use super::recovery::recover;
+use super::{Cf, KvStore};
+
+fn profile() -> HashProfile {
+    HashProfile::resolve(
+        Some("vllm_v1"),
+        Some("sha256_cbor"),
+        Some("0"),
+        Some("low64_be"),
+    )
+    .unwrap()
+}
+
+fn key() -> ContextKey {
+    ContextKey::new("", "m", "", 16)
+}
+
+fn source(i: u32) -> SubscriptionKey {
+    SubscriptionKey::new(&format!("e{i}"), "", 0)
+}
+
+fn registration(i: u32) -> PublisherConfig {
+    PublisherConfig {
+        instance_id: format!("e{i}"),
+        endpoint: format!("tcp://127.0.0.1:{}", 6000 + i),
+        replay_endpoint: String::new(),
+        publisher_type: PublisherType::Vllm,
+        model_name: "m".into(),
+        lora_name: String::new(),
+        tenant_id: "default".into(),
+        block_size: 16,
+        dp_rank: 0,
+        cache_group: None,
+        hash_profile: profile(),
+    }
+}
+
+/// splitmix64: a tiny seeded generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One random publisher batch of source `s` (engine or store holder).
+fn random_batch(rng: &mut Rng, s: u32) -> IndexBatch {
+    let mut ops = Vec::new();
+    for _ in 0..1 + rng.below(4) {
+        let hashes: Vec<BlockHash> = (0..1 + rng.below(6))
+            .map(|_| BlockHash(rng.below(64)))
+            .collect();
+        let (holder, tier) = if rng.below(4) == 0 {
+            (
+                Holder::Shared {
+                    backend_id: "b".into(),
+                },
+                if rng.below(2) == 0 {
+                    Tier::CpuShare
+                } else {
+                    Tier::Disk
+                },
+            )
+        } else {
+            let tier = [Tier::Device, Tier::CpuLocal, Tier::Disk][rng.below(3) as usize];
+            (
+                Holder::Engine {
+                    instance_id: format!("e{s}"),
+                    dp_rank: 0,
+                },
+                tier,
+            )
+        };
+        ops.push(match rng.below(10) {
+            0 => IndexOp::ClearHolder { holder },
+            1..=3 => IndexOp::Remove {
+                holder,
+                tier,
+                hashes,
+            },
+            _ => IndexOp::Store {
+                holder,
+                tier,
+                hashes,
+            },
+        });
+    }
+    IndexBatch {
+        source: source(s),
+        ops,
+    }
+}
+
+fn checkpoint(index: &mut ContextIndex, store: &dyn KvStore) -> Result<(), super::StorageError> {
+    let changes = index.take_changes();
+    let result = store.write(context_ops(&changes));
+    if result.is_err() {
+        index.mark_dirty(changes.pairs.iter().map(|&(h, b, _)| (h, b)));
+    }
+    result
+}
+
+fn recovered_context(store: &MemoryStore) -> Option<ContextIndex> {
+    recover(store).unwrap().contexts.into_iter().next()
+}
+
+fn state(index: &ContextIndex) -> (ContextSnapshot, Vec<Option<Watermark>>) {
+    (
+        index.snapshot(),
+        (0..3).map(|s| index.watermark(&source(s))).collect(),
+    )
+}
+
+#[test]
+fn recovery_reproduces_every_checkpoint_exactly() {
+    for seed in [1, 2, 3] {
+        let mut rng = Rng(seed);
+        let store = MemoryStore::new();
+        for s in 0..3 {
+            put_registration(&store, &registration(s)).unwrap();
+        }
+        let mut index = ContextIndex::new(key(), profile());
+        index.attach_rank(&source(0), "e0", 0);
+        let mut seqs = [0u64; 3];
+        for step in 0..400 {
+            let s = rng.below(3) as u32;
+            seqs[s as usize] += 1;
+            let mark = Watermark {
+                seq: seqs[s as usize],
+                digest: rng.next(),
+            };
+            index.apply_sequenced(&random_batch(&mut rng, s), mark);
+            if rng.below(5) == 0 {
+                index.drop_source(&source(rng.below(3) as u32));
+            }
+            if step % 25 == 24 {
+                checkpoint(&mut index, &store).unwrap();
+                let recovered = recovered_context(&store).expect("context");
+                assert_eq!(state(&recovered), state(&index), "seed {seed} step {step}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_writes_only_what_changed() {
+    let store = MemoryStore::new();
+    put_registration(&store, &registration(0)).unwrap();
+    let mut index = ContextIndex::new(key(), profile());
+    let holder = Holder::Engine {
+        instance_id: "e0".into(),
+        dp_rank: 0,
+    };
+    let store_op = |range: std::ops::Range<u64>| IndexBatch {
+        source: source(0),
+        ops: vec![IndexOp::Store {
+            holder: holder.clone(),
+            tier: Tier::Device,
+            hashes: range.map(BlockHash).collect(),
+        }],
+    };
+    index.apply_sequenced(&store_op(0..10_000), Watermark { seq: 1, digest: 1 });
+    assert_eq!(index.take_changes().pairs.len(), 10_000);
+    index.apply_sequenced(&store_op(20_000..21_000), Watermark { seq: 2, digest: 2 });
+    let changes = index.take_changes();
+    assert_eq!(
+        changes.pairs.len(),
+        1_000,
+        "cost follows the change, not the index size"
+    );
+    assert!(context_ops(&changes).len() < 1_020);
+    assert!(!index.has_changes());
+}
+
+#[test]
+fn sources_without_a_registration_are_not_recovered() {
+    let store = MemoryStore::new();
+    put_registration(&store, &registration(0)).unwrap();
+    let mut index = ContextIndex::new(key(), profile());
+    let mut rng = Rng(9);
+    for s in [0, 1] {
+        for i in 0..20 {
+            index.apply_sequenced(
+                &random_batch(&mut rng, s),
+                Watermark {
+                    seq: i + 1,
+                    digest: 0,
+                },
+            );
+        }
+    }
+    checkpoint(&mut index, &store).unwrap();
+    // Source 1 was unregistered but the crash came before the next checkpoint.
+    let recovered = recovered_context(&store).expect("context");
+    let snapshot = recovered.snapshot();
+    assert!(
+        snapshot.batches.iter().all(|b| b.source == source(0)),
+        "no block of e1 survives"
+    );
+    assert!(snapshot.attachments.iter().all(|a| a.0 == source(0)));
+    let regs = recover(&store).unwrap().registrations;
+    assert_eq!(regs.len(), 1);
+    assert_eq!(
+        regs[0].1.map(|w| w.seq),
+        Some(20),
+        "resume after the last applied batch"
+    );
+}
+
+#[test]
+fn a_forgotten_context_leaves_nothing_behind() {
+    let store = MemoryStore::new();
+    let mut index = ContextIndex::new(key(), profile());
+    index.apply_sequenced(
+        &random_batch(&mut Rng(4), 0),
+        Watermark { seq: 1, digest: 0 },
+    );
+    checkpoint(&mut index, &store).unwrap();
+    assert!(store.len(Cf::Contexts) == 1 && store.len(Cf::Holders) > 0);
+    store.write(forget_context_ops(&key())).unwrap();
+    for cf in [
+        Cf::Contexts,
+        Cf::Holders,
+        Cf::Attachments,
+        Cf::Watermarks,
+        Cf::Pairs,
+    ] {
+        assert_eq!(store.len(cf), 0, "{}", cf.name());
+    }
+}
+
+/// Whatever fails around a checkpoint write, recovery yields the state and watermarks of one
+/// checkpoint that fully landed, never a mix.
+#[test]
+fn recovery_is_consistent_whatever_fails_around_the_write() {
+    for fault in [Fault::Before, Fault::During, Fault::After] {
+        let mut rng = Rng(77);
+        let store = MemoryStore::new();
+        for s in 0..3 {
+            put_registration(&store, &registration(s)).unwrap();
+        }
+        let mut index = ContextIndex::new(key(), profile());
+        let mut seq = 0;
+        let mut apply = |index: &mut ContextIndex, rng: &mut Rng, n: usize| {
+            for _ in 0..n {
+                seq += 1;
+                index.apply_sequenced(
+                    &random_batch(rng, 0),
+                    Watermark {
+                        seq,
+                        digest: seq * 3,
+                    },
+                );
+            }
+        };
+        apply(&mut index, &mut rng, 30);
+        checkpoint(&mut index, &store).unwrap();
+        let landed = state(&index);
+        apply(&mut index, &mut rng, 30);
+        store.inject(fault);
+        assert!(
+            checkpoint(&mut index, &store).is_err(),
+            "{fault:?} reports a failure"
+        );
+        let after_fault = recovered_context(&store).map(|c| state(&c));
+        match fault {
+            // Nothing of the failed write is visible: the previous checkpoint is intact.
+            Fault::Before | Fault::During => {
+                assert_eq!(after_fault.as_ref(), Some(&landed), "{fault:?}")
+            }
+            // The write landed although an error was reported: the new checkpoint is intact.
+            Fault::After => assert_eq!(after_fault.as_ref(), Some(&state(&index)), "{fault:?}"),
+        }
+        // The process lives on: the next checkpoint writes the pairs again and catches up.
+        apply(&mut index, &mut rng, 10);
+        checkpoint(&mut index, &store).unwrap();
+        assert_eq!(
+            recovered_context(&store).map(|c| state(&c)),
+            Some(state(&index)),
+            "{fault:?} then retry"
+        );
+    }
+}
