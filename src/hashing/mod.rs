@@ -93,10 +93,14 @@ pub trait PrefixKeys {
 /// A token id as the chains read it. Queries carry `i32`, engine events `i64`; both hash
 /// through their `i64` value, so a chain borrows either slice without copying it.
 pub trait Token: Copy + private::Sealed {
+    /// Whether a value can be negative or exceed `u32::MAX` in magnitude enough to need a
+    /// 9-byte CBOR int; lets the encoder drop that case for 32-bit tokens.
+    const WIDE: bool;
     fn to_i64(self) -> i64;
 }
 
 impl Token for i32 {
+    const WIDE: bool = false;
     #[inline(always)]
     fn to_i64(self) -> i64 {
         i64::from(self)
@@ -104,6 +108,7 @@ impl Token for i32 {
 }
 
 impl Token for i64 {
+    const WIDE: bool = true;
     #[inline(always)]
     fn to_i64(self) -> i64 {
         self
@@ -111,6 +116,7 @@ impl Token for i64 {
 }
 
 impl Token for u32 {
+    const WIDE: bool = false;
     #[inline(always)]
     fn to_i64(self) -> i64 {
         i64::from(self)

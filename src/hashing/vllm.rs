@@ -73,6 +73,14 @@ impl VllmExtras {
         tokens: &[T],
         first: bool,
     ) -> [u8; 32] {
+        if self.algorithm == Algorithm::Sha256Cbor {
+            let extras = if first {
+                &self.cbor_first
+            } else {
+                &self.cbor_rest
+            };
+            return cbor::digest_block(buf, parent, tokens, extras);
+        }
         self.encode(buf, parent, tokens, first);
         sha::digest_in_place(buf)
     }
