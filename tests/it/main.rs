@@ -3,6 +3,7 @@
 
 mod support;
 
+mod durability;
 mod e2e_query;
 mod http_api;
 mod ingest;

@@ -1,0 +1,296 @@
+//! Durability against the real binary: SIGKILL at random moments converges to an uninterrupted
+//! reference run, a publisher that restarted while the Conductor was down loses its old blocks,
+//! a schema-version-1 database opens, a newer or unreadable one is refused (or moved aside).
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use mooncake_conductor::gateway::pb;
+use serde_json::json;
+
+use crate::e2e_query::{grpc_query, handshake, register_request};
+use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::player::Player;
+use crate::support::server::Server;
+use crate::support::{WAIT, eventually, http};
+
+const MODEL: &str = "m";
+const BS: u32 = 4;
+const PROMPTS: i32 = 16;
+
+fn prompt(p: i32) -> Vec<i32> {
+    (0..8).map(|i| p * 100 + i).collect()
+}
+
+fn store(p: i32, medium: &str) -> Vec<u8> {
+    engine::vllm_store_prompt(&vllm_cbor_profile(), &prompt(p), BS, medium, 0)
+}
+
+fn remove(p: i32, block: usize, medium: &str) -> Vec<u8> {
+    let keys = engine::block_keys(&vllm_cbor_profile(), &prompt(p), BS, "");
+    engine::batch(
+        vec![engine::vllm_removed(&keys[block..block + 1], medium)],
+        0,
+    )
+}
+
+async fn register(server: &Server, player: &Player) {
+    let r = engine::registration(
+        "e",
+        (&player.endpoint, player.replay_endpoint.as_deref()),
+        "vLLM",
+        MODEL,
+        BS,
+        0,
+        vllm_cbor_profile(),
+    );
+    let reply = server
+        .grpc()
+        .await
+        .register(register_request(&r))
+        .await
+        .expect("register")
+        .into_inner();
+    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+}
+
+async fn last_seq(server: &Server) -> Option<u64> {
+    let s = http::get(server.http_port, "/services/status").await.json();
+    s["services"][0]["last_seq"].as_u64()
+}
+
+/// Every prompt's hits (instance e), as (device, cpu_local, disk).
+async fn answers(server: &Server) -> Vec<(i64, i64, i64)> {
+    let mut out = Vec::new();
+    for p in 0..PROMPTS {
+        let r = grpc_query(server, MODEL, prompt(p), BS as i64).await;
+        out.push(
+            r.hits
+                .get("e")
+                .map_or((-1, -1, -1), |h| (h.device, h.cpu_local, h.disk)),
+        );
+    }
+    out
+}
+
+/// splitmix64 for seeded rounds.
+fn next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn random_batch(rng: &mut u64) -> Vec<u8> {
+    let p = (next(rng) % PROMPTS as u64) as i32;
+    let medium = ["GPU", "CPU", "DISK"][(next(rng) % 3) as usize];
+    if next(rng) % 3 == 0 {
+        remove(p, (next(rng) % 2) as usize, medium)
+    } else {
+        store(p, medium)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_moments_converges_to_the_uninterrupted_run() {
+    let fast = json!({"checkpoint_interval_ms": 50});
+    let reference = Server::start_with(fast.clone()).await;
+    let mut victim = Server::start_with(fast.clone()).await;
+    let mut player = Player::start(true, 0).await;
+    register(&reference, &player).await;
+    register(&victim, &player).await;
+    let first = store(0, "GPU");
+    handshake(&reference, &mut player, "e|default|0", first.clone()).await;
+    let seq0 = player.next_seq() - 1;
+    eventually("victim applied the first batch", WAIT, || async {
+        (last_seq(&victim).await == Some(seq0)).then_some(())
+    })
+    .await;
+
+    let mut rng = 0x5eed_u64;
+    for round in 0..6 {
+        for _ in 0..(5 + next(&mut rng) % 20) {
+            player.publish(random_batch(&mut rng)).await;
+        }
+        // Kill somewhere between checkpoints, then publish while the victim is down.
+        tokio::time::sleep(Duration::from_millis(next(&mut rng) % 120)).await;
+        let dir = victim.into_dir();
+        for _ in 0..(next(&mut rng) % 10) {
+            player.publish(random_batch(&mut rng)).await;
+        }
+        victim = Server::start_in(dir, fast.clone()).await;
+        // A live batch after the restart: the victim catches up through replay up to it.
+        player.publish(random_batch(&mut rng)).await;
+        let want = player.next_seq() - 1;
+        eventually(
+            &format!("round {round}: victim caught up"),
+            WAIT,
+            || async { (last_seq(&victim).await == Some(want)).then_some(()) },
+        )
+        .await;
+    }
+    let want = player.next_seq() - 1;
+    eventually("reference caught up", WAIT, || async {
+        (last_seq(&reference).await == Some(want)).then_some(())
+    })
+    .await;
+    let expected = answers(&reference).await;
+    assert!(
+        expected.iter().any(|a| a.2 > 0),
+        "the scenario indexes something: {expected:?}"
+    );
+    eventually("victim answers like the reference", WAIT, || async {
+        let got = answers(&victim).await;
+        (got == expected).then_some(())
+    })
+    .await;
+    let status = http::get(victim.http_port, "/services/status").await.json();
+    assert_eq!(
+        status["services"][0]["sources_dropped"],
+        json!(0),
+        "replay covered every restart: {status}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_restarted_while_the_conductor_was_down_loses_its_old_blocks() {
+    let mut server = Server::start().await;
+    let mut player = Player::start(true, 0).await;
+    register(&server, &player).await;
+    handshake(&server, &mut player, "e|default|0", store(1, "GPU")).await;
+    player.publish(store(2, "GPU")).await;
+    player.publish(store(3, "GPU")).await;
+    eventually("hits", WAIT, || async {
+        let a = answers(&server).await;
+        (a[1].0 == 8 && a[2].0 == 8 && a[3].0 == 8).then_some(())
+    })
+    .await;
+    assert_eq!(server.terminate(), Some(0));
+    let dir = server.into_dir();
+    player.restart(0);
+    player.publish_lost(store(4, "GPU"));
+    let server = Server::start_in(dir, json!({})).await;
+    eventually("old blocks gone after recovery", WAIT, || async {
+        let a = answers(&server).await;
+        (a[1].0 == 0 && a[2].0 == 0 && a[3].0 == 0).then_some(())
+    })
+    .await;
+    // The new process's stream is then followed from its start.
+    player.publish(store(5, "GPU")).await;
+    eventually("new stream indexed", WAIT, || async {
+        let a = answers(&server).await;
+        (a[4].0 == 8 && a[5].0 == 8).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_registrations_and_the_index() {
+    let mut server = Server::start().await;
+    let mut player = Player::start(true, 0).await;
+    register(&server, &player).await;
+    handshake(&server, &mut player, "e|default|0", store(1, "GPU")).await;
+    player.publish(store(2, "DISK")).await;
+    eventually("hits", WAIT, || async {
+        (answers(&server).await[2].2 == 8).then_some(())
+    })
+    .await;
+    let before = answers(&server).await;
+    assert_eq!(server.terminate(), Some(0));
+    let server = Server::start_in(server.into_dir(), json!({})).await;
+    assert_eq!(answers(&server).await, before, "ready means recovered");
+    let services = http::get(server.http_port, "/services").await.json();
+    assert_eq!(services["count"], 1);
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+fn fixture_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/db-v1/data");
+    copy_dir(&fixture, &dir.path().join("data"));
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_version_1_database_opens_with_the_current_binary() {
+    let server = Server::start_in(fixture_copy(), json!({})).await;
+    let services = http::get(server.http_port, "/services").await.json();
+    assert_eq!(services["services"][0]["InstanceID"], "fixture-0");
+    let mut client = server.grpc().await;
+    let q = pb::QueryRequest {
+        model_name: "fixture-model".into(),
+        block_size: 4,
+        token_ids: (1..=8).collect(),
+        ..Default::default()
+    };
+    let r = client.query(q).await.unwrap().into_inner();
+    assert_eq!(r.hits["fixture-0"].device, 8);
+}
+
+/// Start the binary on `dir` and expect it to refuse; returns its log.
+fn expect_refusal(dir: &std::path::Path, extra: serde_json::Value) -> (Option<i32>, String) {
+    let mut config = json!({"http_server_port": crate::support::free_port(), "rpc_server_port": crate::support::free_port(),
+        "bind_address": "127.0.0.1", "data_dir": dir.join("data")});
+    for (k, v) in extra.as_object().unwrap() {
+        config[k] = v.clone();
+    }
+    let path = dir.join("conductor.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+        .env("CONDUCTOR_CONFIG_PATH", &path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_or_unreadable_database_is_refused_with_a_clear_message() {
+    use mooncake_conductor::storage::KvStore;
+    use mooncake_conductor::storage::migrations::{CURRENT_VERSION, version_op};
+    let dir = fixture_copy();
+    {
+        let store =
+            mooncake_conductor::storage::rocks::RocksStore::open(&dir.path().join("data")).unwrap();
+        store.write(vec![version_op(CURRENT_VERSION + 1)]).unwrap();
+    }
+    let (code, log) = expect_refusal(dir.path(), json!({}));
+    assert_ne!(code, Some(0));
+    assert!(log.contains("newer than this binary"), "{log}");
+
+    let dir = fixture_copy();
+    std::fs::write(dir.path().join("data/CURRENT"), b"garbage\n").unwrap();
+    let (code, log) = expect_refusal(dir.path(), json!({}));
+    assert_ne!(
+        code,
+        Some(0),
+        "an unreadable database stops start-up by default"
+    );
+    assert!(log.contains("data"), "{log}");
+    // With move_aside, it starts empty and keeps the old directory.
+    let server = Server::start_in(dir, json!({"on_corrupt_data": "move_aside"})).await;
+    let services = http::get(server.http_port, "/services").await.json();
+    assert_eq!(services["count"], 0);
+    let moved = std::fs::read_dir(server.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("data.unreadable-")
+        });
+    assert!(moved, "the unreadable directory is kept aside");
+}
