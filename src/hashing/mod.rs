@@ -93,8 +93,8 @@ pub trait PrefixKeys {
 /// A token id as the chains read it. Queries carry `i32`, engine events `i64`; both hash
 /// through their `i64` value, so a chain borrows either slice without copying it.
 pub trait Token: Copy + private::Sealed {
-    /// Whether a value can be negative or exceed `u32::MAX` in magnitude enough to need a
-    /// 9-byte CBOR int; lets the encoder drop that case for 32-bit tokens.
+    /// Whether the type holds values whose CBOR argument exceeds `u32::MAX` (a 9-byte int);
+    /// false lets the encoder drop that case for 32-bit tokens.
     const WIDE: bool;
     fn to_i64(self) -> i64;
 }
