@@ -6,6 +6,7 @@
 //! subscriptions and contexts; [`gateway`] gRPC and HTTP over one operation layer; [`metrics`]
 //! Prometheus text; [`service`] the running service; [`config`] its configuration.
 
+pub mod admin;
 pub mod config;
 pub mod error;
 pub mod events;

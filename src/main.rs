@@ -1,9 +1,15 @@
 //! `mooncake_conductor`: load the configuration, run the service until SIGINT/SIGTERM, exit 0.
+//! Operational commands on the configured data directory (with the service stopped):
+//! `mooncake_conductor dump [FILTER]`, `mooncake_conductor verify`, `mooncake_conductor compact`.
 
 use std::process::ExitCode;
 
 use mooncake_conductor::config::{Config, LOG_LEVEL_ENV, LogLevel};
-use mooncake_conductor::service;
+use mooncake_conductor::storage::KvStore;
+use mooncake_conductor::storage::rocks::RocksStore;
+use mooncake_conductor::{admin, service};
+
+const USAGE: &str = "usage: mooncake_conductor [dump [FILTER] | verify | compact]";
 
 fn main() -> ExitCode {
     let level = LogLevel::parse(std::env::var(LOG_LEVEL_ENV).ok().as_deref());
@@ -22,11 +28,49 @@ fn main() -> ExitCode {
         }
     };
     tracing::info!(%origin, "configuration loaded");
-    match service::run_until_signal(config) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        None => service::run_until_signal(config).map_err(|e| e.to_string()),
+        Some(command @ ("dump" | "verify" | "compact")) => {
+            admin_command(command, args.get(1), &config)
+        }
+        Some(_) => Err(USAGE.to_owned()),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
+            tracing::error!("{e}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn admin_command(command: &str, arg: Option<&String>, config: &Config) -> Result<(), String> {
+    let store = RocksStore::open(&config.data_dir)
+        .map_err(|e| format!("{e} (is the service still running on it?)"))?;
+    match command {
+        "dump" => {
+            let filter = arg.map_or("", String::as_str);
+            let n = admin::dump(&store, filter, &mut std::io::stdout().lock())
+                .map_err(|e| e.to_string())?;
+            tracing::info!(contexts = n, "dumped");
+        }
+        "verify" => {
+            let r = admin::verify(&store).map_err(|e| e.to_string())?;
+            println!(
+                "{{\"schema_version\":{},\"registrations\":{},\"contexts\":{},\"pairs\":{},\"disk_bytes\":{}}}",
+                r.schema_version,
+                r.registrations,
+                r.contexts,
+                r.pairs,
+                store.disk_bytes()
+            );
+        }
+        _ => {
+            let before = store.disk_bytes();
+            store.compact().map_err(|e| e.to_string())?;
+            tracing::info!(before, after = store.disk_bytes(), "compacted");
+        }
+    }
+    Ok(())
 }
