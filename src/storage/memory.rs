@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{Cf, KvOp, KvStore, StorageError};
+use super::{Cf, KvOp, KvStore, StorageError, Visitor};
 
 /// Where an injected write failure strikes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,9 +17,12 @@ pub enum Fault {
     After,
 }
 
+/// Every entry, keyed by column family and key.
+type Entries = BTreeMap<(Cf, Vec<u8>), Vec<u8>>;
+
 #[derive(Default)]
 pub struct MemoryStore {
-    data: Mutex<BTreeMap<(Cf, Vec<u8>), Vec<u8>>>,
+    data: Mutex<Entries>,
     /// Faults for the next writes, in order.
     faults: Mutex<Vec<Fault>>,
 }
@@ -46,7 +49,7 @@ impl MemoryStore {
         self.lock().is_empty()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Cf, Vec<u8>), Vec<u8>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.data.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -100,7 +103,7 @@ impl KvStore for MemoryStore {
         &self,
         cf: Cf,
         prefix: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+        visit: &mut Visitor<'_>,
     ) -> Result<(), StorageError> {
         let entries: Vec<(Vec<u8>, Vec<u8>)> = self
             .lock()

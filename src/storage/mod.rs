@@ -99,6 +99,9 @@ pub enum StorageError {
     },
 }
 
+/// Called for each entry of a scan, in key order; an error stops the scan.
+pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError> + 'a;
+
 /// The key-value operations the Conductor needs; implementations must make `write` atomic.
 pub trait KvStore: Send + Sync {
     fn write(&self, ops: Vec<KvOp>) -> Result<(), StorageError>;
@@ -108,7 +111,7 @@ pub trait KvStore: Send + Sync {
         &self,
         cf: Cf,
         prefix: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+        visit: &mut Visitor<'_>,
     ) -> Result<(), StorageError>;
     /// Reclaim space (a no-op where meaningless).
     fn compact(&self) -> Result<(), StorageError>;

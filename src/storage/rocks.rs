@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch};
 
-use super::{Cf, KvOp, KvStore, StorageError};
+use super::{Cf, KvOp, KvStore, StorageError, Visitor};
 
 pub struct RocksStore {
     db: DB,
@@ -87,7 +87,7 @@ impl KvStore for RocksStore {
         &self,
         cf: Cf,
         prefix: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+        visit: &mut Visitor<'_>,
     ) -> Result<(), StorageError> {
         for item in self
             .db

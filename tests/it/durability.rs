@@ -85,7 +85,7 @@ fn next(state: &mut u64) -> u64 {
 fn random_batch(rng: &mut u64) -> Vec<u8> {
     let p = (next(rng) % PROMPTS as u64) as i32;
     let medium = ["GPU", "CPU", "DISK"][(next(rng) % 3) as usize];
-    if next(rng) % 3 == 0 {
+    if next(rng).is_multiple_of(3) {
         remove(p, (next(rng) % 2) as usize, medium)
     } else {
         store(p, medium)
