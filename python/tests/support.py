@@ -254,14 +254,23 @@ class ConductorProcess:
             )
         )
         self.log = workdir / "conductor.log"
-        env = dict(os.environ, CONDUCTOR_CONFIG_PATH=str(config))
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([binary], env=env, stdout=out, stderr=subprocess.STDOUT)
+        self._binary = binary
+        self._env = dict(os.environ, CONDUCTOR_CONFIG_PATH=str(config))
+        self._spawn()
+
+    def _spawn(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([self._binary], env=self._env, stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_for_port(self.rpc_port, self.proc, self.log)
         except Exception:
             self.stop()
             raise
+
+    def restart(self) -> None:
+        """Stop (SIGTERM) and start again on the same ports and data directory."""
+        self.stop()
+        self._spawn()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -247,3 +247,15 @@ def test_stopped_server_is_unreachable(conductor):
     assert client.query(MODEL, block_size=BS, token_ids=PROMPT) == {"ret": RPC_FAIL, "hits": {}}
     assert client.setup(conductor.addr, connect_timeout_ms=500) == RPC_FAIL
     assert client.health_check() == HEALTH_NOT_INITIALIZED
+
+
+def test_client_reconnects_after_the_server_restarts(conductor, publisher):
+    client = ConductorClient()
+    assert client.setup(conductor.addr, connect_timeout_ms=1000, request_timeout_ms=2000) == OK
+    assert client.register(vllm_config(publisher)) == OK
+    conductor.restart()
+    # The same client object reaches the restarted server without a new setup(), and the
+    # registration survived the restart.
+    assert wait_until(lambda: client.health_check() == HEALTH_OK)
+    assert client.list_services()["count"] == 1
+    client.close()

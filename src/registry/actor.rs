@@ -6,7 +6,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use crate::error::OpError;
-use crate::index::actor::{AttachRank, DetachSource};
+use crate::index::actor::{AttachRank, DetachSource, GetStats};
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::subscription::actor::{Stop, SubscriptionActor};
 use crate::subscription::socket::SocketTimings;
@@ -162,10 +162,22 @@ pub struct ServiceInfo {
 pub struct ShutdownAll;
 
 impl Handler<Register> for Registry {
-    type Result = Result<RegisterOutcome, OpError>;
+    type Result = ResponseFuture<Result<RegisterOutcome, OpError>>;
 
     fn handle(&mut self, msg: Register, _ctx: &mut Context<Self>) -> Self::Result {
-        self.register(msg.config, msg.resume_after)
+        let context = msg.config.context_key();
+        let outcome = self.register(msg.config, msg.resume_after);
+        // The rank listing was queued to the context; a round trip behind it means the caller
+        // sees its instance in the global view as soon as registration answers.
+        let barrier = matches!(outcome, Ok(RegisterOutcome::Created))
+            .then(|| self.contexts.get(&context))
+            .flatten();
+        Box::pin(async move {
+            if let Some(handle) = barrier {
+                let _ = handle.send(GetStats).await;
+            }
+            outcome
+        })
     }
 }
 
