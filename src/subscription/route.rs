@@ -20,6 +20,8 @@ pub struct Router {
     registered_lora: String,
     block_size: u32,
     model_name: String,
+    /// The profile hashes a final partial page (SGLang strategies).
+    partial_pages: bool,
     /// Every context this source sent blocks to (removals and clears go to all of them).
     fed: BTreeSet<ContextKey>,
 }
@@ -43,6 +45,7 @@ impl Router {
             registered_lora: config.lora_name.clone(),
             block_size: config.block_size,
             model_name: config.model_name.clone(),
+            partial_pages: config.hash_profile.strategy() != crate::hashing::Strategy::VllmV1,
             fed,
         }
     }
@@ -57,7 +60,10 @@ impl Router {
         for event in batch.events {
             match event {
                 KvEvent::Stored(stored) => {
-                    if stored.block_size != self.block_size {
+                    // SGLang may publish a short final page (its token count); everything else
+                    // must match the registration's block size.
+                    let short_page_ok = self.partial_pages && stored.block_size < self.block_size;
+                    if stored.block_size != self.block_size && !short_page_ok {
                         ignored.push(IgnoreReason::BlockSizeMismatch);
                         continue;
                     }
@@ -174,5 +180,146 @@ fn push(out: &mut Routed, context: ContextKey, op: IndexOp) {
     match out.iter_mut().find(|(c, _)| *c == context) {
         Some((_, ops)) => ops.push(op),
         None => out.push((context, vec![op])),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{EngineRemoved, EngineStored};
+    use crate::hashing::HashProfile;
+    use crate::model::{BlockHash, PublisherType, Tier};
+
+    fn config(lora: &str, kind: PublisherType) -> PublisherConfig {
+        let profile = HashProfile::resolve(
+            Some("vllm_v1"),
+            Some("sha256_cbor"),
+            Some("0"),
+            Some("low64_be"),
+        )
+        .unwrap();
+        PublisherConfig {
+            instance_id: "i".into(),
+            endpoint: "tcp://127.0.0.1:1".into(),
+            replay_endpoint: String::new(),
+            publisher_type: kind,
+            model_name: "m".into(),
+            lora_name: lora.into(),
+            tenant_id: "default".into(),
+            block_size: 16,
+            dp_rank: 2,
+            cache_group: None,
+            hash_profile: profile,
+        }
+    }
+
+    fn stored(lora: Option<&str>, block_size: u32) -> KvEvent {
+        KvEvent::Stored(EngineStored {
+            hashes: vec![BlockHash(1)],
+            parent: None,
+            tokens: None,
+            block_size,
+            lora_name: lora.map(str::to_owned),
+            cache_salt: None,
+            tier: Tier::Device,
+        })
+    }
+
+    fn route(router: &mut Router, events: Vec<KvEvent>) -> (Vec<String>, Vec<IgnoreReason>) {
+        let mut ignored = Vec::new();
+        let batch = DecodedBatch {
+            events,
+            ..Default::default()
+        };
+        let routed = router.route(batch, &mut ignored);
+        (
+            routed
+                .iter()
+                .map(|(c, ops)| format!("{}:{}", c.lora_name, ops.len()))
+                .collect(),
+            ignored,
+        )
+    }
+
+    #[test]
+    fn a_base_registration_indexes_every_adapter_in_its_own_context() {
+        let mut r = Router::new(&config("", PublisherType::Vllm));
+        let (routed, ignored) = route(
+            &mut r,
+            vec![
+                stored(None, 16),
+                stored(Some("ad"), 16),
+                stored(Some(""), 16),
+            ],
+        );
+        assert_eq!(routed, [":2", "ad:1"]);
+        assert!(ignored.is_empty());
+        // Removals and clears carry no adapter: they go to every context this source fed.
+        let removed = KvEvent::Removed(EngineRemoved {
+            hashes: vec![BlockHash(1)],
+            tier: Tier::Device,
+        });
+        let (routed, _) = route(&mut r, vec![removed, KvEvent::AllCleared]);
+        assert_eq!(routed, [":2", "ad:2"]);
+    }
+
+    #[test]
+    fn an_adapter_registration_accepts_only_its_adapter() {
+        let mut r = Router::new(&config("ad", PublisherType::Vllm));
+        let (routed, ignored) = route(
+            &mut r,
+            vec![
+                stored(Some("ad"), 16),
+                stored(Some("other"), 16),
+                stored(None, 16),
+            ],
+        );
+        assert_eq!(routed, ["ad:1"]);
+        assert_eq!(ignored, [IgnoreReason::OtherLora, IgnoreReason::OtherLora]);
+    }
+
+    #[test]
+    fn another_block_size_is_ignored_for_vllm() {
+        let mut r = Router::new(&config("", PublisherType::Vllm));
+        let (routed, ignored) = route(&mut r, vec![stored(None, 8)]);
+        assert!(routed.is_empty());
+        assert_eq!(ignored, [IgnoreReason::BlockSizeMismatch]);
+    }
+
+    #[test]
+    fn store_events_name_their_context_and_clears_follow_the_tenant() {
+        let mut r = Router::new(&config("", PublisherType::Mooncake));
+        let object = |tenant: &str, model: Option<&str>| StoreObject {
+            backend_id: "b".into(),
+            object_key: "o".into(),
+            tenant_id: tenant.into(),
+            model_name: model.map(str::to_owned),
+            lora_name: None,
+            block_size: Some(32),
+            tier: Tier::CpuShare,
+            hashes: vec![BlockHash(9)],
+        };
+        let mut ignored = Vec::new();
+        let batch = DecodedBatch {
+            events: vec![
+                KvEvent::StoreStored(object("t1", Some("x"))),
+                KvEvent::StoreStored(object("", None)),
+                KvEvent::StoreCleared {
+                    backend_id: "b".into(),
+                    tenant_id: "t1".into(),
+                },
+            ],
+            ..Default::default()
+        };
+        let routed = r.route(batch, &mut ignored);
+        let names: Vec<String> = routed
+            .iter()
+            .map(|(c, ops)| format!("{c}:{}", ops.len()))
+            .collect();
+        assert_eq!(
+            names,
+            ["t1/x//32:2", "default/m//32:1"],
+            "model falls back to the registration's"
+        );
     }
 }

@@ -4,6 +4,8 @@
 mod support;
 
 mod durability;
+mod e2e_mixed;
 mod e2e_query;
 mod http_api;
 mod ingest;
+mod recorded;

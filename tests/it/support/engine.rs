@@ -154,7 +154,7 @@ pub fn mooncake_event(
     medium: &str,
     hash: u64,
 ) -> Value {
-    map(vec![
+    let mut fields = vec![
         ("event_id", Value::from(1)),
         ("timestamp", Value::from(1_700_000_000_000u64)),
         ("event_type", s(kind)),
@@ -170,9 +170,13 @@ pub fn mooncake_event(
         ("object_key", s(object_key)),
         ("seq_hashes", Value::Array(vec![Value::from(hash)])),
         ("base_block_idx", Value::Nil),
-        ("parent_hash", Value::Nil),
-        ("token_ids", Value::Nil),
-    ])
+    ];
+    // Only `stored` events carry the (nil) parent and token fields, as the store publisher does.
+    if kind == "stored" {
+        fields.push(("parent_hash", Value::Nil));
+        fields.push(("token_ids", Value::Nil));
+    }
+    map(fields)
 }
 
 /// `[timestamp_ms, events, dp_rank]` of the Mooncake store publisher.
