@@ -17,7 +17,8 @@
 //! Run: `cargo bench --no-default-features --bench load [-- --clients 1,8 --secs 10]`.
 //! Options are `--name value` or env `LOAD_NAME` (e.g. `LOAD_INGEST_RATE`). Defaults: instances
 //! 32, ranks 2, clients 1,4, secs 5, ingest-rate 100000, prompt-len 2048, e2e-blocks 1048576,
-//! transports grpc,http-msgpack,http-json, client-threads 2 (the service has its own runtime).
+//! transports grpc,http-msgpack,http-json, client-threads 2 (the service has its own runtime),
+//! checkpoint-ms 1000.
 //! Column `svc us` is the service's own mean time per query (hashing and walk, from `/metrics`):
 //! the rest of a latency is transport, client and scheduling.
 
@@ -145,6 +146,8 @@ impl InProcess {
         let text = serde_json::json!({
             "http_server_port": http_port, "rpc_server_port": rpc_port,
             "bind_address": "127.0.0.1", "data_dir": dir.path().join("data"),
+            // Without RocksDB checkpoints go to an in-memory store; its cost is part of ingest.
+            "checkpoint_interval_ms": opt("checkpoint-ms", 1000u64),
         });
         let config = Config::parse(&text.to_string(), "load bench").expect("config");
         let shutdown = CancellationToken::new();
