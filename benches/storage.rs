@@ -1,0 +1,193 @@
+//! Durability costs with the real RocksDB store: checkpoint cost per 1 k changed blocks on a large
+//! context, restart-to-ready (open + migrate + recover) with 1 M and 10 M indexed blocks, and the
+//! on-disk size per (block, holder). A plain program (harness = false) printing a summary.
+//!
+//! `cargo bench --bench storage` (needs the `rocksdb` feature, on by default).
+//! `STORAGE_BENCH_SIZES=1000000,10000000` picks the index sizes.
+
+use std::time::{Duration, Instant};
+
+use mooncake_conductor::events::{Holder, IndexBatch, IndexOp};
+use mooncake_conductor::hashing::HashProfile;
+use mooncake_conductor::index::{ContextIndex, Watermark};
+use mooncake_conductor::model::{
+    BlockHash, ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier,
+};
+use mooncake_conductor::storage::checkpoint::{context_ops, put_registration};
+use mooncake_conductor::storage::rocks::RocksStore;
+use mooncake_conductor::storage::{KvStore, migrations, recovery};
+
+fn profile() -> HashProfile {
+    HashProfile::resolve(
+        Some("vllm_v1"),
+        Some("sha256_cbor"),
+        Some("0"),
+        Some("low64_be"),
+    )
+    .expect("profile")
+}
+
+fn registration(i: u32) -> PublisherConfig {
+    PublisherConfig {
+        instance_id: format!("engine-{i}"),
+        endpoint: format!("tcp://127.0.0.1:{}", 20000 + i),
+        replay_endpoint: String::new(),
+        publisher_type: PublisherType::Vllm,
+        model_name: "bench".into(),
+        lora_name: String::new(),
+        tenant_id: "default".into(),
+        block_size: 16,
+        dp_rank: 0,
+        cache_group: None,
+        hash_profile: profile(),
+    }
+}
+
+/// Pseudo-random block hashes (splitmix64 of a counter).
+fn block(i: u64) -> BlockHash {
+    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    BlockHash(z ^ (z >> 31))
+}
+
+const SOURCES: u32 = 8;
+
+fn store_batch(source: u32, range: std::ops::Range<u64>) -> IndexBatch {
+    IndexBatch {
+        source: SubscriptionKey::new(&format!("engine-{source}"), "", 0),
+        ops: vec![IndexOp::Store {
+            holder: Holder::Engine {
+                instance_id: format!("engine-{source}"),
+                dp_rank: 0,
+            },
+            tier: Tier::Device,
+            hashes: range.map(block).collect(),
+        }],
+    }
+}
+
+fn checkpoint(index: &mut ContextIndex, store: &dyn KvStore) -> usize {
+    let changes = index.take_changes();
+    let pairs = changes.pairs.len();
+    store
+        .write(context_ops(&changes))
+        .expect("checkpoint write");
+    pairs
+}
+
+/// Fill a context with `pairs` (block, holder) pairs spread over 8 engines, checkpointing every
+/// 200 k changes like the running service would.
+fn fill(store: &dyn KvStore, pairs: u64) -> ContextIndex {
+    let mut index = ContextIndex::new(ContextKey::new("", "bench", "", 16), profile());
+    let mut seq = 0;
+    let chunk = 200_000;
+    let mut start = 0;
+    while start < pairs {
+        let end = (start + chunk).min(pairs);
+        seq += 1;
+        let batch = store_batch((seq % SOURCES as u64) as u32, start..end);
+        index.apply_sequenced(&batch, Watermark { seq, digest: seq });
+        checkpoint(&mut index, store);
+        start = end;
+    }
+    index
+}
+
+fn dir_bytes(path: &std::path::Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn main() {
+    let sizes: Vec<u64> = std::env::var("STORAGE_BENCH_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1_000_000, 10_000_000]);
+    for pairs in sizes {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("data");
+        let started = Instant::now();
+        let mut index = {
+            let store = RocksStore::open(&path).expect("open");
+            migrations::migrate(&store, "bench").expect("migrate");
+            for i in 0..SOURCES {
+                put_registration(&store, &registration(i)).expect("registration");
+            }
+            let index = fill(&store, pairs);
+            store.compact().expect("compact");
+            index
+        };
+        let fill_time = started.elapsed();
+        let disk = dir_bytes(&path);
+
+        // Checkpoint cost per 1 k changed blocks on this large context (half stores of new
+        // blocks, half removals), 100 rounds.
+        let store = RocksStore::open(&path).expect("reopen");
+        let mut rounds: Vec<Duration> = Vec::new();
+        for r in 0..100u64 {
+            let base = pairs + r * 1_000;
+            let mut batch = store_batch(0, base..base + 500);
+            batch.ops.push(IndexOp::Remove {
+                holder: Holder::Engine {
+                    instance_id: "engine-0".into(),
+                    dp_rank: 0,
+                },
+                tier: Tier::Device,
+                hashes: (r * 500..r * 500 + 500)
+                    .map(|i| block(i * SOURCES as u64))
+                    .collect(),
+            });
+            index.apply_sequenced(
+                &batch,
+                Watermark {
+                    seq: 1_000_000 + r,
+                    digest: r,
+                },
+            );
+            let t = Instant::now();
+            checkpoint(&mut index, &store);
+            rounds.push(t.elapsed());
+        }
+        drop(store);
+        rounds.sort();
+        let mean = rounds.iter().sum::<Duration>() / rounds.len() as u32;
+
+        // Restart to ready: open, migrate and recover every context into memory.
+        let t = Instant::now();
+        let store = RocksStore::open(&path).expect("open for recovery");
+        migrations::migrate(&store, "bench").expect("migrate");
+        let recovered = recovery::recover(&store).expect("recover");
+        let ready = t.elapsed();
+        let loaded: u64 = recovered.pairs;
+        let live = index.stats();
+        let back = recovered
+            .contexts
+            .first()
+            .map(|c| c.stats())
+            .unwrap_or_default();
+        assert_eq!(
+            (back.blocks, back.holder_blocks),
+            (live.blocks, live.holder_blocks),
+            "recovery lost or invented pairs"
+        );
+        println!(
+            "pairs={pairs} fill+checkpoint={:.1}s disk={:.1} MiB ({:.1} B/pair) \
+             checkpoint/1k changed: mean={:?} p50={:?} p99={:?} restart-to-ready={:?} (loaded {loaded} pairs, {} contexts)",
+            fill_time.as_secs_f64(),
+            disk as f64 / (1 << 20) as f64,
+            disk as f64 / pairs as f64,
+            mean,
+            rounds[rounds.len() / 2],
+            rounds[rounds.len() * 99 / 100],
+            ready,
+            recovered.contexts.len(),
+        );
+    }
+}
