@@ -6,6 +6,7 @@
 
 pub mod grpc;
 pub mod http;
+mod http_body;
 pub mod ops;
 pub mod registration;
 pub mod value;

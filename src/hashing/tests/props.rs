@@ -177,6 +177,21 @@ fn le(data: &[u8]) -> u64 {
         .fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
 }
 
+/// The length of a headerless frame (1 to 3 bytes) at `pos`: it ends the pickle, or is followed
+/// by a payload of at least 64 KiB written outside frames.
+fn bare_frame_len(data: &[u8], pos: usize) -> Option<usize> {
+    if matches!(data[pos], b'X' | b'B' | 0x8d | 0x8e) {
+        return None;
+    }
+    (1..4).find(|&n| {
+        let next = pos + n;
+        next == data.len()
+            || (matches!(data.get(next), Some(b'X' | b'B'))
+                && data.len() >= next + 5
+                && le(&data[next + 1..next + 5]) as usize >= pickle::FRAME_SIZE_TARGET)
+    })
+}
+
 /// Read a pickle back, asserting framing, opcode choice and memo placement on the way.
 fn unpickle(data: &[u8]) -> Py {
     assert_eq!(&data[..2], &[0x80, 5], "PROTO 5 first, outside any frame");
@@ -191,10 +206,11 @@ fn unpickle(data: &[u8]) -> Py {
             frames.push((stream.len(), len));
             stream.extend_from_slice(&data[pos + 9..pos + 9 + len]);
             pos += 9 + len;
-        } else if data.len() - pos < 4 && !matches!(data[pos], b'X' | b'B') {
-            // A last frame of under 4 bytes is written without its header.
-            stream.extend_from_slice(&data[pos..]);
-            pos = data.len();
+        } else if let Some(n) = bare_frame_len(data, pos) {
+            // A frame of under 4 bytes is written without its header: the last one, or one
+            // closed early because a large payload follows outside frames.
+            stream.extend_from_slice(&data[pos..pos + n]);
+            pos += n;
         } else {
             // Only a large payload (BINUNICODE/BINBYTES of >= 64 KiB) sits outside frames.
             let op = data[pos];
@@ -421,4 +437,28 @@ proptest! {
         // PROTO, FRAME header, LONG1 n body, STOP.
         prop_assert_eq!(&buf[11..], &[&[0x8a, body.len() as u8][..], &body, b"."].concat()[..]);
     }
+}
+
+/// Two payloads of 64 KiB in a row: the one-byte frame between them (the first string's MEMOIZE)
+/// is written without a header, exactly as CPython 3.11's `pickle.dumps` does:
+/// `pickle.dumps((b"\0" * 32, (), ("l" * 65536, "s" * 65536)), protocol=5)`.
+#[test]
+fn a_tiny_frame_between_two_large_payloads_has_no_header() {
+    let (lora, salt) = ("l".repeat(65536), "s".repeat(65536));
+    let mut buf = Vec::new();
+    pickle::encode_block::<i32>(&mut buf, &[0; 32], &[], &lora, &salt);
+    let after_lora = 2 + 9 + 36 + 5 + 65536;
+    assert_eq!(
+        &buf[after_lora..after_lora + 6],
+        &[0x94, 0x58, 0x00, 0x00, 0x01, 0x00]
+    );
+    let after_salt = after_lora + 1 + 5 + 65536;
+    // MEMOIZE, TUPLE2, MEMOIZE, TUPLE3, MEMOIZE, STOP in one last framed run.
+    assert_eq!(
+        &buf[after_salt..],
+        &[
+            0x95, 6, 0, 0, 0, 0, 0, 0, 0, 0x94, 0x86, 0x94, 0x87, 0x94, 0x2e
+        ]
+    );
+    assert_eq!(buf.len(), 131_145, "the length CPython gives");
 }
