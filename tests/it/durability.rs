@@ -8,14 +8,13 @@ use std::time::Duration;
 use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake, register_request};
+use crate::e2e_query::{grpc_query, handshake};
+use crate::ingest::{BS, MODEL, register};
 use crate::support::engine::{self, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 
-const MODEL: &str = "m";
-const BS: u32 = 4;
 const PROMPTS: i32 = 16;
 
 fn prompt(p: i32) -> Vec<i32> {
@@ -32,26 +31,6 @@ fn remove(p: i32, block: usize, medium: &str) -> Vec<u8> {
         vec![engine::vllm_removed(&keys[block..block + 1], medium)],
         0,
     )
-}
-
-async fn register(server: &Server, player: &Player) {
-    let r = engine::registration(
-        "e",
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        "vLLM",
-        MODEL,
-        BS,
-        0,
-        vllm_cbor_profile(),
-    );
-    let reply = server
-        .grpc()
-        .await
-        .register(register_request(&r))
-        .await
-        .expect("register")
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
 }
 
 async fn last_seq(server: &Server) -> Option<u64> {
@@ -114,8 +93,8 @@ async fn sigkill_at_random_moments_converges_to_the_uninterrupted_run() {
     let reference = Server::start_with(fast.clone()).await;
     let mut victim = Server::start_with(fast.clone()).await;
     let mut player = Player::start(true, 0).await;
-    register(&reference, &player).await;
-    register(&victim, &player).await;
+    register(&reference, "e", &player).await;
+    register(&victim, "e", &player).await;
     handshake(&reference, &mut player, "e|default|0", store(0, "GPU")).await;
     // The victim's SUB may have joined after the handshake's first sends.
     deliver(&victim, &mut player).await;
@@ -159,7 +138,7 @@ async fn sigkill_at_random_moments_converges_to_the_uninterrupted_run() {
 async fn a_publisher_restarted_while_the_conductor_was_down_loses_its_old_blocks() {
     let mut server = Server::start().await;
     let mut player = Player::start(true, 0).await;
-    register(&server, &player).await;
+    register(&server, "e", &player).await;
     handshake(&server, &mut player, "e|default|0", store(1, "GPU")).await;
     player.publish(store(2, "GPU")).await;
     player.publish(store(3, "GPU")).await;
@@ -192,7 +171,7 @@ async fn a_publisher_restarted_while_the_conductor_was_down_loses_its_old_blocks
 async fn a_restart_keeps_registrations_and_the_index() {
     let mut server = Server::start().await;
     let mut player = Player::start(true, 0).await;
-    register(&server, &player).await;
+    register(&server, "e", &player).await;
     handshake(&server, &mut player, "e|default|0", store(1, "GPU")).await;
     player.publish(store(2, "DISK")).await;
     eventually("hits", WAIT, || async {

@@ -10,8 +10,8 @@ use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 
-const MODEL: &str = "m";
-const BS: u32 = 4;
+pub(crate) const MODEL: &str = "m";
+pub(crate) const BS: u32 = 4;
 
 /// Prompt `p` of 8 tokens: two blocks, distinct per `p`.
 fn prompt(p: i32) -> Vec<i32> {
@@ -22,7 +22,8 @@ fn store(p: i32) -> Vec<u8> {
     engine::vllm_store_prompt(&vllm_cbor_profile(), &prompt(p), BS, "GPU", 0)
 }
 
-async fn register(server: &Server, instance: &str, player: &Player) {
+/// Register `player` as vLLM instance `instance`, rank 0, of model `m` (block size 4).
+pub(crate) async fn register(server: &Server, instance: &str, player: &Player) {
     let r = engine::registration(
         instance,
         (&player.endpoint, player.replay_endpoint.as_deref()),
