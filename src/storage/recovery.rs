@@ -81,11 +81,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             restorer.watermark(source, mark);
             Ok(())
         })?;
-        store.scan_prefix(Cf::Pairs, &ctx, &mut |k, v| {
-            let (holder, block) = codec::decode_pair_key(k)?;
-            pairs += u64::from(restorer.pair(holder, block, v.first().copied().unwrap_or(0)));
-            Ok(())
-        })?;
+        pairs += load_pairs(store, &ctx, &mut restorer)?;
         let mut index = restorer.finish();
         // Sources whose registration is gone: never keep what cannot be vouched for.
         let loaded = index.take_changes();
@@ -116,5 +112,48 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
         contexts,
         registrations,
         pairs,
+    })
+}
+
+/// Pairs travel from the scanning thread to the index builder in chunks of this many.
+const PAIR_CHUNK: usize = 64 * 1024;
+
+/// Feed every persisted pair of one context to `restorer`. Reading the store and building the
+/// index take about the same time, so a scanning thread reads ahead while this one builds.
+fn load_pairs(
+    store: &dyn KvStore,
+    ctx: &[u8; 8],
+    restorer: &mut Restorer,
+) -> Result<u64, StorageError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(u32, u64, u8)>>(4);
+    std::thread::scope(|scope| {
+        let scanner = scope.spawn(move || {
+            let mut chunk = Vec::with_capacity(PAIR_CHUNK);
+            store.scan_prefix(Cf::Pairs, ctx, &mut |k, v| {
+                let (holder, block) = codec::decode_pair_key(k)?;
+                chunk.push((holder, block, v.first().copied().unwrap_or(0)));
+                if chunk.len() == PAIR_CHUNK {
+                    let full = std::mem::replace(&mut chunk, Vec::with_capacity(PAIR_CHUNK));
+                    // A closed channel means the builder stopped early; stop scanning too.
+                    tx.send(full)
+                        .map_err(|_| StorageError::Io("recovery builder stopped".into()))?;
+                }
+                Ok(())
+            })?;
+            if !chunk.is_empty() {
+                let _ = tx.send(chunk);
+            }
+            Ok::<(), StorageError>(())
+        });
+        let mut loaded = 0u64;
+        for chunk in rx {
+            for (holder, block, bits) in chunk {
+                loaded += u64::from(restorer.pair(holder, block, bits));
+            }
+        }
+        match scanner.join() {
+            Ok(result) => result.map(|()| loaded),
+            Err(_) => Err(StorageError::Io("recovery scanner panicked".into())),
+        }
     })
 }
