@@ -11,7 +11,7 @@ use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 use super::handle::{ContextView, IndexReader, IndexStats, Meta, Shared};
 use super::query::{self, QueryHits};
 use super::table::{
-    ALL_TIERS, CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARED_TIERS, Table,
+    BlockRef, CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARED_TIERS, Table,
     entry_bits, entry_id, read_lock, tier_bit, write_lock,
 };
 
@@ -27,10 +27,15 @@ pub(super) struct HolderState {
     pub(super) key: HolderKey,
     /// Blocks this holder has an entry on.
     live: u64,
-    /// Reverse index: keys of the blocks this holder was added to. Removals leave stale keys
-    /// behind (checked against the table when used) and the list is compacted once stale keys
-    /// outnumber live ones, so remove/clear/drop cost O(blocks the holder owns), amortized.
-    blocks: Vec<u64>,
+    /// Reverse index: the blocks this holder was added to, as table references (4 bytes where a
+    /// key would take 8). Removals leave stale references behind (checked against the table when
+    /// used: a reference may outlive its block and name a later one) and the list is compacted
+    /// once stale ones outnumber live ones, so remove/clear/drop cost O(blocks the holder owns),
+    /// amortized.
+    pub(super) blocks: Vec<BlockRef>,
+    /// `blocks[checkpointed..]` joined since the last checkpoint took its changes: they are part
+    /// of the change set without a second copy in `ContextIndex::dirty` (see `persist`).
+    pub(super) checkpointed: usize,
 }
 
 /// What one [`ContextIndex::apply`] did.
@@ -58,6 +63,8 @@ pub struct ContextIndex {
     pub(super) attached: HashMap<SubscriptionKey, Vec<(String, u32)>>,
     /// (holder, block) pairs touched since the last checkpoint took them, with repeats; the
     /// checkpoint reads their current bits, so its cost follows the change, not the index size.
+    /// Pairs a store created are not listed here: they are the tails of the holders' reverse
+    /// lists (`HolderState::checkpointed`), which a fill would otherwise pay for twice.
     pub(super) dirty: Vec<(u32, u64)>,
     /// Per source, the last publisher batch applied here (see `persist`).
     pub(super) watermarks: HashMap<SubscriptionKey, super::persist::Watermark>,
@@ -328,6 +335,7 @@ impl ContextIndex {
             key: key.clone(),
             live: 0,
             blocks: Vec::new(),
+            checkpointed: 0,
         });
         self.holder_ids.insert(key, id);
         self.by_source.entry(source.clone()).or_default().push(id);
@@ -338,13 +346,15 @@ impl ContextIndex {
         let Some(state) = self.holders.get_mut(id as usize) else {
             return;
         };
-        self.dirty.extend(hashes.iter().map(|h| (id, h.0)));
         let (mut new_blocks, mut new_pairs) = (0u64, 0u64);
         for h in hashes {
-            let added = self.shared.table.write(h.0).add(h.0, id, bit);
-            if added.new_holder {
-                state.blocks.push(h.0);
-                new_pairs += 1;
+            let (added, r) = self.shared.table.add(h.0, id, bit);
+            match r {
+                Some(r) => {
+                    state.blocks.push(r);
+                    new_pairs += 1;
+                }
+                None => self.dirty.push((id, h.0)),
             }
             new_blocks += u64::from(added.new_block);
         }
@@ -362,7 +372,7 @@ impl ContextIndex {
         self.dirty.extend(hashes.iter().map(|h| (id, h.0)));
         let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
         for h in hashes {
-            let removed = self.shared.table.write(h.0).remove(h.0, id, bits);
+            let removed = self.shared.table.remove(h.0, id, bits);
             gone_pairs += u64::from(removed.holder_gone);
             gone_blocks += u64::from(removed.block_gone);
         }
@@ -372,7 +382,15 @@ impl ContextIndex {
             .holder_blocks
             .fetch_sub(gone_pairs, Ordering::Relaxed);
         if state.blocks.len() as u64 > 2 * state.live + 64 {
-            compact(&self.shared.table, id, &mut state.blocks);
+            // Compaction reorders the list: move its unrecorded tail to `dirty` first.
+            let tail = state.blocks.get(state.checkpointed..).unwrap_or(&[]);
+            let table = &self.shared.table;
+            self.dirty.extend(
+                tail.iter()
+                    .filter_map(|&r| table.held_key(r, id).map(|k| (id, k))),
+            );
+            compact(table, id, &mut state.blocks);
+            state.checkpointed = state.blocks.len();
         }
     }
 
@@ -381,13 +399,16 @@ impl ContextIndex {
         let Some(state) = self.holders.get_mut(id as usize) else {
             return 0;
         };
-        let keys = std::mem::take(&mut state.blocks);
-        self.dirty.extend(keys.iter().map(|k| (id, *k)));
+        let refs = std::mem::take(&mut state.blocks);
+        state.checkpointed = 0;
         let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
-        for key in keys {
-            let removed = self.shared.table.write(key).remove(key, id, ALL_TIERS);
-            gone_pairs += u64::from(removed.holder_gone);
-            gone_blocks += u64::from(removed.block_gone);
+        for r in refs {
+            // A stale reference names a pair already gone (and recorded when it went).
+            if let Some((key, removed)) = self.shared.table.clear_at(r, id) {
+                self.dirty.push((id, key));
+                gone_pairs += u64::from(removed.holder_gone);
+                gone_blocks += u64::from(removed.block_gone);
+            }
         }
         state.live = 0;
         self.shared.blocks.fetch_sub(gone_blocks, Ordering::Relaxed);
@@ -398,10 +419,10 @@ impl ContextIndex {
     }
 }
 
-/// Drop stale and duplicate keys from a holder's reverse index (a key removed and stored again
-/// appears twice).
-fn compact(table: &Table, id: u32, blocks: &mut Vec<u64>) {
-    blocks.retain(|&k| table.read(k).holder_bits(k, id) != 0);
+/// Drop stale and duplicate references from a holder's reverse index (a block removed and stored
+/// again appears twice).
+fn compact(table: &Table, id: u32, blocks: &mut Vec<BlockRef>) {
+    blocks.retain(|&r| table.held_key(r, id).is_some());
     blocks.sort_unstable();
     blocks.dedup();
     if blocks.capacity() > 2 * blocks.len() + 64 {

@@ -16,11 +16,12 @@
 //! (source) that reported it: `Holder::Engine{instance, rank}` from source S and
 //! `Holder::Shared{backend_id}` from S are interned once as a `u32` holder id (never reused
 //! within a context, so a query's plan stays valid while it walks). A block key maps to a small
-//! set of `holder_id << 4 | tier bits` entries, inline for up to two holders. Engines hold
+//! set of `holder_id << 4 | tier bits` entries, inline for one holder. Engines hold
 //! device, cpu_local and (rank-local) disk; store backends hold cpu_share and (shared) disk; a
 //! store into any other tier is counted in `invalid_ops` and ignored. Each holder keeps a
-//! reverse list of its block keys, so remove, clear, drop-source and detach cost O(blocks that
-//! holder owns), never a scan of the context. Stores and removes have set semantics.
+//! reverse list of its blocks (32-bit table references), so remove, clear, drop-source and detach
+//! cost O(blocks that holder owns), never a scan of the context. Stores and removes have set
+//! semantics.
 //!
 //! A rank is listed (reported in `instances()` and queried) while at least one source attached
 //! it: a registration via `attach_rank`, or an engine source storing blocks for it (which covers
@@ -73,8 +74,8 @@
 //! the lock (the reference's weakness); hashing in growing batches before locking wastes hashes
 //! past the first miss; copy-on-write snapshots would cost a copy per write batch on a map of
 //! millions of blocks. Measured with `benches/index.rs` (release, 2 shared cores): a full-hit walk
-//! costs about 60 ns per block including the shard lock (1M tokens, 62,500 blocks: ~4 ms, while
-//! hashing them costs ~15 ms), and a 2k-token query over 64 instances x 2 ranks takes ~85 us at
+//! costs about 40 ns per block including the shard lock (1M tokens, 62,500 blocks: ~2.5 ms, while
+//! hashing them costs ~10 ms), and a 2k-token query over 64 instances x 2 ranks takes ~85 us at
 //! p50 alone and 86-114 us with a writer applying ~8 M block ops/s to the same context.
 
 pub mod actor;

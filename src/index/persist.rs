@@ -70,6 +70,18 @@ impl ContextIndex {
     /// [`ContextIndex::mark_dirty`] so the next checkpoint writes them again.
     pub fn take_changes(&mut self) -> ContextChanges {
         let mut touched = std::mem::take(&mut self.dirty);
+        // Pairs stores created since the last call: the tails of the reverse lists. A reference
+        // there whose pair is gone again needs nothing: its removal was recorded in `dirty`.
+        for (id, state) in self.holders.iter_mut().enumerate() {
+            let id = id as u32;
+            let tail = state.blocks.get(state.checkpointed..).unwrap_or(&[]);
+            let table = &self.shared.table;
+            touched.extend(
+                tail.iter()
+                    .filter_map(|&r| table.held_key(r, id).map(|k| (id, k))),
+            );
+            state.checkpointed = state.blocks.len();
+        }
         touched.sort_unstable();
         touched.dedup();
         let pairs = touched
@@ -121,7 +133,7 @@ impl ContextIndex {
 
     /// Whether anything changed since the last [`ContextIndex::take_changes`].
     pub fn has_changes(&self) -> bool {
-        !self.dirty.is_empty()
+        !self.dirty.is_empty() || self.holders.iter().any(|h| h.checkpointed < h.blocks.len())
     }
 }
 
@@ -186,6 +198,9 @@ impl Restorer {
     pub fn finish(mut self) -> ContextIndex {
         self.flush();
         self.index.dirty.clear();
+        for state in &mut self.index.holders {
+            state.checkpointed = state.blocks.len();
+        }
         self.index
     }
 }

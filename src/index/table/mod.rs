@@ -1,21 +1,35 @@
 //! The block table: 64-bit block key → compact set of (holder id, tier bits), split into shards
 //! that each sit behind their own `std::sync::RwLock`.
 //!
-//! Layout of one block's holder set (a `u64` slot in the shard's map):
-//! - inline, for one or two holders (the common case: a block held by one rank, perhaps also on a
-//!   shared tier): the low 32 bits are the first entry, the high 32 bits the second entry or 0.
-//!   An entry is `holder_id << 4 | tier_bits` and its tier bits are never 0, so the low half of an
-//!   inline slot is never 0;
-//! - spilled, for three or more holders: the low 32 bits are 0 and the high 32 bits are the
-//!   offset of the entry list in the shard's arena.
+//! A shard keeps its blocks in [`blocks::Blocks`] (dense records found through an open-addressing
+//! index). A block's holder set is the record's 32-bit value:
+//! - one holder (the common case: a block held by one rank): the value is its entry,
+//!   `holder_id << 4 | tier_bits`, whose tier bits are never 0;
+//! - two or more holders: the low 4 bits are 0 and `value >> 4` is one more than the offset of
+//!   the entry list in the shard's [`arena::Arena`].
 //!
-//! Empty holder sets are never kept: the last removed entry removes the block.
+//! So a live block's value is never 0. Empty holder sets are never kept: the last removed entry
+//! removes the block.
+//!
+//! A block's record index never changes while the block lives, so [`Table`] hands out a
+//! [`BlockRef`] (shard and record in 32 bits) for the holders' reverse lists. Once the block is
+//! removed its record may be reused by another block: users check that the holder still has an
+//! entry there ([`Table::held_key`]) rather than trusting an old reference.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+mod arena;
+mod blocks;
+#[cfg(test)]
+mod ref_tests;
+
+use std::hash::BuildHasher;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::model::Tier;
+
+use arena::Arena;
+#[cfg(test)]
+use arena::MIN_CLASS;
+use blocks::{Blocks, IDX_BITS, Probe};
 
 pub(crate) const DEVICE: u8 = 1;
 pub(crate) const CPU_LOCAL: u8 = 2;
@@ -34,6 +48,13 @@ pub(crate) const MAX_HOLDERS: usize = 1 << 28;
 /// log2 of the shard count. 64 shards keep concurrent readers of one hot context off each other's
 /// lock cache lines while costing a few KiB per context.
 pub(crate) const SHARD_BITS: u32 = 6;
+
+// A block reference is the shard number above the record index, in 32 bits.
+const _: () = assert!(SHARD_BITS + IDX_BITS <= 32);
+
+/// A block's place in the table: shard number and record index. Valid while the block lives;
+/// afterwards it may name another block (see the module doc).
+pub(crate) type BlockRef = u32;
 
 pub(crate) const fn tier_bit(tier: Tier) -> u8 {
     match tier {
@@ -59,8 +80,24 @@ const fn make_entry(id: u32, bits: u8) -> u32 {
     (id << 4) | (bits & ALL_TIERS) as u32
 }
 
+#[inline]
+const fn is_inline(val: u32) -> bool {
+    val & 0xF != 0
+}
+
+/// The value naming arena list `off` (below `arena::MAX_WORDS`, so this never overflows).
+#[inline]
+const fn spilled(off: u32) -> u32 {
+    (off + 1) << 4
+}
+
+#[inline]
+const fn spill_offset(val: u32) -> u32 {
+    (val >> 4).wrapping_sub(1)
+}
+
 /// The splitmix64 finalizer: a bijective mix, so distinct keys never collide after mixing and
-/// sequential or adversarially structured keys still spread over shards and buckets.
+/// sequential or adversarially structured keys still spread over shards and slots.
 #[inline]
 pub(crate) const fn mix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -68,39 +105,9 @@ pub(crate) const fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// A per-process random seed, so a publisher cannot aim keys at one bucket chain.
+/// A per-process random seed, so a publisher cannot aim keys at one probe cluster.
 pub(crate) fn random_seed() -> u64 {
     std::hash::RandomState::new().hash_one(0x6d6f_6f6e_u64)
-}
-
-/// Hasher for the u64 keys of a shard map (block keys are already digests; one mix suffices).
-#[derive(Clone, Copy)]
-pub(crate) struct MixState(u64);
-
-pub(crate) struct MixHasher(u64);
-
-impl BuildHasher for MixState {
-    type Hasher = MixHasher;
-    fn build_hasher(&self) -> MixHasher {
-        MixHasher(self.0)
-    }
-}
-
-impl Hasher for MixHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are hashed; this keeps the trait contract for anything else.
-        for &b in bytes {
-            self.0 = mix64(self.0 ^ u64::from(b));
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.0 = mix64(self.0 ^ v);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 /// What an insertion changed.
@@ -119,101 +126,6 @@ pub(crate) struct Removed {
     pub holder_gone: bool,
     /// The block disappeared from the table (its last holder went).
     pub block_gone: bool,
-}
-
-/// Holder lists of blocks with three or more holders, packed into one `Vec<u32>` per shard
-/// instead of one heap allocation per block (a `Vec` header alone would cost 24 bytes). A list
-/// lives in a chunk of `2^class` words: a header word (`len << 5 | class`) and its entries.
-/// Freed chunks are kept per class for reuse.
-#[derive(Default)]
-struct Arena {
-    words: Vec<u32>,
-    free: Vec<Vec<u32>>,
-}
-
-const MIN_CLASS: u32 = 2;
-
-impl Arena {
-    fn header(&self, off: u32) -> (usize, u32) {
-        let h = self.words.get(off as usize).copied().unwrap_or(0);
-        ((h >> 5) as usize, h & 31)
-    }
-
-    fn list(&self, off: u32) -> &[u32] {
-        let (len, _) = self.header(off);
-        let start = off as usize + 1;
-        self.words.get(start..start + len).unwrap_or(&[])
-    }
-
-    fn list_mut(&mut self, off: u32) -> &mut [u32] {
-        let (len, _) = self.header(off);
-        let start = off as usize + 1;
-        self.words.get_mut(start..start + len).unwrap_or(&mut [])
-    }
-
-    /// A chunk holding `items`; `None` only when offsets would overflow `u32`.
-    fn alloc(&mut self, items: &[u32]) -> Option<u32> {
-        let mut class = MIN_CLASS;
-        while (1usize << class) <= items.len() {
-            class += 1;
-        }
-        if class > 27 {
-            return None;
-        }
-        let off = match self.free.get_mut(class as usize).and_then(Vec::pop) {
-            Some(off) => off,
-            None => {
-                let off = u32::try_from(self.words.len()).ok()?;
-                let end = self
-                    .words
-                    .len()
-                    .checked_add(1 << class)
-                    .filter(|&e| e <= u32::MAX as usize)?;
-                self.words.resize(end, 0);
-                off
-            }
-        };
-        let o = off as usize;
-        self.words[o] = (items.len() as u32) << 5 | class;
-        self.words[o + 1..o + 1 + items.len()].copy_from_slice(items);
-        Some(off)
-    }
-
-    fn release(&mut self, off: u32) {
-        let (_, class) = self.header(off);
-        if self.free.len() <= class as usize {
-            self.free.resize_with(class as usize + 1, Vec::new);
-        }
-        self.free[class as usize].push(off);
-    }
-
-    /// Append `entry`; returns the list's (possibly moved) offset.
-    fn push(&mut self, off: u32, entry: u32) -> Option<u32> {
-        let (len, class) = self.header(off);
-        if len + 1 < 1 << class {
-            let o = off as usize;
-            self.words[o + 1 + len] = entry;
-            self.words[o] = ((len + 1) as u32) << 5 | class;
-            return Some(off);
-        }
-        let mut items = self.list(off).to_vec();
-        items.push(entry);
-        let new = self.alloc(&items)?;
-        self.release(off);
-        Some(new)
-    }
-
-    /// Remove the entry at `pos` (order is not kept); returns the new length.
-    fn swap_remove(&mut self, off: u32, pos: usize) -> usize {
-        let (len, class) = self.header(off);
-        let o = off as usize;
-        if pos < len {
-            self.words[o + 1 + pos] = self.words[o + len];
-            self.words[o] = ((len - 1) as u32) << 5 | class;
-            return len - 1;
-        }
-        len
-    }
 }
 
 const KEPT: Added = Added {
@@ -235,50 +147,49 @@ const GONE_BLOCK: Removed = Removed {
 
 /// One shard of a context's blocks.
 pub(crate) struct Shard {
-    map: HashMap<u64, u64, MixState>,
+    blocks: Blocks,
     arena: Arena,
 }
 
 impl Shard {
     pub fn new(seed: u64) -> Self {
         Shard {
-            map: HashMap::with_hasher(MixState(seed)),
+            blocks: Blocks::new(seed),
             arena: Arena::default(),
         }
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.blocks.len()
     }
 
-    /// Call `f` with every entry of block `key`; false when the block is absent.
     #[inline]
-    pub fn visit(&self, key: u64, mut f: impl FnMut(u32)) -> bool {
-        let Some(&slot) = self.map.get(&key) else {
-            return false;
-        };
-        let low = slot as u32;
-        if low != 0 {
-            f(low);
-            let high = (slot >> 32) as u32;
-            if high != 0 {
-                f(high);
-            }
+    fn visit_val(&self, val: u32, mut f: impl FnMut(u32)) {
+        if is_inline(val) {
+            f(val);
         } else {
             self.arena
-                .list((slot >> 32) as u32)
+                .list(spill_offset(val))
                 .iter()
                 .copied()
                 .for_each(f);
         }
+    }
+
+    /// Call `f` with every entry of block `key`; false when the block is absent.
+    #[inline]
+    pub fn visit(&self, key: u64, f: impl FnMut(u32)) -> bool {
+        let Some((_, idx)) = self.blocks.find(key) else {
+            return false;
+        };
+        self.visit_val(self.blocks.val(idx), f);
         true
     }
 
-    /// Tier bits of holder `id` on block `key` (0 when it holds nothing there).
-    pub fn holder_bits(&self, key: u64, id: u32) -> u8 {
+    fn bits_in(&self, val: u32, id: u32) -> u8 {
         let mut bits = 0;
-        self.visit(key, |e| {
+        self.visit_val(val, |e| {
             if entry_id(e) == id {
                 bits |= entry_bits(e);
             }
@@ -286,114 +197,138 @@ impl Shard {
         bits
     }
 
+    /// Tier bits of holder `id` on block `key` (0 when it holds nothing there).
+    pub fn holder_bits(&self, key: u64, id: u32) -> u8 {
+        self.blocks
+            .find(key)
+            .map_or(0, |(_, idx)| self.bits_in(self.blocks.val(idx), id))
+    }
+
+    /// The key of record `idx` when holder `id` has an entry there.
+    fn held_key(&self, idx: u32, id: u32) -> Option<u64> {
+        let key = self.blocks.key(idx)?;
+        (self.bits_in(self.blocks.val(idx), id) != 0).then_some(key)
+    }
+
     /// Every (block, entry) pair, for snapshots.
     pub fn for_each(&self, mut f: impl FnMut(u64, u32)) {
-        for &key in self.map.keys() {
-            self.visit(key, |e| f(key, e));
-        }
+        self.blocks
+            .for_each(|key, val| self.visit_val(val, |e| f(key, e)));
     }
 
     /// Add tier `bits` (non-zero) for holder `id` on block `key`. Idempotent.
+    #[cfg(test)]
     pub fn add(&mut self, key: u64, id: u32, bits: u8) -> Added {
+        self.add_at(key, id, bits).0
+    }
+
+    /// Add tier `bits` (non-zero) for holder `id` on block `key` (idempotent), also returning the
+    /// block's record index when it exists afterwards.
+    fn add_at(&mut self, key: u64, id: u32, bits: u8) -> (Added, Option<u32>) {
         let new = make_entry(id, bits);
-        let Some(slot) = self.map.get_mut(&key) else {
-            self.map.insert(key, u64::from(new));
-            return Added {
-                new_holder: true,
-                new_block: true,
-            };
-        };
-        let low = *slot as u32;
-        let high = (*slot >> 32) as u32;
-        if low == 0 {
-            if let Some(e) = self
-                .arena
-                .list_mut(high)
-                .iter_mut()
-                .find(|e| entry_id(**e) == id)
-            {
-                *e |= new;
-                return KEPT;
+        // One probe finds the block or where it goes; growing first keeps that place valid.
+        self.blocks.reserve_one();
+        let idx = match self.blocks.probe(key) {
+            Probe::Found(_, idx) => idx,
+            vacant => {
+                // `None` only at the shard's record limit: refuse the entry, stay consistent.
+                let idx = self.blocks.insert(key, new, vacant);
+                let added = Added {
+                    new_holder: idx.is_some(),
+                    new_block: idx.is_some(),
+                };
+                return (added, idx);
             }
-            // `None` only at 2^32 words in one shard: refuse the entry, stay consistent.
-            let Some(moved) = self.arena.push(high, new) else {
-                return KEPT;
-            };
-            *slot = u64::from(moved) << 32;
-            return JOINED;
-        }
-        if entry_id(low) == id {
-            *slot |= u64::from(new);
-            return KEPT;
-        }
-        if high != 0 && entry_id(high) == id {
-            *slot |= u64::from(new) << 32;
-            return KEPT;
-        }
-        if high == 0 {
-            *slot |= u64::from(new) << 32;
-            return JOINED;
-        }
-        let Some(off) = self.arena.alloc(&[low, high, new]) else {
-            return KEPT;
         };
-        *slot = u64::from(off) << 32;
-        JOINED
+        let val = self.blocks.val(idx);
+        let (val, added) = self.join(val, id, new);
+        self.blocks.set_val(idx, val);
+        (added, Some(idx))
+    }
+
+    /// `val` with entry `new` of holder `id` merged in.
+    fn join(&mut self, val: u32, id: u32, new: u32) -> (u32, Added) {
+        if is_inline(val) {
+            if entry_id(val) == id {
+                return (val | new, KEPT);
+            }
+            // `None` only when the arena is full: refuse the entry, stay consistent.
+            return match self.arena.alloc(&[val, new]) {
+                Some(off) => (spilled(off), JOINED),
+                None => (val, KEPT),
+            };
+        }
+        let off = spill_offset(val);
+        if let Some(e) = self
+            .arena
+            .list_mut(off)
+            .iter_mut()
+            .find(|e| entry_id(**e) == id)
+        {
+            *e |= new;
+            return (val, KEPT);
+        }
+        match self.arena.push(off, new) {
+            Some(moved) => (spilled(moved), JOINED),
+            None => (val, KEPT),
+        }
     }
 
     /// Clear tier `bits` of holder `id` on block `key`. Idempotent; absent blocks are a no-op.
     pub fn remove(&mut self, key: u64, id: u32, bits: u8) -> Removed {
-        let Some(slot) = self.map.get_mut(&key) else {
-            return Removed::default();
-        };
-        let low = *slot as u32;
-        let high = (*slot >> 32) as u32;
-        if low != 0 {
-            let (hit, other) = if entry_id(low) == id {
-                (low, high)
-            } else if high != 0 && entry_id(high) == id {
-                (high, low)
-            } else {
-                return Removed::default();
-            };
-            let left = entry_bits(hit) & !bits;
-            if left != 0 {
-                let kept = u64::from(make_entry(id, left));
-                *slot = if hit == low {
-                    (*slot & !0xFFFF_FFFF) | kept
-                } else {
-                    (*slot & 0xFFFF_FFFF) | kept << 32
-                };
-                return Removed::default();
-            }
-            if other != 0 {
-                *slot = u64::from(other);
-                return GONE_HOLDER;
-            }
-            self.map.remove(&key);
-            return GONE_BLOCK;
+        match self.blocks.find(key) {
+            Some((pos, idx)) => self.remove_found(pos, idx, id, bits),
+            None => Removed::default(),
         }
-        let list = self.arena.list_mut(high);
+    }
+
+    fn remove_found(&mut self, pos: usize, idx: u32, id: u32, bits: u8) -> Removed {
+        let val = self.blocks.val(idx);
+        match self.leave(val, id, bits) {
+            (Some(val), removed) => {
+                self.blocks.set_val(idx, val);
+                removed
+            }
+            (None, removed) => {
+                self.blocks.remove(pos, idx);
+                removed
+            }
+        }
+    }
+
+    /// `val` with tier `bits` of holder `id` cleared; `None` when no entry is left.
+    fn leave(&mut self, val: u32, id: u32, bits: u8) -> (Option<u32>, Removed) {
+        if is_inline(val) {
+            if entry_id(val) != id {
+                return (Some(val), Removed::default());
+            }
+            let left = entry_bits(val) & !bits;
+            if left != 0 {
+                return (Some(make_entry(id, left)), Removed::default());
+            }
+            return (None, GONE_BLOCK);
+        }
+        let off = spill_offset(val);
+        let list = self.arena.list_mut(off);
         let Some(pos) = list.iter().position(|e| entry_id(*e) == id) else {
-            return Removed::default();
+            return (Some(val), Removed::default());
         };
         let left = entry_bits(list[pos]) & !bits;
         if left != 0 {
             list[pos] = make_entry(id, left);
-            return Removed::default();
+            return (Some(val), Removed::default());
         }
-        if self.arena.swap_remove(high, pos) <= 2 {
-            let rest = self.arena.list(high);
-            let first = rest.first().copied().unwrap_or(0);
-            let second = rest.get(1).copied().unwrap_or(0);
-            self.arena.release(high);
-            if first == 0 {
-                self.map.remove(&key);
-                return GONE_BLOCK;
-            }
-            *slot = u64::from(first) | u64::from(second) << 32;
+        // Back to an inline value at one entry; until then the chunk stays, so a holder that
+        // comes and goes does not move the list each time.
+        if self.arena.swap_remove(off, pos) <= 1 {
+            let rest = self.arena.list(off).first().copied();
+            self.arena.release(off);
+            return match rest {
+                Some(e) => (Some(e), GONE_HOLDER),
+                None => (None, GONE_BLOCK),
+            };
         }
-        GONE_HOLDER
+        (Some(val), GONE_HOLDER)
     }
 }
 
@@ -405,22 +340,33 @@ pub(crate) struct Table {
 
 impl Table {
     pub fn new() -> Self {
-        let map_seed = random_seed();
+        let slot_seed = random_seed();
         let shards = (0..1u32 << SHARD_BITS)
-            .map(|_| RwLock::new(Shard::new(map_seed)))
+            .map(|_| RwLock::new(Shard::new(slot_seed)))
             .collect();
-        // A second seed: the shard is picked from the top bits, and hashbrown also tags buckets
-        // with the top bits of the map hash; the two must not be the same bits of the same hash.
+        // A second seed: the shard is picked from the top bits, and a shard's home slot also comes
+        // from the top bits of its hash; the two must not be the same bits of the same hash.
         Table {
             shards,
-            shard_seed: mix64(map_seed ^ 0x5bd1_e995),
+            shard_seed: mix64(slot_seed ^ 0x5bd1_e995),
         }
     }
 
     #[inline]
+    fn shard_no(&self, key: u64) -> usize {
+        (mix64(key ^ self.shard_seed) >> (64 - SHARD_BITS)) as usize
+    }
+
+    #[inline]
     fn shard_of(&self, key: u64) -> &RwLock<Shard> {
-        let i = (mix64(key ^ self.shard_seed) >> (64 - SHARD_BITS)) as usize;
-        &self.shards[i & ((1 << SHARD_BITS) - 1)]
+        &self.shards[self.shard_no(key) & ((1 << SHARD_BITS) - 1)]
+    }
+
+    /// The shard lock and record index behind `r`.
+    #[inline]
+    fn resolve(&self, r: BlockRef) -> (&RwLock<Shard>, u32) {
+        let shard = (r >> IDX_BITS) as usize & ((1 << SHARD_BITS) - 1);
+        (&self.shards[shard], r & ((1 << IDX_BITS) - 1))
     }
 
     #[inline]
@@ -428,9 +374,39 @@ impl Table {
         read_lock(self.shard_of(key))
     }
 
+    /// [`Shard::add`] under the block's shard lock; the reference is returned when the holder
+    /// joined the block (what goes into its reverse list).
     #[inline]
-    pub fn write(&self, key: u64) -> RwLockWriteGuard<'_, Shard> {
-        write_lock(self.shard_of(key))
+    pub fn add(&self, key: u64, id: u32, bits: u8) -> (Added, Option<BlockRef>) {
+        let shard = self.shard_no(key) & ((1 << SHARD_BITS) - 1);
+        let (added, idx) = write_lock(&self.shards[shard]).add_at(key, id, bits);
+        let r = idx
+            .filter(|_| added.new_holder)
+            .map(|idx| (shard as u32) << IDX_BITS | idx);
+        (added, r)
+    }
+
+    /// [`Shard::remove`] under the block's shard lock.
+    #[inline]
+    pub fn remove(&self, key: u64, id: u32, bits: u8) -> Removed {
+        write_lock(self.shard_of(key)).remove(key, id, bits)
+    }
+
+    /// The key of the block behind `r` when holder `id` has an entry there.
+    pub fn held_key(&self, r: BlockRef, id: u32) -> Option<u64> {
+        let (shard, idx) = self.resolve(r);
+        read_lock(shard).held_key(idx, id)
+    }
+
+    /// Remove every tier of holder `id` from the block behind `r`; the block's key and what
+    /// changed, or `None` when the holder has no entry there (a stale reference).
+    pub fn clear_at(&self, r: BlockRef, id: u32) -> Option<(u64, Removed)> {
+        let (shard, idx) = self.resolve(r);
+        let mut shard = write_lock(shard);
+        let key = shard.held_key(idx, id)?;
+        let (pos, found) = shard.blocks.find(key)?;
+        debug_assert_eq!(found, idx);
+        Some((key, shard.remove_found(pos, found, id, ALL_TIERS)))
     }
 
     pub fn shards(&self) -> impl Iterator<Item = RwLockReadGuard<'_, Shard>> {

@@ -1,0 +1,526 @@
+//! One shard's blocks: a dense array of records (key and 32-bit holder-set value) that never
+//! move while the block lives, found through a Robin Hood open-addressing index of 32-bit slots.
+//!
+//! Why this shape: a block costs 12 bytes of record plus one 4-byte slot at 58–88 % load (about
+//! 17–19 bytes), where a `HashMap<u64, u64>` costs 17 bytes per bucket at 44–87 % load. Records
+//! keep their index for life, so a holder's reverse list can name a block by a `u32` instead of
+//! its 64-bit key. Growing rehashes only the slot array, reading records in order, and by half
+//! rather than doubling once a shard is past a few thousand blocks, which keeps the load high.
+//!
+//! A slot is 0 (empty) or `tag << 29 | dist << 25 | (record + 1)`: 3 bits of the key's hash
+//! (most probes that are not the key are rejected without touching its record), the distance
+//! from the key's home slot saturated at 15 (deletion by backward shift and the Robin Hood
+//! early exit need it; only the rare entry displaced 15 or more slots costs a record read to
+//! learn its exact distance), and the record index. Deletion shifts the following entries back,
+//! so there are no tombstones and probe lengths never degrade under churn.
+//!
+//! A free record has value 0 (a live block's value never is) and links the free list through its
+//! key.
+
+use super::mix64;
+
+/// Bits of a slot holding `record + 1`.
+pub(super) const IDX_BITS: u32 = 25;
+/// Records per shard: `record + 1` must fit [`IDX_BITS`]. 64 shards x 2^25 blocks is far beyond
+/// what fits in memory.
+pub(super) const MAX_RECORDS: usize = (1 << IDX_BITS) - 1;
+const IDX_MASK: u32 = (1 << IDX_BITS) - 1;
+const DIST_SHIFT: u32 = IDX_BITS;
+const DIST_SAT: u32 = 15;
+const TAG_SHIFT: u32 = IDX_BITS + 4;
+
+/// Grow when the slots would pass 7/8 load.
+const LOAD_NUM: usize = 7;
+const LOAD_DEN: usize = 8;
+const MIN_SLOTS: usize = 8;
+/// Below this many slots (16 KiB) a shard doubles: its bytes hardly matter and every growth
+/// rehashes it. Larger shards grow by half, so the load after growing is 58 %, not 44 %.
+const DOUBLE_BELOW: usize = 4096;
+
+/// Where a probe for a key ended.
+pub(super) enum Probe {
+    /// Slot position and record index.
+    Found(usize, u32),
+    /// Absent: the Robin Hood insertion point (an empty slot, or one whose entry is nearer its
+    /// home than `dist`) and the key's distance from its home there.
+    Vacant { pos: usize, dist: usize, hash: u64 },
+}
+
+/// 12 bytes, 4-byte aligned: a record's key and value share a cache line on almost every lookup.
+#[derive(Clone, Copy, Default)]
+struct Record {
+    key_lo: u32,
+    key_hi: u32,
+    val: u32,
+}
+
+impl Record {
+    #[inline]
+    fn key(self) -> u64 {
+        u64::from(self.key_hi) << 32 | u64::from(self.key_lo)
+    }
+}
+
+pub(super) struct Blocks {
+    slots: Vec<u32>,
+    records: Vec<Record>,
+    /// `record + 1` of the first free record, 0 when none.
+    free_head: u32,
+    len: usize,
+    seed: u64,
+}
+
+#[inline]
+const fn pack(idx1: u32, dist: usize, tag: u32) -> u32 {
+    let d = if dist < DIST_SAT as usize {
+        dist as u32
+    } else {
+        DIST_SAT
+    };
+    tag << TAG_SHIFT | d << DIST_SHIFT | idx1
+}
+
+#[inline]
+const fn stored_dist(slot: u32) -> u32 {
+    (slot >> DIST_SHIFT) & DIST_SAT
+}
+
+impl Blocks {
+    pub(super) fn new(seed: u64) -> Self {
+        Blocks {
+            slots: Vec::new(),
+            records: Vec::new(),
+            free_head: 0,
+            len: 0,
+            seed,
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    fn hash(&self, key: u64) -> u64 {
+        mix64(key ^ self.seed)
+    }
+
+    /// Home slot: the hash's high bits scaled to the slot count, so any count works (growing by
+    /// half rather than doubling keeps the load, and so the bytes per block, in a narrow band).
+    #[inline]
+    fn home(&self, h: u64) -> usize {
+        ((u128::from(h) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    #[inline]
+    const fn tag(h: u64) -> u32 {
+        (h & 7) as u32
+    }
+
+    #[inline]
+    fn next(&self, pos: usize) -> usize {
+        if pos + 1 == self.slots.len() {
+            0
+        } else {
+            pos + 1
+        }
+    }
+
+    #[inline]
+    fn record_of(slot: u32) -> usize {
+        (slot & IDX_MASK) as usize - 1
+    }
+
+    /// Exact distance of the entry `slot` at `pos` from its home.
+    fn dist(&self, pos: usize, slot: u32) -> usize {
+        let d = stored_dist(slot);
+        if d < DIST_SAT {
+            return d as usize;
+        }
+        let home = self.home(self.hash(self.records[Self::record_of(slot)].key()));
+        (pos + self.slots.len() - home) % self.slots.len()
+    }
+
+    /// Slot position and record index of `key`.
+    #[inline]
+    pub(super) fn find(&self, key: u64) -> Option<(usize, u32)> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        match self.probe(key) {
+            Probe::Found(pos, idx) => Some((pos, idx)),
+            Probe::Vacant { .. } => None,
+        }
+    }
+
+    /// Look `key` up; the slots must not be empty (see [`Self::reserve_one`]).
+    #[inline]
+    pub(super) fn probe(&self, key: u64) -> Probe {
+        let h = self.hash(key);
+        let tag = Self::tag(h);
+        let mut pos = self.home(h);
+        let mut d = 0usize;
+        loop {
+            let s = self.slots[pos];
+            if s == 0 {
+                break;
+            }
+            let sd = stored_dist(s);
+            let dd = d.min(DIST_SAT as usize) as u32;
+            // Robin Hood order: an entry nearer its home than we are to ours means the key would
+            // have taken that slot, so it is absent.
+            if sd < dd {
+                break;
+            }
+            if sd == dd && (dd == DIST_SAT || s >> TAG_SHIFT == tag) {
+                let r = Self::record_of(s);
+                if self.records[r].key() == key {
+                    return Probe::Found(pos, r as u32);
+                }
+                if dd == DIST_SAT && self.dist(pos, s) < d {
+                    break;
+                }
+            }
+            pos = self.next(pos);
+            d += 1;
+        }
+        Probe::Vacant {
+            pos,
+            dist: d,
+            hash: h,
+        }
+    }
+
+    /// Make room for one more block, so that a following [`Self::probe`] can be followed by
+    /// [`Self::insert`] at the position it found.
+    #[inline]
+    pub(super) fn reserve_one(&mut self) {
+        if (self.len + 1) * LOAD_DEN > self.slots.len() * LOAD_NUM {
+            self.grow();
+        }
+    }
+
+    #[inline]
+    pub(super) fn val(&self, idx: u32) -> u32 {
+        self.records.get(idx as usize).map_or(0, |r| r.val)
+    }
+
+    /// The key of live record `idx`.
+    pub(super) fn key(&self, idx: u32) -> Option<u64> {
+        self.records
+            .get(idx as usize)
+            .filter(|r| r.val != 0)
+            .map(|r| r.key())
+    }
+
+    #[inline]
+    pub(super) fn set_val(&mut self, idx: u32, val: u32) {
+        debug_assert!(val != 0, "a live block's value is never 0");
+        if let Some(r) = self.records.get_mut(idx as usize) {
+            r.val = val;
+        }
+    }
+
+    /// Insert `key` with value `val` (non-zero) where `vacant` (a [`Probe::Vacant`] for `key`,
+    /// with no change since) says; returns its record index, or `None` when the shard is at
+    /// [`MAX_RECORDS`].
+    pub(super) fn insert(&mut self, key: u64, val: u32, vacant: Probe) -> Option<u32> {
+        let Probe::Vacant { pos, dist, hash } = vacant else {
+            return None;
+        };
+        debug_assert!(val != 0 && self.find(key).is_none());
+        if self.free_head == 0 && self.records.len() >= MAX_RECORDS {
+            return None;
+        }
+        let record = Record {
+            key_lo: key as u32,
+            key_hi: (key >> 32) as u32,
+            val,
+        };
+        let idx = if self.free_head != 0 {
+            let idx = self.free_head - 1;
+            self.free_head = self.records[idx as usize].key_lo;
+            self.records[idx as usize] = record;
+            idx
+        } else {
+            self.records.push(record);
+            (self.records.len() - 1) as u32
+        };
+        self.place_from(pos, dist, (idx + 1, Self::tag(hash)));
+        self.len += 1;
+        Some(idx)
+    }
+
+    /// Robin Hood insertion of slot `carry` (`record + 1`, tag) at `pos`, `d` slots from its
+    /// home: walk on and hand each slot to whichever entry is farther from its own home.
+    fn place_from(&mut self, mut pos: usize, mut d: usize, mut carry: (u32, u32)) {
+        loop {
+            let s = self.slots[pos];
+            if s == 0 {
+                self.slots[pos] = pack(carry.0, d, carry.1);
+                return;
+            }
+            let sd = stored_dist(s);
+            let poorer = if sd < DIST_SAT {
+                (sd as usize) < d
+            } else {
+                d > DIST_SAT as usize && self.dist(pos, s) < d
+            };
+            if poorer {
+                let exact = self.dist(pos, s);
+                self.slots[pos] = pack(carry.0, d, carry.1);
+                carry = (s & IDX_MASK, s >> TAG_SHIFT);
+                d = exact;
+            }
+            pos = self.next(pos);
+            d += 1;
+        }
+    }
+
+    /// Remove the block at slot `pos` (record `idx`, from [`Self::find`]): shift the following
+    /// entries of its cluster one slot back, then free the record.
+    pub(super) fn remove(&mut self, pos: usize, idx: u32) {
+        let mut hole = pos;
+        loop {
+            let nxt = self.next(hole);
+            let s = self.slots[nxt];
+            if s == 0 || stored_dist(s) == 0 {
+                break;
+            }
+            let d = self.dist(nxt, s);
+            self.slots[hole] = pack(s & IDX_MASK, d - 1, s >> TAG_SHIFT);
+            hole = nxt;
+        }
+        self.slots[hole] = 0;
+        self.records[idx as usize] = Record {
+            key_lo: self.free_head,
+            key_hi: 0,
+            val: 0,
+        };
+        self.free_head = idx + 1;
+        self.len -= 1;
+    }
+
+    fn grow(&mut self) {
+        let old = self.slots.len();
+        let step = if old < DOUBLE_BELOW { old } else { old / 2 };
+        let mut cap = (old + step).max(MIN_SLOTS);
+        while (self.len + 1) * LOAD_DEN > cap * LOAD_NUM {
+            cap += cap / 2;
+        }
+        self.slots = vec![0; cap];
+        for i in 0..self.records.len() {
+            let r = self.records[i];
+            if r.val != 0 {
+                let h = self.hash(r.key());
+                self.place_from(self.home(h), 0, (i as u32 + 1, Self::tag(h)));
+            }
+        }
+    }
+
+    /// Every live (key, value), in record order.
+    pub(super) fn for_each(&self, mut f: impl FnMut(u64, u32)) {
+        for r in &self.records {
+            if r.val != 0 {
+                f(r.key(), r.val);
+            }
+        }
+    }
+
+    /// A table with `slots` slots, for tests that aim keys at chosen homes.
+    #[cfg(test)]
+    pub(super) fn with_slots(seed: u64, slots: usize) -> Self {
+        let mut b = Blocks::new(seed);
+        b.slots = vec![0; slots];
+        b
+    }
+
+    /// The home slot of `key` at the current size.
+    #[cfg(test)]
+    pub(super) fn home_of(&self, key: u64) -> usize {
+        self.home(self.hash(key))
+    }
+
+    #[cfg(test)]
+    pub(super) fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Test support: every slot holds an entry at its true distance, in Robin Hood order, and
+    /// each live record is found at its slot.
+    #[cfg(test)]
+    pub(super) fn check(&self) {
+        let mut live = 0;
+        for (pos, &s) in self.slots.iter().enumerate() {
+            if s == 0 {
+                continue;
+            }
+            live += 1;
+            let r = self.records[Self::record_of(s)];
+            assert_ne!(r.val, 0, "slot {pos} names a free record");
+            let h = self.hash(r.key());
+            assert_eq!(s >> TAG_SHIFT, Self::tag(h));
+            let d = (pos + self.slots.len() - self.home(h)) % self.slots.len();
+            assert_eq!(stored_dist(s) as usize, d.min(DIST_SAT as usize));
+            let prev = self.slots[(pos + self.slots.len() - 1) % self.slots.len()];
+            if d > 0 {
+                assert_ne!(prev, 0, "a gap before displaced slot {pos}");
+                let pd = self.dist((pos + self.slots.len() - 1) % self.slots.len(), prev);
+                assert!(pd + 1 >= d, "Robin Hood order broken at {pos}");
+            }
+            assert_eq!(self.find(r.key()).map(|f| f.0), Some(pos));
+        }
+        assert_eq!(live, self.len);
+        assert_eq!(self.records.iter().filter(|r| r.val != 0).count(), self.len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// `n` keys whose home is `home` in a table of `slots` slots.
+    fn aimed(b: &Blocks, home: usize, n: usize, skip: &[u64]) -> Vec<u64> {
+        (1u64..)
+            .filter(|k| b.home_of(*k) == home && !skip.contains(k))
+            .take(n)
+            .collect()
+    }
+
+    fn put(b: &mut Blocks, key: u64, val: u32) -> u32 {
+        b.reserve_one();
+        let probe = b.probe(key);
+        assert!(matches!(probe, Probe::Vacant { .. }), "{key} already there");
+        b.insert(key, val, probe).expect("room")
+    }
+
+    fn take(b: &mut Blocks, key: u64) -> u32 {
+        let (pos, idx) = b.find(key).expect("present");
+        b.remove(pos, idx);
+        idx
+    }
+
+    #[test]
+    fn colliding_keys_wrap_around_saturate_and_shift_back() {
+        // 64 slots hold 56 blocks before growing: 40 keys aimed at slot 60 wrap past the end and
+        // sit up to 39 slots from home, far past the stored distance's saturation at 15.
+        let mut b = Blocks::with_slots(9, 64);
+        let hot = aimed(&b, 60, 40, &[]);
+        let near_zero = aimed(&b, 1, 6, &hot);
+        let mut all = Vec::new();
+        for (i, &k) in hot.iter().chain(&near_zero).enumerate() {
+            put(&mut b, k, i as u32 + 1);
+            all.push(k);
+            b.check();
+        }
+        assert_eq!(b.slot_count(), 64, "no growth: the keys stay aimed");
+        for (i, &k) in all.iter().enumerate() {
+            let (_, idx) = b.find(k).expect("found");
+            assert_eq!(b.val(idx), i as u32 + 1);
+        }
+        let absent = aimed(&b, 60, 3, &all);
+        assert!(absent.iter().all(|&k| b.find(k).is_none()));
+        // Remove from the front of the cluster, its wrapped middle and its end.
+        for k in [hot[0], hot[20], hot[39], near_zero[0], hot[5], near_zero[5]] {
+            take(&mut b, k);
+            b.check();
+            assert!(b.find(k).is_none());
+            all.retain(|&x| x != k);
+            assert!(all.iter().all(|&x| b.find(x).is_some()));
+        }
+        while let Some(k) = all.pop() {
+            take(&mut b, k);
+            b.check();
+        }
+        assert_eq!(b.len(), 0);
+        assert!(b.slots.iter().all(|&s| s == 0), "no tombstones");
+    }
+
+    #[test]
+    fn last_and_first_slot_neighbours_shift_across_the_end() {
+        let mut b = Blocks::with_slots(3, 16);
+        let last = aimed(&b, 15, 3, &[]);
+        let first = aimed(&b, 0, 2, &last);
+        for &k in last.iter().chain(&first) {
+            put(&mut b, k, 1);
+            b.check();
+        }
+        // last[1] sits in slot 0 and last[2] in slot 1: removing last[0] pulls both back.
+        take(&mut b, last[0]);
+        b.check();
+        take(&mut b, first[0]);
+        b.check();
+        assert!(
+            [last[1], last[2], first[1]]
+                .iter()
+                .all(|&k| b.find(k).is_some())
+        );
+    }
+
+    #[test]
+    fn records_keep_their_index_through_growth_and_are_reused() {
+        let mut b = Blocks::new(5);
+        let keys: Vec<u64> = (0..5000u64).map(|i| i * 7919).collect();
+        let idx: Vec<u32> = keys.iter().map(|&k| put(&mut b, k, 3)).collect();
+        b.check();
+        assert!(b.slot_count() > 5000);
+        for (&k, &i) in keys.iter().zip(&idx) {
+            assert_eq!(b.find(k).map(|f| f.1), Some(i));
+            assert_eq!(b.key(i), Some(k));
+        }
+        let freed = take(&mut b, keys[10]);
+        assert_eq!(b.key(freed), None, "a free record has no key");
+        assert_eq!(b.val(freed), 0);
+        assert_eq!(put(&mut b, 1, 4), freed, "freed records are reused first");
+        assert_eq!(b.key(freed), Some(1));
+        b.check();
+    }
+
+    #[test]
+    fn random_churn_matches_a_map() {
+        let mut b = Blocks::new(11);
+        let mut model: HashMap<u64, u32> = HashMap::new();
+        let mut x = 1u64;
+        for step in 0..60_000u32 {
+            x = mix64(x);
+            // Few distinct keys, so inserts, updates and removes all hit existing blocks often.
+            let key = x % 4000;
+            match (x >> 40) % 3 {
+                0 | 1 => match b.find(key) {
+                    Some((_, idx)) => {
+                        b.set_val(idx, step + 1);
+                        model.insert(key, step + 1);
+                    }
+                    None => {
+                        put(&mut b, key, step + 1);
+                        model.insert(key, step + 1);
+                    }
+                },
+                _ => {
+                    if model.remove(&key).is_some() {
+                        take(&mut b, key);
+                    } else {
+                        assert!(b.find(key).is_none());
+                    }
+                }
+            }
+            if step % 5000 == 0 {
+                b.check();
+            }
+        }
+        b.check();
+        assert_eq!(b.len(), model.len());
+        for (&k, &v) in &model {
+            assert_eq!(b.find(k).map(|(_, i)| b.val(i)), Some(v));
+        }
+        let mut seen = 0;
+        b.for_each(|k, v| {
+            assert_eq!(model.get(&k), Some(&v));
+            seen += 1;
+        });
+        assert_eq!(seen, model.len());
+    }
+}

@@ -1,0 +1,62 @@
+//! Block references handed to reverse lists: valid while the block lives, checked afterwards.
+
+use super::*;
+
+#[test]
+fn references_survive_growth_and_go_stale_when_the_block_goes() {
+    let table = Table::new();
+    let keys: Vec<u64> = (0..20_000u64).map(|i| mix64(i + 1)).collect();
+    let refs: Vec<BlockRef> = keys
+        .iter()
+        .map(|&k| table.add(k, 1, DEVICE).1.expect("joined"))
+        .collect();
+    // A second holder on every other block spills those blocks into the arena.
+    for &k in keys.iter().step_by(2) {
+        let (added, r) = table.add(k, 2, CPU_LOCAL);
+        assert_eq!(added, JOINED);
+        assert!(r.is_some());
+    }
+    for (&k, &r) in keys.iter().zip(&refs) {
+        assert_eq!(table.held_key(r, 1), Some(k));
+    }
+    assert_eq!(
+        table.add(keys[0], 1, DISK),
+        (KEPT, None),
+        "no new pair, no ref"
+    );
+    assert_eq!(
+        table.held_key(refs[1], 2),
+        None,
+        "holder 2 is not on odd blocks"
+    );
+    // Clearing through a reference removes exactly that pair.
+    assert_eq!(table.clear_at(refs[0], 1), Some((keys[0], GONE_HOLDER)));
+    assert_eq!(table.clear_at(refs[0], 1), None);
+    assert_eq!(table.read(keys[0]).holder_bits(keys[0], 2), CPU_LOCAL);
+    assert_eq!(table.clear_at(refs[1], 1), Some((keys[1], GONE_BLOCK)));
+    assert_eq!(
+        table.held_key(refs[1], 1),
+        None,
+        "stale after the block went"
+    );
+    assert_eq!(table.remove(keys[3], 1, ALL_TIERS), GONE_BLOCK);
+    assert_eq!(table.held_key(refs[3], 1), None);
+}
+
+#[test]
+fn a_reused_record_does_not_answer_for_its_old_holder() {
+    let table = Table::new();
+    let (_, old) = table.add(7, 1, DEVICE);
+    let old = old.expect("joined");
+    assert_eq!(table.remove(7, 1, DEVICE), GONE_BLOCK);
+    // Find a key of the same shard, which takes the freed record.
+    let same_shard = (8u64..)
+        .find(|&k| table.shard_no(k) == table.shard_no(7))
+        .expect("a key");
+    let (_, new) = table.add(same_shard, 2, DISK);
+    assert_eq!(new, Some(old), "the freed record is reused");
+    assert_eq!(table.held_key(old, 1), None);
+    assert_eq!(table.held_key(old, 2), Some(same_shard));
+    assert_eq!(table.clear_at(old, 1), None);
+    assert_eq!(table.read(same_shard).holder_bits(same_shard, 2), DISK);
+}
