@@ -11,8 +11,8 @@ use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 use super::handle::{ContextView, IndexReader, IndexStats, Meta, Shared};
 use super::query::{self, QueryHits};
 use super::table::{
-    BlockRef, CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARED_TIERS, Table,
-    entry_bits, entry_id, read_lock, tier_bit, write_lock,
+    BlockRef, CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARDS, SHARED_TIERS,
+    Table, entry_bits, entry_id, read_lock, tier_bit, write_lock,
 };
 
 /// A holder as identified inside one context: engine (instance, rank) or store backend, always
@@ -110,6 +110,9 @@ impl ContextIndex {
     /// Apply one batch of ops from one source, in order.
     pub fn apply(&mut self, batch: &IndexBatch) -> ApplyReport {
         let mut report = ApplyReport::default();
+        // Stores commute with each other (they only set bits), so consecutive Store ops are
+        // gathered and applied grouped by shard; any other op first applies what was gathered.
+        let mut run = StoreRun::default();
         for op in &batch.ops {
             match op {
                 IndexOp::Store {
@@ -132,7 +135,13 @@ impl ContextIndex {
                         report.invalid_ops += 1;
                         continue;
                     };
-                    self.store(id, tier_bit(*tier), hashes);
+                    for chunk in hashes.chunks(RUN_MAX) {
+                        if run.items.len() + chunk.len() > RUN_MAX {
+                            self.store_run(&mut run);
+                        }
+                        let bit = tier_bit(*tier);
+                        run.items.extend(chunk.iter().map(|h| (h.0, id, bit)));
+                    }
                     report.stored += hashes.len() as u64;
                 }
                 IndexOp::Remove {
@@ -145,6 +154,7 @@ impl ContextIndex {
                         continue;
                     }
                     report.removed += hashes.len() as u64;
+                    self.store_run(&mut run);
                     let key = HolderKey {
                         source: batch.source.clone(),
                         holder: holder.clone(),
@@ -154,6 +164,7 @@ impl ContextIndex {
                     }
                 }
                 IndexOp::ClearHolder { holder } => {
+                    self.store_run(&mut run);
                     let key = HolderKey {
                         source: batch.source.clone(),
                         holder: holder.clone(),
@@ -164,6 +175,7 @@ impl ContextIndex {
                 }
             }
         }
+        self.store_run(&mut run);
         if report.invalid_ops > 0 {
             self.shared
                 .invalid_ops
@@ -343,22 +355,60 @@ impl ContextIndex {
     }
 
     pub(super) fn store(&mut self, id: u32, bit: u8, hashes: &[BlockHash]) {
-        let Some(state) = self.holders.get_mut(id as usize) else {
-            return;
-        };
-        let (mut new_blocks, mut new_pairs) = (0u64, 0u64);
-        for h in hashes {
-            let (added, r) = self.shared.table.add(h.0, id, bit);
-            match r {
-                Some(r) => {
-                    state.blocks.push(r);
-                    new_pairs += 1;
-                }
-                None => self.dirty.push((id, h.0)),
-            }
-            new_blocks += u64::from(added.new_block);
+        let mut run = StoreRun::default();
+        for chunk in hashes.chunks(RUN_MAX) {
+            run.items.extend(chunk.iter().map(|h| (h.0, id, bit)));
+            self.store_run(&mut run);
         }
-        state.live += new_pairs;
+    }
+
+    /// Apply the gathered stores, one shard lock per shard they touch, and empty the run.
+    fn store_run(&mut self, run: &mut StoreRun) {
+        if run.items.is_empty() {
+            return;
+        }
+        let table = &self.shared.table;
+        // Counting sort by shard, keeping the order within a shard.
+        let mut start = [0usize; SHARDS + 1];
+        run.shard.clear();
+        run.shard.extend(run.items.iter().map(|it| {
+            let s = table.shard_no(it.0);
+            start[s + 1] += 1;
+            s as u8
+        }));
+        for i in 0..SHARDS {
+            start[i + 1] += start[i];
+        }
+        let mut next = start;
+        run.sorted.clear();
+        run.sorted.resize(run.items.len(), (0, 0, 0));
+        for (it, &s) in run.items.iter().zip(&run.shard) {
+            run.sorted[next[s as usize]] = *it;
+            next[s as usize] += 1;
+        }
+        let (holders, dirty) = (&mut self.holders, &mut self.dirty);
+        let (mut new_blocks, mut new_pairs) = (0u64, 0u64);
+        for s in 0..SHARDS {
+            let group = &run.sorted[start[s]..start[s + 1]];
+            if group.is_empty() {
+                continue;
+            }
+            table.add_group(s, group, |(key, id, _), added, r| {
+                let Some(state) = holders.get_mut(id as usize) else {
+                    return;
+                };
+                match r {
+                    Some(r) => {
+                        state.blocks.push(r);
+                        state.live += 1;
+                        new_pairs += 1;
+                    }
+                    None => dirty.push((id, key)),
+                }
+                new_blocks += u64::from(added.new_block);
+            });
+        }
+        run.items.clear();
         self.shared.blocks.fetch_add(new_blocks, Ordering::Relaxed);
         self.shared
             .holder_blocks
@@ -418,6 +468,18 @@ impl ContextIndex {
         gone_pairs
     }
 }
+
+/// Stores gathered for [`ContextIndex::store_run`]: (block, holder id, tier bit), and scratch.
+#[derive(Default)]
+struct StoreRun {
+    items: Vec<(u64, u32, u8)>,
+    shard: Vec<u8>,
+    sorted: Vec<(u64, u32, u8)>,
+}
+
+/// Stores applied per grouping pass: enough that each shard gets several (one lock, and their
+/// slot reads overlap), few enough that the scratch stays small.
+const RUN_MAX: usize = 4096;
 
 /// Drop stale and duplicate references from a holder's reverse index (a block removed and stored
 /// again appears twice).

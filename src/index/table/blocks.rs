@@ -192,12 +192,26 @@ impl Blocks {
         }
     }
 
+    /// Make room for `n` more blocks without growing in between.
+    pub(super) fn reserve(&mut self, n: usize) {
+        if (self.len + n) * LOAD_DEN > self.slots.len() * LOAD_NUM {
+            self.grow_for(n);
+        }
+    }
+
+    /// The content of `key`'s home slot (to bring its cache line in early).
+    #[inline]
+    pub(super) fn home_slot(&self, key: u64) -> u32 {
+        let pos = self.home(self.hash(key));
+        self.slots.get(pos).copied().unwrap_or(0)
+    }
+
     /// Make room for one more block, so that a following [`Self::probe`] can be followed by
     /// [`Self::insert`] at the position it found.
     #[inline]
     pub(super) fn reserve_one(&mut self) {
         if (self.len + 1) * LOAD_DEN > self.slots.len() * LOAD_NUM {
-            self.grow();
+            self.grow_for(1);
         }
     }
 
@@ -302,11 +316,12 @@ impl Blocks {
         self.len -= 1;
     }
 
-    fn grow(&mut self) {
+    /// Grow so that `n` more blocks fit.
+    fn grow_for(&mut self, n: usize) {
         let old = self.slots.len();
         let step = if old < DOUBLE_BELOW { old } else { old / 2 };
         let mut cap = (old + step).max(MIN_SLOTS);
-        while (self.len + 1) * LOAD_DEN > cap * LOAD_NUM {
+        while (self.len + n) * LOAD_DEN > cap * LOAD_NUM {
             cap += cap / 2;
         }
         self.slots = vec![0; cap];

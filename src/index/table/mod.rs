@@ -48,6 +48,7 @@ pub(crate) const MAX_HOLDERS: usize = 1 << 28;
 /// log2 of the shard count. 64 shards keep concurrent readers of one hot context off each other's
 /// lock cache lines while costing a few KiB per context.
 pub(crate) const SHARD_BITS: u32 = 6;
+pub(crate) const SHARDS: usize = 1 << SHARD_BITS;
 
 // A block reference is the shard number above the record index, in 32 bits.
 const _: () = assert!(SHARD_BITS + IDX_BITS <= 32);
@@ -352,14 +353,15 @@ impl Table {
         }
     }
 
+    /// The shard of `key`, below [`SHARDS`].
     #[inline]
-    fn shard_no(&self, key: u64) -> usize {
-        (mix64(key ^ self.shard_seed) >> (64 - SHARD_BITS)) as usize
+    pub fn shard_no(&self, key: u64) -> usize {
+        (mix64(key ^ self.shard_seed) >> (64 - SHARD_BITS)) as usize & (SHARDS - 1)
     }
 
     #[inline]
     fn shard_of(&self, key: u64) -> &RwLock<Shard> {
-        &self.shards[self.shard_no(key) & ((1 << SHARD_BITS) - 1)]
+        &self.shards[self.shard_no(key)]
     }
 
     /// The shard lock and record index behind `r`.
@@ -374,16 +376,35 @@ impl Table {
         read_lock(self.shard_of(key))
     }
 
-    /// [`Shard::add`] under the block's shard lock; the reference is returned when the holder
-    /// joined the block (what goes into its reverse list).
-    #[inline]
-    pub fn add(&self, key: u64, id: u32, bits: u8) -> (Added, Option<BlockRef>) {
-        let shard = self.shard_no(key) & ((1 << SHARD_BITS) - 1);
-        let (added, idx) = write_lock(&self.shards[shard]).add_at(key, id, bits);
-        let r = idx
-            .filter(|_| added.new_holder)
-            .map(|idx| (shard as u32) << IDX_BITS | idx);
-        (added, r)
+    /// [`Shard::add`] for `items` (block, holder id, tier bits) of shard `shard`, in order, under
+    /// one lock. `f` sees each item with its outcome and, when the holder joined the block, the
+    /// reference that goes into its reverse list.
+    pub fn add_group(
+        &self,
+        shard: usize,
+        items: &[(u64, u32, u8)],
+        mut f: impl FnMut((u64, u32, u8), Added, Option<BlockRef>),
+    ) {
+        let Some(lock) = self.shards.get(shard) else {
+            return;
+        };
+        let mut guard = write_lock(lock);
+        if items.len() > 1 {
+            guard.blocks.reserve(items.len());
+            // Read every item's home slot first: the reads do not depend on each other, so their
+            // cache misses overlap instead of costing one full miss per item below.
+            let touched = items
+                .iter()
+                .fold(0u32, |acc, it| acc ^ guard.blocks.home_slot(it.0));
+            std::hint::black_box(touched);
+        }
+        for &item in items {
+            let (added, idx) = guard.add_at(item.0, item.1, item.2);
+            let r = idx
+                .filter(|_| added.new_holder)
+                .map(|idx| (shard as u32) << IDX_BITS | idx);
+            f(item, added, r);
+        }
     }
 
     /// [`Shard::remove`] under the block's shard lock.
