@@ -7,5 +7,6 @@ mod durability;
 mod e2e_mixed;
 mod e2e_query;
 mod http_api;
+mod http_errors;
 mod ingest;
 mod recorded;
