@@ -264,16 +264,22 @@ impl ContextIndex {
         self.reader().stats()
     }
 
-    /// The whole index as replayable input: every (source, instance, rank) listing and one
-    /// batch per source that stores each of its holders' blocks. Applying these to a fresh
-    /// index reproduces every query answer (used for checkpoints and dumps).
-    pub fn snapshot(&self) -> ContextSnapshot {
-        let mut attachments: Vec<(SubscriptionKey, String, u32)> = self
+    /// Every (source, instance, rank) listing, sorted.
+    pub(super) fn attachments(&self) -> Vec<(SubscriptionKey, String, u32)> {
+        let mut all: Vec<(SubscriptionKey, String, u32)> = self
             .attached
             .iter()
             .flat_map(|(s, list)| list.iter().map(move |(i, r)| (s.clone(), i.clone(), *r)))
             .collect();
-        attachments.sort();
+        all.sort();
+        all
+    }
+
+    /// The whole index as replayable input: every (source, instance, rank) listing and one
+    /// batch per source that stores each of its holders' blocks. Applying these to a fresh
+    /// index reproduces every query answer (used for checkpoints and dumps).
+    pub fn snapshot(&self) -> ContextSnapshot {
+        let attachments = self.attachments();
         let mut per_holder: Vec<[Vec<BlockHash>; 4]> = (0..self.holders.len())
             .map(|_| Default::default())
             .collect();

@@ -104,12 +104,7 @@ impl ContextIndex {
                 holder: h.key.holder.clone(),
             })
             .collect();
-        let mut attachments: Vec<(SubscriptionKey, String, u32)> = self
-            .attached
-            .iter()
-            .flat_map(|(s, list)| list.iter().map(move |(i, r)| (s.clone(), i.clone(), *r)))
-            .collect();
-        attachments.sort();
+        let attachments = self.attachments();
         let mut watermarks: Vec<(SubscriptionKey, Watermark)> = self
             .watermarks
             .iter()
