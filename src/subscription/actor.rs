@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::{DecodedBatch, IndexBatch, KvEvent};
 use crate::index::Watermark;
-use crate::index::actor::{ApplySequenced, AttachRank, DropSource};
+use crate::index::actor::{ApplySequenced, DropSource};
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::registry::contexts::ContextDirectory;
 use crate::storage::codec::payload_digest;
@@ -161,15 +161,8 @@ impl SubscriptionActor {
                 .get_or_create(&context, &self.config.hash_profile)
             {
                 Ok(handle) => {
-                    if self.config.publisher_type.is_engine()
-                        && context != self.config.context_key()
-                    {
-                        handle.addr().do_send(AttachRank {
-                            source: self.key.clone(),
-                            instance_id: self.config.instance_id.clone(),
-                            dp_rank: self.config.dp_rank,
-                        });
-                    }
+                    // Adapter contexts list this rank by themselves: an engine store lists its
+                    // (instance, rank) in the context it lands in.
                     handle.addr().do_send(ApplySequenced {
                         batch: IndexBatch {
                             source: self.key.clone(),

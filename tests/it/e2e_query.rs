@@ -169,3 +169,73 @@ async fn vllm_blocks_become_hits_over_every_transport() {
     })
     .await;
 }
+
+/// One base registration indexes the blocks its publisher reports under an adapter, in that
+/// adapter's own context, which lists the publisher's instance and rank.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapter_blocks_from_a_base_registration_get_their_own_context() {
+    let server = Server::start().await;
+    let mut player = Player::start(false, 0).await;
+    let registration = engine::registration(
+        "v",
+        (&player.endpoint, None),
+        "vLLM",
+        "base-model",
+        4,
+        0,
+        vllm_cbor_profile(),
+    );
+    assert_eq!(
+        server
+            .grpc()
+            .await
+            .register(register_request(&registration))
+            .await
+            .unwrap()
+            .into_inner()
+            .ret,
+        0
+    );
+    let tokens: Vec<i32> = (1..=8).collect();
+    let keys = engine::block_keys(&vllm_cbor_profile(), &tokens, 4, "ad");
+    let stored = engine::vllm_stored(&keys, None, &tokens, 4, "GPU", Some("ad"));
+    handshake(
+        &server,
+        &mut player,
+        "v|default|0",
+        engine::batch(vec![stored], 0),
+    )
+    .await;
+    let query = pb::QueryRequest {
+        model_name: "base-model".into(),
+        lora_name: "ad".into(),
+        block_size: 4,
+        token_ids: tokens.clone(),
+        ..Default::default()
+    };
+    let hits = eventually("adapter hits", WAIT, || async {
+        let r = server
+            .grpc()
+            .await
+            .query(query.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        r.hits.get("v").filter(|h| h.device == 8).cloned()
+    })
+    .await;
+    assert_eq!(hits.dp.get("0"), Some(&8));
+    // The base context has nothing of the adapter's.
+    let base = grpc_query(&server, "base-model", tokens, 4).await;
+    assert_eq!(base.hits["v"].device, 0);
+    let view = http::get(server.http_port, "/global_view").await.json();
+    let adapter = view["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["lora_name"] == "ad")
+        .cloned()
+        .expect("adapter context");
+    assert_eq!(adapter["instances"], json!({"v": [0]}));
+    assert_eq!(adapter["prefix_count"], 2);
+}
