@@ -10,9 +10,10 @@ use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
 use super::handle::{ContextView, IndexReader, IndexStats, Meta, Shared};
 use super::query::{self, QueryHits};
+use super::refs::RefList;
 use super::table::{
-    BlockRef, CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARDS, SHARED_TIERS,
-    Table, entry_bits, entry_id, read_lock, tier_bit, write_lock,
+    CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARDS, SHARED_TIERS, Table,
+    entry_bits, entry_id, read_lock, tier_bit, write_lock,
 };
 
 /// A holder as identified inside one context: engine (instance, rank) or store backend, always
@@ -31,8 +32,9 @@ pub(super) struct HolderState {
     /// key would take 8). Removals leave stale references behind (checked against the table when
     /// used: a reference may outlive its block and name a later one) and the list is compacted
     /// once stale ones outnumber live ones, so remove/clear/drop cost O(blocks the holder owns),
-    /// amortized.
-    pub(super) blocks: Vec<BlockRef>,
+    /// amortized. Chunked ([`RefList`]) so that growing never copies the list or leaves freed
+    /// buffers behind.
+    pub(super) blocks: RefList,
     /// `blocks[checkpointed..]` joined since the last checkpoint took its changes: they are part
     /// of the change set without a second copy in `ContextIndex::dirty` (see `persist`).
     pub(super) checkpointed: usize,
@@ -352,7 +354,7 @@ impl ContextIndex {
         self.holders.push(HolderState {
             key: key.clone(),
             live: 0,
-            blocks: Vec::new(),
+            blocks: RefList::default(),
             checkpointed: 0,
         });
         self.holder_ids.insert(key, id);
@@ -439,12 +441,10 @@ impl ContextIndex {
             .fetch_sub(gone_pairs, Ordering::Relaxed);
         if state.blocks.len() as u64 > 2 * state.live + 64 {
             // Compaction reorders the list: move its unrecorded tail to `dirty` first.
-            let tail = state.blocks.get(state.checkpointed..).unwrap_or(&[]);
+            let tail = state.blocks.iter_from(state.checkpointed);
             let table = &self.shared.table;
-            self.dirty.extend(
-                tail.iter()
-                    .filter_map(|&r| table.held_key(r, id).map(|k| (id, k))),
-            );
+            self.dirty
+                .extend(tail.filter_map(|r| table.held_key(r, id).map(|k| (id, k))));
             compact(table, id, &mut state.blocks);
             state.checkpointed = state.blocks.len();
         }
@@ -458,7 +458,7 @@ impl ContextIndex {
         let refs = std::mem::take(&mut state.blocks);
         state.checkpointed = 0;
         let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
-        for r in refs {
+        for r in refs.iter() {
             // A stale reference names a pair already gone (and recorded when it went).
             if let Some((key, removed)) = self.shared.table.clear_at(r, id) {
                 self.dirty.push((id, key));
@@ -489,13 +489,8 @@ const RUN_MAX: usize = 4096;
 
 /// Drop stale and duplicate references from a holder's reverse index (a block removed and stored
 /// again appears twice).
-fn compact(table: &Table, id: u32, blocks: &mut Vec<BlockRef>) {
-    blocks.retain(|&r| table.held_key(r, id).is_some());
-    blocks.sort_unstable();
-    blocks.dedup();
-    if blocks.capacity() > 2 * blocks.len() + 64 {
-        blocks.shrink_to_fit();
-    }
+fn compact(table: &Table, id: u32, blocks: &mut RefList) {
+    blocks.compact(|&r| table.held_key(r, id).is_some());
 }
 
 /// Engines hold device, cpu_local and rank-local disk; a store backend holds cpu_share and

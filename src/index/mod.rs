@@ -83,6 +83,7 @@ pub mod context;
 pub mod handle;
 pub mod persist;
 pub mod query;
+mod refs;
 mod table;
 
 #[cfg(test)]

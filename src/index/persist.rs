@@ -74,12 +74,9 @@ impl ContextIndex {
         // there whose pair is gone again needs nothing: its removal was recorded in `dirty`.
         for (id, state) in self.holders.iter_mut().enumerate() {
             let id = id as u32;
-            let tail = state.blocks.get(state.checkpointed..).unwrap_or(&[]);
+            let tail = state.blocks.iter_from(state.checkpointed);
             let table = &self.shared.table;
-            touched.extend(
-                tail.iter()
-                    .filter_map(|&r| table.held_key(r, id).map(|k| (id, k))),
-            );
+            touched.extend(tail.filter_map(|r| table.held_key(r, id).map(|k| (id, k))));
             state.checkpointed = state.blocks.len();
         }
         touched.sort_unstable();
