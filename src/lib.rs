@@ -21,3 +21,6 @@ pub mod service;
 pub mod storage;
 pub mod subscription;
 pub mod wire;
+
+#[cfg(test)]
+mod test_rng;

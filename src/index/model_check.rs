@@ -9,25 +9,7 @@ use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
 use super::tests::{TestKeys, test_profile};
 use super::{ContextIndex, QueryHits, TierCounts};
-
-/// splitmix64: tiny, seedable, good enough to drive a test.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
+use crate::test_rng::Rng;
 
 /// How the reference model walks; everything but `Spec` is deliberately wrong, to show the
 /// harness notices.

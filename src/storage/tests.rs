@@ -10,6 +10,7 @@ use super::checkpoint::{context_ops, forget_context_ops, put_registration};
 use super::memory::{Fault, MemoryStore};
 use super::recovery::recover;
 use super::{Cf, KvStore};
+use crate::test_rng::Rng;
 
 fn profile() -> HashProfile {
     HashProfile::resolve(
@@ -45,28 +46,12 @@ fn registration(i: u32) -> PublisherConfig {
     }
 }
 
-/// splitmix64: a tiny seeded generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// One random publisher batch of source `s` (engine or store holder).
 fn random_batch(rng: &mut Rng, s: u32) -> IndexBatch {
     let mut ops = Vec::new();
     for _ in 0..1 + rng.below(4) {
         let hashes: Vec<BlockHash> = (0..1 + rng.below(6))
-            .map(|_| BlockHash(rng.below(64)))
+            .map(|_| BlockHash(rng.below(64) as u64))
             .collect();
         let (holder, tier) = if rng.below(4) == 0 {
             (
@@ -80,7 +65,7 @@ fn random_batch(rng: &mut Rng, s: u32) -> IndexBatch {
                 },
             )
         } else {
-            let tier = [Tier::Device, Tier::CpuLocal, Tier::Disk][rng.below(3) as usize];
+            let tier = [Tier::Device, Tier::CpuLocal, Tier::Disk][rng.below(3)];
             (
                 Holder::Engine {
                     instance_id: format!("e{s}"),
