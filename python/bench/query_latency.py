@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from mooncake.conductor import OK, ConductorClient
-from support import VLLM_CBOR_PROFILE, VllmPublisher, free_port, wait_for_port
+from support import VLLM_CBOR_PROFILE, ConductorProcess, VllmPublisher
 
 MODEL = "load-model"
 BLOCK_SIZE = 16
@@ -54,43 +54,6 @@ def summary(samples_ns: list) -> dict:
         "max_us": us[-1],
         "mean_us": statistics.fmean(us),
     }
-
-
-class Server:
-    def __init__(self, binary: str, workdir: Path) -> None:
-        self.http_port, self.rpc_port = free_port(), free_port()
-        config = workdir / "conductor.json"
-        config.write_text(
-            json.dumps(
-                {
-                    "http_server_port": self.http_port,
-                    "rpc_server_port": self.rpc_port,
-                    "bind_address": "127.0.0.1",
-                    "kvevent_instance": {},
-                    "data_dir": str(workdir / "data"),
-                }
-            )
-        )
-        log = workdir / "server.log"
-        env = dict(os.environ, CONDUCTOR_CONFIG_PATH=str(config))
-        with open(log, "wb") as out:
-            # `--serve-secs` bounds the load tool's lifetime even if this script is killed.
-            args = [binary, "--mode", "serve", "--serve-secs", "900"]
-            self.proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_for_port(self.rpc_port, self.proc, log)
-        except Exception:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def populate(client: ConductorClient, instances: int, tokens: list) -> list:
@@ -156,7 +119,8 @@ def main() -> None:
     rust_bin = os.environ.get("RUST_QUERY_BIN", binary)
     tokens = prompt(args.prompt_len)
     with tempfile.TemporaryDirectory() as workdir:
-        server = Server(binary, Path(workdir))
+        # `--serve-secs` bounds the load tool's lifetime even if this script is killed.
+        server = ConductorProcess(binary, Path(workdir), args=["--mode", "serve", "--serve-secs", "900"])
         publishers = []
         try:
             client = ConductorClient()

@@ -236,7 +236,7 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float =
 class ConductorProcess:
     """A mooncake_conductor on free loopback ports with a temporary config and data dir."""
 
-    def __init__(self, binary: str, workdir: Path) -> None:
+    def __init__(self, binary: str, workdir: Path, args: Sequence[str] = ()) -> None:
         self.http_port = free_port()
         self.rpc_port = free_port()
         self.addr = f"127.0.0.1:{self.rpc_port}"
@@ -248,19 +248,20 @@ class ConductorProcess:
                 {
                     "http_server_port": self.http_port,
                     "rpc_server_port": self.rpc_port,
+                    "bind_address": "127.0.0.1",
                     "kvevent_instance": {},
                     "data_dir": str(data_dir),
                 }
             )
         )
         self.log = workdir / "conductor.log"
-        self._binary = binary
+        self._command = [binary, *args]
         self._env = dict(os.environ, CONDUCTOR_CONFIG_PATH=str(config))
         self._spawn()
 
     def _spawn(self) -> None:
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([self._binary], env=self._env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self._command, env=self._env, stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_for_port(self.rpc_port, self.proc, self.log)
         except Exception:
