@@ -129,7 +129,7 @@ impl SubscriptionActor {
             digest: payload_digest(payload),
         };
         let projection = self.config.hash_profile.index_projection();
-        let batch = match wire::decode(self.config.publisher_type, payload, projection) {
+        let mut batch = match wire::decode(self.config.publisher_type, payload, projection) {
             Ok(batch) => batch,
             Err(e) => {
                 tracing::warn!(service = %self.key, seq, error = %e, "undecodable batch dropped");
@@ -152,7 +152,7 @@ impl SubscriptionActor {
         }
         self.check_hashes(&batch);
         let mut counts = EventCounts::of(&batch);
-        let mut ignored = batch.ignored.clone();
+        let mut ignored = std::mem::take(&mut batch.ignored);
         let ts = batch.ts;
         let routed = self.router.route(batch, &mut ignored);
         for (context, ops) in routed {

@@ -86,11 +86,20 @@ impl Router {
                     push(&mut out, context, op);
                 }
                 KvEvent::Removed(removed) => {
-                    for context in &self.fed {
+                    // vLLM sends one BlockRemoved per evicted block: copy the hashes only for the
+                    // second and later contexts, move them into the last.
+                    let mut hashes = Some(removed.hashes);
+                    let last = self.fed.len().saturating_sub(1);
+                    for (i, context) in self.fed.iter().enumerate() {
+                        let hashes = if i == last {
+                            hashes.take()
+                        } else {
+                            hashes.clone()
+                        };
                         let op = IndexOp::Remove {
                             holder: self.engine_holder.clone(),
                             tier: removed.tier,
-                            hashes: removed.hashes.clone(),
+                            hashes: hashes.unwrap_or_default(),
                         };
                         push(&mut out, context.clone(), op);
                     }
