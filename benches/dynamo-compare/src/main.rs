@@ -1,0 +1,422 @@
+//! Side-by-side benchmark of mooncake-conductor's context index and NVIDIA Dynamo's
+//! `ConcurrentRadixTreeCompressed`, in one process, on one deterministic workload (see README).
+//!
+//! Layout: `workload` generates prompts, engine events and queries; `ours` and `dynamo` adapt
+//! them to each index; this file checks that both answer the same and prints the figures.
+//! `--rss-child ours|dynamo` is the memory measurement, run by the parent in a fresh process.
+
+mod dynamo;
+mod measure;
+mod ours;
+mod workload;
+
+use std::hint::black_box;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use measure::{micros, percentiles, proc_status_bytes};
+use workload::{BLOCK_SIZE, Event, PublisherBatch, Workload};
+
+const SEED: u64 = 0x5eed_2026;
+/// Timed passes over the query set (after one untimed warm-up pass).
+const QUERY_ROUNDS: usize = 2;
+const LONG_TOKENS: usize = 1_000_000;
+const LONG_RUNS: usize = 10;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        None => run(),
+        Some("--rss-child") => match args.get(2).map(String::as_str) {
+            Some(side @ ("ours" | "dynamo")) => {
+                rss_child(side);
+                ExitCode::SUCCESS
+            }
+            _ => usage(),
+        },
+        Some(_) => usage(),
+    }
+}
+
+fn usage() -> ExitCode {
+    eprintln!("usage: dynamo-compare [--rss-child ours|dynamo]");
+    ExitCode::from(2)
+}
+
+fn run() -> ExitCode {
+    let t = Instant::now();
+    let w = workload::generate(SEED);
+    let events: usize = w.batches.iter().map(|b| b.events.len()).sum();
+    let removes: usize = w
+        .batches
+        .iter()
+        .flat_map(|b| &b.events)
+        .filter(|e| matches!(e, Event::Remove { .. }))
+        .count();
+    println!(
+        "workload: {} holders ({} instances x {} ranks), {} prompts, {} publisher batches, \
+         {events} events ({removes} removes), {} block ops, {} live (block, holder) pairs, \
+         {} queries of {} tokens (generated in {:.1?})",
+        workload::HOLDERS,
+        workload::INSTANCES,
+        workload::RANKS,
+        w.prompts.len(),
+        w.batches.len(),
+        w.block_ops,
+        w.live_pairs,
+        w.queries.len(),
+        workload::QUERY_TOKENS,
+        t.elapsed()
+    );
+
+    // Ours: keys and batches prepared untimed, then one writer applies every batch.
+    let mut ours = ours::Ours::new();
+    let ours_prompts: Vec<ours::PromptKeys> =
+        w.prompts.iter().map(|p| ours.prompt(&p.tokens)).collect();
+    let ours_batches: Vec<ours::Batch> = w
+        .batches
+        .iter()
+        .map(|b| ours.batch(b, &ours_prompts))
+        .collect();
+    let t = Instant::now();
+    for b in &ours_batches {
+        ours.apply(b);
+    }
+    let ours_apply = t.elapsed();
+    drop(ours_batches);
+    if ours.pairs() != w.live_pairs {
+        eprintln!(
+            "FAIL: our index holds {} (block, holder) pairs, the workload leaves {}",
+            ours.pairs(),
+            w.live_pairs
+        );
+        return ExitCode::FAILURE;
+    }
+
+    // Dynamo: events prepared untimed, then sent to its worker loop; timed until it has
+    // applied the last one.
+    let dynamo = dynamo::Dynamo::new(None);
+    let dyn_prompts: Vec<dynamo::PromptKeys> = w
+        .prompts
+        .iter()
+        .map(|p| dynamo::prompt(&p.tokens))
+        .collect();
+    let mut builder = dynamo::EventBuilder::new();
+    let dyn_events: Vec<_> = w
+        .batches
+        .iter()
+        .flat_map(|b| builder.events(b, &dyn_prompts))
+        .collect();
+    let t = Instant::now();
+    for ev in dyn_events {
+        dynamo.send(ev);
+    }
+    dynamo.flush();
+    let dyn_apply = t.elapsed();
+
+    if let Err(msg) = check(&w, &ours, &dynamo) {
+        eprintln!("FAIL: {msg}");
+        return ExitCode::FAILURE;
+    }
+
+    let lat = latencies(&w, &ours, &dynamo);
+    let long = match long_query() {
+        Ok(l) => l,
+        Err(msg) => {
+            eprintln!("FAIL: {msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mem_ours = spawn_rss_child("ours");
+    let mem_dyn = spawn_rss_child("dynamo");
+
+    let ops = w.block_ops as f64;
+    let rate = |d: Duration| ops / d.as_secs_f64();
+    println!();
+    println!(
+        "{:<52} {:>14} {:>14} {:>12}",
+        "figure", "ours", "dynamo", "ours/dynamo"
+    );
+    row(
+        "apply, M block ops/s (higher is better)",
+        rate(ours_apply) / 1e6,
+        rate(dyn_apply) / 1e6,
+        2,
+    );
+    for (name, i) in [
+        ("query by keys, p50 us", 0),
+        ("query by keys, p99 us", 1),
+        ("query from 2,048 tokens, p50 us", 2),
+        ("query from 2,048 tokens, p99 us", 3),
+    ] {
+        row(name, lat.ours[i], lat.dynamo[i], 1);
+    }
+    row(
+        "query from 1M tokens, full hit, p50 ms",
+        long.0 * 1e3,
+        long.1 * 1e3,
+        2,
+    );
+    match (mem_ours, mem_dyn) {
+        (Ok(o), Ok(d)) => {
+            row("RSS after build, B per (block, holder)", o.0, d.0, 1);
+            row("peak RSS during build, B per pair", o.1, d.1, 1);
+        }
+        (o, d) => {
+            eprintln!("FAIL: memory measurement: ours {o:?}, dynamo {d:?}");
+            return ExitCode::FAILURE;
+        }
+    }
+    println!(
+        "(apply: {} block ops, ours {:.2?}, dynamo {:.2?}; latency over {} queries x {} rounds)",
+        w.block_ops,
+        ours_apply,
+        dyn_apply,
+        w.queries.len(),
+        QUERY_ROUNDS
+    );
+    ExitCode::SUCCESS
+}
+
+fn row(name: &str, ours: f64, dynamo: f64, decimals: usize) {
+    println!(
+        "{name:<52} {ours:>14.decimals$} {dynamo:>14.decimals$} {:>12.2}",
+        ours / dynamo
+    );
+}
+
+/// Every query, asked four ways (each index by keys and from tokens): the per-holder matched
+/// blocks must agree exactly.
+fn check(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Result<(), String> {
+    let mut mismatches = Vec::new();
+    let (mut any_hit, mut partial, mut total_blocks) = (0usize, 0usize, 0u64);
+    for (q, tokens) in w.queries.iter().enumerate() {
+        let a = ours::overlap(&ours.query(&mut ours.query_keys(tokens)));
+        let b = ours::overlap(&ours.query_tokens(tokens));
+        let c = dynamo::overlap(&dynamo.find_matches(&dynamo::local_hashes(tokens)));
+        let d = dynamo::overlap(&dynamo.query_tokens(tokens));
+        if a != b || a != c || a != d {
+            mismatches.push(q);
+            if mismatches.len() <= 3 {
+                let diff: Vec<String> = (0..a.len())
+                    .filter(|&h| a[h] != c[h] || a[h] != b[h] || c[h] != d[h])
+                    .take(5)
+                    .map(|h| {
+                        format!(
+                            "holder {h}: ours {}/{} dynamo {}/{}",
+                            a[h], b[h], c[h], d[h]
+                        )
+                    })
+                    .collect();
+                eprintln!("query {q} differs: {}", diff.join("; "));
+            }
+        }
+        let max = a.iter().copied().max().unwrap_or(0);
+        any_hit += usize::from(max > 0);
+        partial += usize::from(max > 0 && max < (workload::QUERY_TOKENS / BLOCK_SIZE) as u32);
+        total_blocks += a.iter().map(|&x| u64::from(x)).sum::<u64>();
+    }
+    if !mismatches.is_empty() {
+        return Err(format!(
+            "{} of {} queries answer differently",
+            mismatches.len(),
+            w.queries.len()
+        ));
+    }
+    println!(
+        "check: {} queries, per-holder overlap identical in both indexes \
+         ({any_hit} with a hit, {partial} of them partial; {total_blocks} matched \
+         (block, holder) pairs in all)",
+        w.queries.len()
+    );
+    Ok(())
+}
+
+struct Latencies {
+    /// p50 / p99 by keys, p50 / p99 from tokens, in microseconds.
+    ours: [f64; 4],
+    dynamo: [f64; 4],
+}
+
+fn latencies(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Latencies {
+    let mut ours_keys: Vec<ours::QueryKeys> =
+        w.queries.iter().map(|t| ours.query_keys(t)).collect();
+    let dyn_keys: Vec<_> = w.queries.iter().map(|t| dynamo::local_hashes(t)).collect();
+    let n = w.queries.len() * QUERY_ROUNDS;
+    let mut s: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(n));
+    for round in 0..=QUERY_ROUNDS {
+        // One pass over every query per way of asking, never the same query twice in a row:
+        // a query right after another on the same prompt would find its blocks in the CPU
+        // caches and look faster than it is. The passes alternate within a round, so machine
+        // noise hits both indexes alike.
+        for (way, samples) in s.iter_mut().enumerate() {
+            for (q, tokens) in w.queries.iter().enumerate() {
+                // Time until the answer exists; freeing it is left out of the sample.
+                let d = match way {
+                    0 => timed(|| ours.query(&mut ours_keys[q])),
+                    1 => timed(|| dynamo.find_matches(&dyn_keys[q])),
+                    2 => timed(|| ours.query_tokens(tokens)),
+                    _ => timed(|| dynamo.query_tokens(tokens)),
+                };
+                if round > 0 {
+                    samples.push(d);
+                }
+            }
+        }
+    }
+    let [mut ok, mut dk, mut ot, mut dt] = s;
+    let (ok, dk, ot, dt) = (
+        percentiles(&mut ok),
+        percentiles(&mut dk),
+        percentiles(&mut ot),
+        percentiles(&mut dt),
+    );
+    Latencies {
+        ours: [micros(ok.0), micros(ok.1), micros(ot.0), micros(ot.1)],
+        dynamo: [micros(dk.0), micros(dk.1), micros(dt.0), micros(dt.1)],
+    }
+}
+
+fn timed<R>(f: impl FnOnce() -> R) -> Duration {
+    let t = Instant::now();
+    let r = f();
+    let d = t.elapsed();
+    black_box(r);
+    d
+}
+
+/// A 1M-token prompt stored by one holder, queried end to end from its tokens (keys + walk) in
+/// both indexes. Returns the p50 seconds (ours, dynamo).
+fn long_query() -> Result<(f64, f64), String> {
+    let mut rng = workload::Rng::new(SEED ^ 0x1_000_000);
+    let tokens = rng.tokens(LONG_TOKENS);
+    let n = LONG_TOKENS / BLOCK_SIZE;
+    let batch = PublisherBatch {
+        holder: 0,
+        events: (0..n)
+            .step_by(16)
+            .map(|s| Event::Store {
+                prompt: 0,
+                start: s as u32,
+                end: (s + 16).min(n) as u32,
+            })
+            .collect(),
+    };
+
+    let mut ours = ours::Ours::new();
+    let keys = [ours.prompt(&tokens)];
+    ours.apply(&ours.batch(&batch, &keys));
+    let dynamo = dynamo::Dynamo::new(None);
+    let keys = [dynamo::prompt(&tokens)];
+    for ev in dynamo::EventBuilder::new().events(&batch, &keys) {
+        dynamo.send(ev);
+    }
+    dynamo.flush();
+
+    let (mut o, mut d) = (Vec::new(), Vec::new());
+    for _ in 0..LONG_RUNS {
+        let t = Instant::now();
+        let hits = ours.query_tokens(&tokens);
+        o.push(t.elapsed());
+        let got = ours::device_tokens(&hits, 0);
+        if got != LONG_TOKENS as u64 {
+            return Err(format!("1M-token query: ours matched {got} tokens"));
+        }
+        let t = Instant::now();
+        let scores = dynamo.query_tokens(&tokens);
+        d.push(t.elapsed());
+        let got = dynamo::overlap(&scores)[0] as usize;
+        if got != n {
+            return Err(format!(
+                "1M-token query: dynamo matched {got} of {n} blocks"
+            ));
+        }
+    }
+    Ok((
+        percentiles(&mut o).0.as_secs_f64(),
+        percentiles(&mut d).0.as_secs_f64(),
+    ))
+}
+
+/// Run this binary as `--rss-child <side>` and read back (bytes per pair after the build, peak
+/// bytes per pair during it).
+fn spawn_rss_child(side: &str) -> Result<(f64, f64), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = Command::new(exe)
+        .args(["--rss-child", side])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "{side} child failed ({}): {text} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let f: Vec<f64> = text
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    match f.as_slice() {
+        [pairs, rss, hwm, base] => {
+            println!(
+                "memory ({side}, own process): baseline {:.1} MiB, +{:.1} MiB after build, \
+                 peak +{:.1} MiB, {pairs} pairs",
+                base / 1048576.0,
+                rss / 1048576.0,
+                hwm / 1048576.0
+            );
+            Ok((rss / pairs, hwm / pairs))
+        }
+        _ => Err(format!("{side} child printed {text:?}")),
+    }
+}
+
+/// The memory measurement: build one index from the workload, generating each batch just
+/// before it is applied so the input never sits in memory whole, and print `pairs, RSS growth,
+/// peak growth, baseline` in bytes. The baseline is taken after the workload and its keys exist.
+fn rss_child(side: &str) {
+    let w = workload::generate(SEED);
+    if side == "ours" {
+        let mut ours = ours::Ours::new();
+        let prompts: Vec<_> = w.prompts.iter().map(|p| ours.prompt(&p.tokens)).collect();
+        let base = proc_status_bytes("VmRSS");
+        for b in &w.batches {
+            let batch = ours.batch(b, &prompts);
+            ours.apply(&batch);
+        }
+        report(w.live_pairs, base);
+        assert_eq!(ours.pairs(), w.live_pairs, "our index lost pairs");
+        black_box(&ours);
+    } else {
+        // A bounded queue: events wait in the channel only briefly, so its size stays small.
+        let dynamo = dynamo::Dynamo::new(Some(1024));
+        let prompts: Vec<_> = w
+            .prompts
+            .iter()
+            .map(|p| dynamo::prompt(&p.tokens))
+            .collect();
+        let mut builder = dynamo::EventBuilder::new();
+        let base = proc_status_bytes("VmRSS");
+        for b in &w.batches {
+            for ev in builder.events(b, &prompts) {
+                dynamo.send(ev);
+            }
+        }
+        dynamo.flush();
+        // Read before the worker thread ends: its per-worker lookups are part of the index.
+        report(w.live_pairs, base);
+        black_box(&dynamo);
+    }
+}
+
+fn report(pairs: u64, base: u64) {
+    let rss = proc_status_bytes("VmRSS");
+    let hwm = proc_status_bytes("VmHWM");
+    println!(
+        "{pairs} {} {} {base}",
+        rss.saturating_sub(base),
+        hwm.saturating_sub(base)
+    );
+}
