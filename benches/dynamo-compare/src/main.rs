@@ -19,7 +19,7 @@ use workload::{BLOCK_SIZE, Event, PublisherBatch, Workload};
 
 const SEED: u64 = 0x5eed_2026;
 /// Timed passes over the query set (after one untimed warm-up pass).
-const QUERY_ROUNDS: usize = 2;
+const QUERY_ROUNDS: usize = 3;
 const LONG_TOKENS: usize = 1_000_000;
 const LONG_RUNS: usize = 10;
 
@@ -143,18 +143,37 @@ fn run() -> ExitCode {
         rate(dyn_apply) / 1e6,
         2,
     );
-    for (name, i) in [
-        ("query by keys, p50 us", 0),
-        ("query by keys, p99 us", 1),
-        ("query from 2,048 tokens, p50 us", 2),
-        ("query from 2,048 tokens, p99 us", 3),
-    ] {
-        row(name, lat.ours[i], lat.dynamo[i], 1);
+    for (way, name) in ["query by keys", "query from 2,048 tokens"]
+        .iter()
+        .enumerate()
+    {
+        let [o, d] = lat.all[way];
+        row(&format!("{name}, p50 us"), o.0, d.0, 1);
+        row(&format!("{name}, p99 us"), o.1, d.1, 1);
+        let [o, d] = lat.best[way];
+        row(
+            &format!("{name}, best of {QUERY_ROUNDS}, p50 us"),
+            o.0,
+            d.0,
+            1,
+        );
+        row(
+            &format!("{name}, best of {QUERY_ROUNDS}, p99 us"),
+            o.1,
+            d.1,
+            1,
+        );
     }
     row(
         "query from 1M tokens, full hit, p50 ms",
-        long.0 * 1e3,
-        long.1 * 1e3,
+        long.from_tokens.0 * 1e3,
+        long.from_tokens.1 * 1e3,
+        2,
+    );
+    row(
+        "query by keys, 1M tokens, full hit, p50 ms",
+        long.by_keys.0 * 1e3,
+        long.by_keys.1 * 1e3,
         2,
     );
     match (mem_ours, mem_dyn) {
@@ -232,18 +251,25 @@ fn check(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Result<(),
     Ok(())
 }
 
+/// Query latency figures in microseconds, per way of asking: `[by keys, from tokens]` of
+/// `[ours, dynamo]`.
 struct Latencies {
-    /// p50 / p99 by keys, p50 / p99 from tokens, in microseconds.
-    ours: [f64; 4],
-    dynamo: [f64; 4],
+    /// p50 and p99 over every timed sample.
+    all: [[(f64, f64); 2]; 2],
+    /// p50 and p99 over queries of each query's fastest round: scheduler preemptions on a
+    /// loaded machine hit longer queries more often and dominate a plain p99; the best of
+    /// several rounds keeps the spread between queries and drops most of that noise.
+    best: [[(f64, f64); 2]; 2],
 }
 
 fn latencies(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Latencies {
     let mut ours_keys: Vec<ours::QueryKeys> =
         w.queries.iter().map(|t| ours.query_keys(t)).collect();
     let dyn_keys: Vec<_> = w.queries.iter().map(|t| dynamo::local_hashes(t)).collect();
-    let n = w.queries.len() * QUERY_ROUNDS;
-    let mut s: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(n));
+    let nq = w.queries.len();
+    // Per way (ours keys, dynamo keys, ours tokens, dynamo tokens): sample of round r, query q
+    // at `r * nq + q`.
+    let mut s: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(nq * QUERY_ROUNDS));
     for round in 0..=QUERY_ROUNDS {
         // One pass over every query per way of asking, never the same query twice in a row:
         // a query right after another on the same prompt would find its blocks in the CPU
@@ -264,17 +290,30 @@ fn latencies(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Latenc
             }
         }
     }
-    let [mut ok, mut dk, mut ot, mut dt] = s;
-    let (ok, dk, ot, dt) = (
-        percentiles(&mut ok),
-        percentiles(&mut dk),
-        percentiles(&mut ot),
-        percentiles(&mut dt),
-    );
+    let us = |(a, b): (Duration, Duration)| (micros(a), micros(b));
+    let best = |v: &[Duration]| {
+        let mut m: Vec<Duration> = (0..nq)
+            .map(|q| {
+                (0..QUERY_ROUNDS)
+                    .map(|r| v[r * nq + q])
+                    .min()
+                    .unwrap_or_default()
+            })
+            .collect();
+        us(percentiles(&mut m))
+    };
+    let bests = s.each_ref().map(|v| best(v));
+    let alls = s.map(|mut v| us(percentiles(&mut v)));
     Latencies {
-        ours: [micros(ok.0), micros(ok.1), micros(ot.0), micros(ot.1)],
-        dynamo: [micros(dk.0), micros(dk.1), micros(dt.0), micros(dt.1)],
+        all: [[alls[0], alls[1]], [alls[2], alls[3]]],
+        best: [[bests[0], bests[1]], [bests[2], bests[3]]],
     }
+}
+
+/// p50 seconds, (ours, dynamo).
+struct LongQuery {
+    from_tokens: (f64, f64),
+    by_keys: (f64, f64),
 }
 
 fn timed<R>(f: impl FnOnce() -> R) -> Duration {
@@ -286,8 +325,8 @@ fn timed<R>(f: impl FnOnce() -> R) -> Duration {
 }
 
 /// A 1M-token prompt stored by one holder, queried end to end from its tokens (keys + walk) in
-/// both indexes. Returns the p50 seconds (ours, dynamo).
-fn long_query() -> Result<(f64, f64), String> {
+/// both indexes, and by precomputed keys (the walk alone).
+fn long_query() -> Result<LongQuery, String> {
     let mut rng = workload::Rng::new(SEED ^ 0x1_000_000);
     let tokens = rng.tokens(LONG_TOKENS);
     let n = LONG_TOKENS / BLOCK_SIZE;
@@ -313,29 +352,34 @@ fn long_query() -> Result<(f64, f64), String> {
     }
     dynamo.flush();
 
-    let (mut o, mut d) = (Vec::new(), Vec::new());
+    let mut ours_keys = ours.query_keys(&tokens);
+    let dyn_keys = dynamo::local_hashes(&tokens);
+    let mut s: [Vec<Duration>; 4] = Default::default();
     for _ in 0..LONG_RUNS {
         let t = Instant::now();
         let hits = ours.query_tokens(&tokens);
-        o.push(t.elapsed());
+        s[0].push(t.elapsed());
         let got = ours::device_tokens(&hits, 0);
         if got != LONG_TOKENS as u64 {
             return Err(format!("1M-token query: ours matched {got} tokens"));
         }
         let t = Instant::now();
         let scores = dynamo.query_tokens(&tokens);
-        d.push(t.elapsed());
+        s[1].push(t.elapsed());
         let got = dynamo::overlap(&scores)[0] as usize;
         if got != n {
             return Err(format!(
                 "1M-token query: dynamo matched {got} of {n} blocks"
             ));
         }
+        s[2].push(timed(|| ours.query(&mut ours_keys)));
+        s[3].push(timed(|| dynamo.find_matches(&dyn_keys)));
     }
-    Ok((
-        percentiles(&mut o).0.as_secs_f64(),
-        percentiles(&mut d).0.as_secs_f64(),
-    ))
+    let [o, d, ok, dk] = s.map(|mut v| percentiles(&mut v).0.as_secs_f64());
+    Ok(LongQuery {
+        from_tokens: (o, d),
+        by_keys: (ok, dk),
+    })
 }
 
 /// Run this binary as `--rss-child <side>` and read back (bytes per pair after the build, peak
