@@ -118,15 +118,45 @@ pub enum Holder {
     Shared { backend_id: String },
 }
 
-/// One change to a context index.
+/// What lets the index key published blocks itself (`hashing::derived`): the blocks' contents
+/// and the engine's hash of the block before them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockContents {
+    /// The engine's hash of the block before the first, `None` at the start of a sequence.
+    pub parent: Option<BlockHash>,
+    /// `derived::root(salt)`: the parent key when `parent` is `None`.
+    pub root: u64,
+    /// One `derived::content` digest per published hash, in order.
+    pub digests: Vec<u64>,
+}
+
+/// One change to a context index. Stores are counted: storing a block twice needs two removes
+/// before it goes (see `index`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IndexOp {
-    /// Set semantics: storing a block twice is the same as once.
+    /// Blocks keyed by the given 64-bit hashes themselves (as the registered profile computes
+    /// them; also what a snapshot replays).
     Store {
         holder: Holder,
         tier: Tier,
         hashes: Vec<BlockHash>,
     },
+    /// Engine blocks with their contents: keyed by the key the index derives, with `hashes`
+    /// kept as aliases. A parent the index never saw leaves the blocks keyed by `hashes`.
+    StoreChained {
+        holder: Holder,
+        tier: Tier,
+        hashes: Vec<BlockHash>,
+        contents: BlockContents,
+    },
+    /// Blocks named by published hashes only (store objects, engine events without tokens):
+    /// keyed by the derived key an alias names, else by the hash.
+    StoreAliased {
+        holder: Holder,
+        tier: Tier,
+        hashes: Vec<BlockHash>,
+    },
+    /// Published hashes, resolved like `StoreAliased`.
     Remove {
         holder: Holder,
         tier: Tier,

@@ -33,6 +33,7 @@
 
 pub mod cbor;
 pub mod chain;
+pub mod derived;
 pub mod pickle;
 pub mod profile;
 pub mod sglang;

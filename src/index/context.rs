@@ -9,6 +9,7 @@ use crate::hashing::{HashProfile, PrefixKeys};
 use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
 use super::handle::{ContextView, IndexReader, IndexStats, Meta, Shared};
+use super::keying;
 use super::query::{self, QueryHits};
 use super::refs::RefList;
 use super::table::{
@@ -27,7 +28,9 @@ pub(super) struct HolderKey {
 pub(super) struct HolderState {
     pub(super) key: HolderKey,
     /// Blocks this holder has an entry on.
-    live: u64,
+    pub(super) live: u64,
+    /// Of `live`, blocks keyed by a published hash (see "Keys" in the module doc).
+    pub(super) raw_live: u64,
     /// Reverse index: the blocks this holder was added to, as table references (4 bytes where a
     /// key would take 8). Removals leave stale references behind (checked against the table when
     /// used: a reference may outlive its block and name a later one) and the list is compacted
@@ -38,19 +41,34 @@ pub(super) struct HolderState {
     /// `blocks[checkpointed..]` joined since the last checkpoint took its changes: they are part
     /// of the change set without a second copy in `ContextIndex::dirty` (see `persist`).
     pub(super) checkpointed: usize,
+    /// Announcements beyond the first, per (block, tier bit): engines do not deduplicate (see
+    /// "Repeated announcements" in the module doc), so a block stored twice stays held after one
+    /// removal. Only counts above one live here; the table's tier bit is the first copy, so the
+    /// common count of one costs nothing.
+    pub(super) repeats: HashMap<(u64, u8), u32>,
 }
 
 /// What one [`ContextIndex::apply`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ApplyReport {
-    /// Block keys named by valid Store ops (stores are idempotent, so repeats count here too).
+    /// Block keys named by valid Store ops, repeats included.
     pub stored: u64,
+    /// Of `stored`, announcements of a (block, tier) the holder already had: counted, so that
+    /// as many removes are needed before the block goes.
+    pub repeated: u64,
     /// Block keys named by valid Remove ops.
     pub removed: u64,
+    /// Of `removed`, removes that took one of several announcements away (the block stays).
+    pub repeated_removes: u64,
     /// (block, holder) pairs removed by ClearHolder ops.
     pub cleared: u64,
     /// Ops refused: a tier the holder kind cannot hold, or a holder table at its id limit.
     pub invalid_ops: u64,
+    /// Of `stored`, blocks keyed by the key derived from their contents (see "Keys").
+    pub translated: u64,
+    /// Of `stored`, blocks whose contents came with a parent this context never saw (joined
+    /// mid-stream): keyed by their published hash instead.
+    pub unlinked: u64,
 }
 
 /// One context's prefix index. Owned by exactly one writer (the context actor); readers go
@@ -70,6 +88,8 @@ pub struct ContextIndex {
     pub(super) dirty: Vec<(u32, u64)>,
     /// Per source, the last publisher batch applied here (see `persist`).
     pub(super) watermarks: HashMap<SubscriptionKey, super::persist::Watermark>,
+    /// Engine hashes whose alias was added, moved or dropped since the last checkpoint.
+    pub(super) alias_dirty: Vec<u64>,
 }
 
 impl ContextIndex {
@@ -82,6 +102,9 @@ impl ContextIndex {
             blocks: AtomicU64::new(0),
             holder_blocks: AtomicU64::new(0),
             invalid_ops: AtomicU64::new(0),
+            aliases: Default::default(),
+            raw_pairs: AtomicU64::new(0),
+            unlinked: AtomicU64::new(0),
         };
         ContextIndex {
             shared: Arc::new(shared),
@@ -91,6 +114,7 @@ impl ContextIndex {
             attached: HashMap::new(),
             dirty: Vec::new(),
             watermarks: HashMap::new(),
+            alias_dirty: Vec::new(),
         }
     }
 
@@ -122,29 +146,58 @@ impl ContextIndex {
                     tier,
                     hashes,
                 } => {
-                    if !tier_allowed(holder, *tier) {
-                        report.invalid_ops += 1;
-                        continue;
-                    }
-                    if let Holder::Engine {
-                        instance_id,
-                        dp_rank,
-                    } = holder
-                    {
-                        self.attach_rank(&batch.source, instance_id, *dp_rank);
-                    }
-                    let Some(id) = self.intern(&batch.source, holder) else {
-                        report.invalid_ops += 1;
+                    let Some(id) = self.store_holder(&batch.source, holder, *tier, &mut report)
+                    else {
                         continue;
                     };
-                    for chunk in hashes.chunks(RUN_MAX) {
-                        if run.items.len() + chunk.len() > RUN_MAX {
-                            self.store_run(&mut run);
-                        }
-                        let bit = tier_bit(*tier);
-                        run.items.extend(chunk.iter().map(|h| (h.0, id, bit)));
-                    }
+                    let keys = hashes.iter().map(|h| (h.0, true));
+                    report.repeated += self.gather(&mut run, id, *tier, keys);
                     report.stored += hashes.len() as u64;
+                }
+                IndexOp::StoreChained {
+                    holder,
+                    tier,
+                    hashes,
+                    contents,
+                } => {
+                    let Some(id) = self.store_holder(&batch.source, holder, *tier, &mut report)
+                    else {
+                        continue;
+                    };
+                    report.stored += hashes.len() as u64;
+                    match keying::chain(&self.shared.aliases, hashes, contents) {
+                        Some(keys) => {
+                            let pairs = hashes.iter().map(|h| h.0).zip(keys.iter().copied());
+                            self.shared.aliases.insert(pairs, &mut self.alias_dirty);
+                            report.translated += keys.len() as u64;
+                            let keys = keys.into_iter().map(|k| (k, false));
+                            report.repeated += self.gather(&mut run, id, *tier, keys);
+                        }
+                        None => {
+                            // A parent never seen: the blocks stay keyed by their hashes, which
+                            // only a matching registered profile reproduces.
+                            report.unlinked += hashes.len() as u64;
+                            let keys = hashes.iter().map(|h| (h.0, true));
+                            report.repeated += self.gather(&mut run, id, *tier, keys);
+                        }
+                    }
+                }
+                IndexOp::StoreAliased {
+                    holder,
+                    tier,
+                    hashes,
+                } => {
+                    let Some(id) = self.store_holder(&batch.source, holder, *tier, &mut report)
+                    else {
+                        continue;
+                    };
+                    report.stored += hashes.len() as u64;
+                    let resolved = self.shared.aliases.resolve(hashes.iter().map(|h| h.0));
+                    let keys = hashes
+                        .iter()
+                        .zip(resolved)
+                        .map(|(h, alias)| alias.map_or((h.0, true), |k| (k, false)));
+                    report.repeated += self.gather(&mut run, id, *tier, keys);
                 }
                 IndexOp::Remove {
                     holder,
@@ -156,17 +209,18 @@ impl ContextIndex {
                         continue;
                     }
                     report.removed += hashes.len() as u64;
-                    self.store_run(&mut run);
+                    report.repeated += self.store_run(&mut run);
                     let key = HolderKey {
                         source: batch.source.clone(),
                         holder: holder.clone(),
                     };
                     if let Some(&id) = self.holder_ids.get(&key) {
-                        self.remove(id, tier_bit(*tier), hashes);
+                        let keys = self.removal_keys(id, tier_bit(*tier), hashes);
+                        report.repeated_removes += self.remove(id, tier_bit(*tier), &keys);
                     }
                 }
                 IndexOp::ClearHolder { holder } => {
-                    self.store_run(&mut run);
+                    report.repeated += self.store_run(&mut run);
                     let key = HolderKey {
                         source: batch.source.clone(),
                         holder: holder.clone(),
@@ -177,13 +231,84 @@ impl ContextIndex {
                 }
             }
         }
-        self.store_run(&mut run);
+        report.repeated += self.store_run(&mut run);
         if report.invalid_ops > 0 {
             self.shared
                 .invalid_ops
                 .fetch_add(report.invalid_ops, Ordering::Relaxed);
         }
+        if report.unlinked > 0 {
+            self.shared
+                .unlinked
+                .fetch_add(report.unlinked, Ordering::Relaxed);
+        }
+        if report.translated > 0 {
+            self.sweep_aliases();
+        }
         report
+    }
+
+    /// The holder id a store op of `holder` into `tier` goes to, after the checks every store
+    /// makes (tier allowed, holder table not full; an engine rank gets listed). `None` when the
+    /// op is refused (counted in `report`).
+    fn store_holder(
+        &mut self,
+        source: &SubscriptionKey,
+        holder: &Holder,
+        tier: Tier,
+        report: &mut ApplyReport,
+    ) -> Option<u32> {
+        if !tier_allowed(holder, tier) {
+            report.invalid_ops += 1;
+            return None;
+        }
+        if let Holder::Engine {
+            instance_id,
+            dp_rank,
+        } = holder
+        {
+            self.attach_rank(source, instance_id, *dp_rank);
+        }
+        let id = self.intern(source, holder);
+        if id.is_none() {
+            report.invalid_ops += 1;
+        }
+        id
+    }
+
+    /// Queue stores of `keys` (table key, whether it is a published hash) for holder `id`,
+    /// applying the queue first when it would grow past [`RUN_MAX`]; returns the repeats that
+    /// flush counted.
+    fn gather(
+        &mut self,
+        run: &mut StoreRun,
+        id: u32,
+        tier: Tier,
+        keys: impl ExactSizeIterator<Item = (u64, bool)>,
+    ) -> u64 {
+        let bit = tier_bit(tier);
+        let mut repeated = 0;
+        if run.items.len() + keys.len() > RUN_MAX {
+            repeated += self.store_run(run);
+        }
+        run.items.extend(keys.map(|(key, raw)| {
+            let flag = if raw { RAW_KEY } else { 0 };
+            (key, id, bit | flag)
+        }));
+        repeated
+    }
+
+    /// Drop aliases whose block no holder keeps, once they outnumber the blocks (amortized O(1)
+    /// per alias added).
+    fn sweep_aliases(&mut self) {
+        let blocks = self.shared.blocks.load(Ordering::Relaxed) as usize;
+        if self.shared.aliases.len() <= 2 * blocks + ALIAS_SLACK {
+            return;
+        }
+        let table = &self.shared.table;
+        self.shared
+            .aliases
+            .retain(|_, key| table.contains(key), &mut self.alias_dirty);
     }
 
     /// List `(instance_id, dp_rank)` on behalf of `source` (a registration, or an engine source
@@ -313,6 +438,31 @@ impl ContextIndex {
                     .or_default()
                     .push(op);
             }
+            // Repeated announcements replay as the same store made again.
+            let mut repeats: Vec<(u8, u64, u32)> = state
+                .repeats
+                .iter()
+                .map(|(&(key, bit), &n)| (bit, key, n))
+                .collect();
+            repeats.sort_unstable();
+            for tier in Tier::ALL {
+                let hashes: Vec<BlockHash> = repeats
+                    .iter()
+                    .filter(|r| r.0 == tier_bit(tier))
+                    .flat_map(|&(_, key, n)| std::iter::repeat_n(BlockHash(key), n as usize))
+                    .collect();
+                if !hashes.is_empty() {
+                    let op = IndexOp::Store {
+                        holder: state.key.holder.clone(),
+                        tier,
+                        hashes,
+                    };
+                    batches
+                        .entry(state.key.source.clone())
+                        .or_default()
+                        .push(op);
+                }
+            }
         }
         let mut batches: Vec<IndexBatch> = batches
             .into_iter()
@@ -354,8 +504,10 @@ impl ContextIndex {
         self.holders.push(HolderState {
             key: key.clone(),
             live: 0,
+            raw_live: 0,
             blocks: RefList::default(),
             checkpointed: 0,
+            repeats: HashMap::new(),
         });
         self.holder_ids.insert(key, id);
         self.by_source.entry(source.clone()).or_default().push(id);
@@ -370,10 +522,22 @@ impl ContextIndex {
         }
     }
 
+    /// Announcements of tier `bit` of holder `id` on block `key`: 0 when not held.
+    pub(super) fn announcements(&self, id: u32, key: u64, bit: u8) -> u32 {
+        let Some(state) = self.holders.get(id as usize) else {
+            return 0;
+        };
+        if self.shared.table.read(key).holder_bits(key, id) & bit == 0 {
+            return 0;
+        }
+        1 + state.repeats.get(&(key, bit)).copied().unwrap_or(0)
+    }
+
     /// Apply the gathered stores, one shard lock per shard they touch, and empty the run.
-    fn store_run(&mut self, run: &mut StoreRun) {
+    /// Returns how many were repeats (counted, see [`HolderState::repeats`]).
+    fn store_run(&mut self, run: &mut StoreRun) -> u64 {
         if run.items.is_empty() {
-            return;
+            return 0;
         }
         let table = &self.shared.table;
         // Counting sort by shard, keeping the order within a shard.
@@ -390,18 +554,27 @@ impl ContextIndex {
         let mut next = start;
         run.sorted.clear();
         run.sorted.resize(run.items.len(), (0, 0, 0));
+        run.raw.clear();
+        run.raw.resize(run.items.len(), false);
         for (it, &s) in run.items.iter().zip(&run.shard) {
-            run.sorted[next[s as usize]] = *it;
+            let at = next[s as usize];
+            run.sorted[at] = (it.0, it.1, it.2 & !RAW_KEY);
+            run.raw[at] = it.2 & RAW_KEY != 0;
             next[s as usize] += 1;
         }
         let (holders, dirty) = (&mut self.holders, &mut self.dirty);
-        let (mut new_blocks, mut new_pairs) = (0u64, 0u64);
+        let (mut new_blocks, mut new_pairs, mut repeated, mut new_raw) = (0u64, 0u64, 0u64, 0u64);
         for s in 0..SHARDS {
             let group = &run.sorted[start[s]..start[s + 1]];
             if group.is_empty() {
                 continue;
             }
-            table.add_group(s, group, |(key, id, _), added, r| {
+            // `add_group` reports the items in order: `at` follows them into `run.raw`.
+            let mut at = start[s];
+            let raw = &run.raw;
+            table.add_group(s, group, |(key, id, bit), added, r| {
+                let is_raw = raw.get(at).copied().unwrap_or(false);
+                at += 1;
                 let Some(state) = holders.get_mut(id as usize) else {
                     return;
                 };
@@ -410,8 +583,18 @@ impl ContextIndex {
                         state.blocks.push(r);
                         state.live += 1;
                         new_pairs += 1;
+                        if is_raw {
+                            state.raw_live += 1;
+                            new_raw += 1;
+                        }
                     }
-                    None => dirty.push((id, key)),
+                    None => {
+                        if added.repeat {
+                            *state.repeats.entry((key, bit)).or_default() += 1;
+                            repeated += 1;
+                        }
+                        dirty.push((id, key))
+                    }
                 }
                 new_blocks += u64::from(added.new_block);
             });
@@ -421,20 +604,60 @@ impl ContextIndex {
         self.shared
             .holder_blocks
             .fetch_add(new_pairs, Ordering::Relaxed);
+        self.shared.raw_pairs.fetch_add(new_raw, Ordering::Relaxed);
+        repeated
     }
 
-    fn remove(&mut self, id: u32, bits: u8, hashes: &[BlockHash]) {
+    /// The table keys a removal of `hashes` from holder `id`'s tier `bit` names: the derived key
+    /// an alias gives, unless the holder keeps the block by its hash (stored before the alias
+    /// was known). Flagged raw where the hash itself is the key.
+    fn removal_keys(&self, id: u32, bit: u8, hashes: &[BlockHash]) -> Vec<(u64, bool)> {
+        let resolved = self.shared.aliases.resolve(hashes.iter().map(|h| h.0));
+        let any_raw = self
+            .holders
+            .get(id as usize)
+            .is_some_and(|s| s.raw_live > 0);
+        let table = &self.shared.table;
+        hashes
+            .iter()
+            .zip(resolved)
+            .map(|(h, alias)| match alias {
+                Some(key) if !any_raw => (key, false),
+                Some(key) if table.read(key).holder_bits(key, id) & bit != 0 => (key, false),
+                _ => (h.0, true),
+            })
+            .collect()
+    }
+
+    /// Take one announcement of tier `bit` of holder `id` away from each block; a block with
+    /// more than one announcement stays held. Returns how many removes only lowered a count.
+    fn remove(&mut self, id: u32, bit: u8, keys: &[(u64, bool)]) -> u64 {
         let Some(state) = self.holders.get_mut(id as usize) else {
-            return;
+            return 0;
         };
-        self.dirty.extend(hashes.iter().map(|h| (id, h.0)));
-        let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
-        for h in hashes {
-            let removed = self.shared.table.remove(h.0, id, bits);
+        self.dirty.extend(keys.iter().map(|&(k, _)| (id, k)));
+        let (mut gone_blocks, mut gone_pairs, mut counted, mut gone_raw) = (0u64, 0u64, 0u64, 0u64);
+        for &(key, raw) in keys {
+            if !state.repeats.is_empty() {
+                if let std::collections::hash_map::Entry::Occupied(mut extra) =
+                    state.repeats.entry((key, bit))
+                {
+                    *extra.get_mut() -= 1;
+                    if *extra.get() == 0 {
+                        extra.remove();
+                    }
+                    counted += 1;
+                    continue;
+                }
+            }
+            let removed = self.shared.table.remove(key, id, bit);
             gone_pairs += u64::from(removed.holder_gone);
             gone_blocks += u64::from(removed.block_gone);
+            gone_raw += u64::from(removed.holder_gone && raw);
         }
         state.live = state.live.saturating_sub(gone_pairs);
+        state.raw_live = state.raw_live.saturating_sub(gone_raw);
+        self.shared.raw_pairs.fetch_sub(gone_raw, Ordering::Relaxed);
         self.shared.blocks.fetch_sub(gone_blocks, Ordering::Relaxed);
         self.shared
             .holder_blocks
@@ -448,6 +671,7 @@ impl ContextIndex {
             compact(table, id, &mut state.blocks);
             state.checkpointed = state.blocks.len();
         }
+        counted
     }
 
     /// Remove every entry of holder `id`; returns the pairs removed.
@@ -457,6 +681,7 @@ impl ContextIndex {
         };
         let refs = std::mem::take(&mut state.blocks);
         state.checkpointed = 0;
+        state.repeats = HashMap::new();
         let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
         for r in refs.iter() {
             // A stale reference names a pair already gone (and recorded when it went).
@@ -467,6 +692,8 @@ impl ContextIndex {
             }
         }
         state.live = 0;
+        let gone_raw = std::mem::take(&mut state.raw_live);
+        self.shared.raw_pairs.fetch_sub(gone_raw, Ordering::Relaxed);
         self.shared.blocks.fetch_sub(gone_blocks, Ordering::Relaxed);
         self.shared
             .holder_blocks
@@ -478,10 +705,19 @@ impl ContextIndex {
 /// Stores gathered for [`ContextIndex::store_run`]: (block, holder id, tier bit), and scratch.
 #[derive(Default)]
 struct StoreRun {
+    /// The tier bit carries [`RAW_KEY`] for keys that are published hashes.
     items: Vec<(u64, u32, u8)>,
     shard: Vec<u8>,
     sorted: Vec<(u64, u32, u8)>,
+    /// `sorted[i]` is a published hash.
+    raw: Vec<bool>,
 }
+
+/// Marks a queued store whose key is a published hash (the tier bits use the low four bits).
+const RAW_KEY: u8 = 0x80;
+
+/// Aliases beyond twice the block count before a sweep (keeps small contexts from sweeping).
+const ALIAS_SLACK: usize = 4096;
 
 /// Stores applied per grouping pass: enough that each shard gets several (one lock, and their
 /// slot reads overlap), few enough that the scratch stays small.

@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 use crate::hashing::{HashProfile, PrefixKeys};
 use crate::model::{ContextKey, SubscriptionKey};
 
+use super::aliases::Aliases;
 use super::query::{self, QueryHits};
 use super::table::{Table, read_lock};
 
@@ -26,6 +27,13 @@ pub(crate) struct Shared {
     pub holder_blocks: AtomicU64,
     /// Ops refused as invalid (e.g. an engine storing into cpu_share), counted not failed.
     pub invalid_ops: AtomicU64,
+    /// Engine hash → derived key.
+    pub aliases: Aliases,
+    /// Pairs keyed by a published hash rather than a derived key (see "Keys" in the module doc):
+    /// while there are any, a query from tokens also walks the registered profile's chain.
+    pub raw_pairs: AtomicU64,
+    /// Blocks whose contents came with an unknown parent, so they are keyed by their hash.
+    pub unlinked: AtomicU64,
 }
 
 #[derive(Default)]

@@ -20,8 +20,20 @@
 //! device, cpu_local and (rank-local) disk; store backends hold cpu_share and (shared) disk; a
 //! store into any other tier is counted in `invalid_ops` and ignored. Each holder keeps a
 //! reverse list of its blocks (32-bit table references), so remove, clear, drop-source and detach
-//! cost O(blocks that holder owns), never a scan of the context. Stores and removes have set
-//! semantics.
+//! cost O(blocks that holder owns), never a scan of the context.
+//!
+//! # Repeated announcements
+//!
+//! Stores and removes are counted per (holder, tier, block), not merged: a store adds one, a
+//! remove takes one away, and the holder holds the block in that tier while its count is above
+//! zero; clearing or dropping a holder resets its counts. vLLM's block pool does not deduplicate
+//! (two identical prompts scheduled together both cache, and so both announce, the same hashes;
+//! evicting one copy announces a removal while the other copy stays usable), and its offloading
+//! tiers re-announce shared hashes and leave the counting to consumers; `src/wire/README.md` has
+//! the rule of each publisher. The table keeps one tier bit per (holder, block), which is the
+//! first announcement; only counts above one are kept, in a per-holder side map
+//! (`HolderState::repeats`), so the common count of one costs no memory. Checkpoints write a
+//! count beside a pair's tier bits only when it is above one.
 //!
 //! A rank is listed (reported in `instances()` and queried) while at least one source attached
 //! it: a registration via `attach_rank`, or an engine source storing blocks for it (which covers
@@ -79,8 +91,10 @@
 //! p50 alone and 86-114 us with a writer applying ~8 M block ops/s to the same context.
 
 pub mod actor;
+mod aliases;
 pub mod context;
 pub mod handle;
+mod keying;
 pub mod persist;
 pub mod query;
 mod refs;

@@ -22,12 +22,16 @@ enum Walk {
     NoGapStop,
     /// Goes back to the device tier: device counts every device block before the walk's end.
     DeviceResumes,
+    /// Merges repeated stores (set semantics): one remove drops a block stored twice.
+    MergesRepeats,
 }
 
-/// The naive model: a set of (hash, source, holder, tier) facts and a list of rank listings.
+/// The naive model: announcement counts of (hash, source, holder, tier) facts (present while
+/// above zero) and a list of rank listings.
 #[derive(Default)]
 struct Model {
-    facts: BTreeSet<(u64, SubscriptionKey, Holder, Tier)>,
+    merges: bool,
+    facts: BTreeMap<(u64, SubscriptionKey, Holder, Tier), u32>,
     listed: BTreeSet<(SubscriptionKey, String, u32)>,
 }
 
@@ -58,7 +62,11 @@ impl Model {
                             .insert((s.clone(), instance_id.clone(), *dp_rank));
                     }
                     for h in hashes {
-                        self.facts.insert((h.0, s.clone(), holder.clone(), *tier));
+                        let n = self
+                            .facts
+                            .entry((h.0, s.clone(), holder.clone(), *tier))
+                            .or_default();
+                        *n = if self.merges { 1 } else { *n + 1 };
                     }
                 }
                 IndexOp::Remove {
@@ -67,11 +75,17 @@ impl Model {
                     hashes,
                 } if allowed(holder, *tier) => {
                     for h in hashes {
-                        self.facts.remove(&(h.0, s.clone(), holder.clone(), *tier));
+                        let fact = (h.0, s.clone(), holder.clone(), *tier);
+                        if let Some(n) = self.facts.get_mut(&fact) {
+                            *n -= 1;
+                            if *n == 0 {
+                                self.facts.remove(&fact);
+                            }
+                        }
                     }
                 }
                 IndexOp::ClearHolder { holder } => {
-                    self.facts.retain(|f| !(&f.1 == s && &f.2 == holder))
+                    self.facts.retain(|f, _| !(&f.1 == s && &f.2 == holder))
                 }
                 _ => {}
             }
@@ -79,7 +93,7 @@ impl Model {
     }
 
     fn drop_source(&mut self, s: &SubscriptionKey) {
-        self.facts.retain(|f| &f.1 != s);
+        self.facts.retain(|f, _| &f.1 != s);
     }
 
     fn detach(&mut self, s: &SubscriptionKey) {
@@ -97,7 +111,7 @@ impl Model {
 
     fn prefix_count(&self) -> u64 {
         self.facts
-            .iter()
+            .keys()
             .map(|f| f.0)
             .collect::<BTreeSet<_>>()
             .len() as u64
@@ -105,7 +119,7 @@ impl Model {
 
     fn holder_blocks(&self) -> u64 {
         self.facts
-            .iter()
+            .keys()
             .map(|f| (f.0, &f.1, &f.2))
             .collect::<BTreeSet<_>>()
             .len() as u64
@@ -125,8 +139,8 @@ impl Model {
         );
         self.facts
             .range(first..)
-            .take_while(|f| f.0 == hash)
-            .any(|(_, _, holder, tier)| {
+            .take_while(|f| f.0.0 == hash)
+            .any(|((_, _, holder, tier), _)| {
                 let tier_ok = if walk == Walk::OwnTierOnly {
                     tier.index() == phase
                 } else {
@@ -301,7 +315,10 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
         .map(|k| {
             (
                 ContextIndex::new(k.clone(), test_profile()),
-                Model::default(),
+                Model {
+                    merges: walk == Walk::MergesRepeats,
+                    ..Model::default()
+                },
             )
         })
         .collect();
@@ -437,9 +454,33 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
             if copy.query(&mut k1, None) != ix.query(&mut k2, None) || copy.view() != ix.view() {
                 return Err(fail("snapshot restore differs".into()));
             }
+            if announcements(&copy) != announcements(ix) {
+                return Err(fail("snapshot restore changed announcement counts".into()));
+            }
         }
     }
     Ok(coverage)
+}
+
+/// Every (source, holder, tier) with its announced blocks, one entry per announcement, sorted.
+fn announcements(ix: &ContextIndex) -> BTreeMap<(SubscriptionKey, Holder, Tier), Vec<u64>> {
+    let mut out: BTreeMap<_, Vec<u64>> = BTreeMap::new();
+    for batch in ix.snapshot().batches {
+        for op in batch.ops {
+            if let IndexOp::Store {
+                holder,
+                tier,
+                hashes,
+            } = op
+            {
+                out.entry((batch.source.clone(), holder, tier))
+                    .or_default()
+                    .extend(hashes.iter().map(|h| h.0));
+            }
+        }
+    }
+    out.values_mut().for_each(|v| v.sort_unstable());
+    out
 }
 
 const SEEDS: [u64; 3] = [0x5eed_0001, 0xc0ff_ee00_1234, 0x0dd_ba11];
@@ -461,7 +502,12 @@ fn index_matches_the_naive_model() {
 
 #[test]
 fn the_harness_catches_broken_walks() {
-    for broken in [Walk::OwnTierOnly, Walk::NoGapStop, Walk::DeviceResumes] {
+    for broken in [
+        Walk::OwnTierOnly,
+        Walk::NoGapStop,
+        Walk::DeviceResumes,
+        Walk::MergesRepeats,
+    ] {
         let caught = SEEDS.iter().all(|&seed| run(seed, 2500, broken).is_err());
         assert!(
             caught,

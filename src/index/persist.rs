@@ -41,6 +41,9 @@ pub struct ContextChanges {
     pub holders: Vec<HolderRecord>,
     /// (holder id, block, tier bits now); bits 0 means the pair is gone.
     pub pairs: Vec<(u32, u64, u8)>,
+    /// (holder id, block, tier bit, announcements beyond the first) of the pairs in `pairs` that
+    /// have more than one announcement in some tier, sorted like `pairs`.
+    pub repeats: Vec<(u32, u64, u8, u32)>,
     /// (source, instance, rank) listings, sorted.
     pub attachments: Vec<(SubscriptionKey, String, u32)>,
     /// Per source, sorted.
@@ -81,7 +84,7 @@ impl ContextIndex {
         }
         touched.sort_unstable();
         touched.dedup();
-        let pairs = touched
+        let pairs: Vec<(u32, u64, u8)> = touched
             .into_iter()
             .map(|(id, block)| {
                 (
@@ -91,6 +94,21 @@ impl ContextIndex {
                 )
             })
             .collect();
+        let mut repeats = Vec::new();
+        for &(id, block, bits) in &pairs {
+            let Some(state) = self.holders.get(id as usize) else {
+                continue;
+            };
+            if bits == 0 || state.repeats.is_empty() {
+                continue;
+            }
+            for tier in crate::model::Tier::ALL {
+                let bit = super::table::tier_bit(tier);
+                if let Some(&n) = state.repeats.get(&(block, bit)).filter(|_| bits & bit != 0) {
+                    repeats.push((id, block, bit, n));
+                }
+            }
+        }
         let holders = self
             .holders
             .iter()
@@ -113,6 +131,7 @@ impl ContextIndex {
             profile: self.profile().clone(),
             holders,
             pairs,
+            repeats,
             attachments,
             watermarks,
         }
@@ -175,6 +194,18 @@ impl Restorer {
             self.flush();
         }
         true
+    }
+
+    /// Announcements beyond the first of a persisted pair's tier `bit` (see
+    /// [`ContextChanges::repeats`]). Returns false for an unknown holder or a zero count.
+    pub fn repeat(&mut self, holder_id: u32, block: u64, bit: u8, extra: u32) -> bool {
+        match self.index.holders.get_mut(holder_id as usize) {
+            Some(state) if extra > 0 && bit.is_power_of_two() => {
+                state.repeats.insert((block, bit), extra);
+                true
+            }
+            _ => false,
+        }
     }
 
     fn flush(&mut self) {

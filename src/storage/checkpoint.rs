@@ -32,15 +32,27 @@ pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
             value: codec::holder_value(h),
         });
     }
+    // `repeats` is sorted like `pairs`: walk both together.
+    let mut repeats = changes.repeats.iter().peekable();
     for &(holder, block, bits) in &changes.pairs {
         let key = codec::pair_key(&ctx, holder, block);
+        let mut mine = Vec::new();
+        while let Some(&&(h, b, bit, extra)) = repeats.peek() {
+            if (h, b) > (holder, block) {
+                break;
+            }
+            if (h, b) == (holder, block) {
+                mine.push((bit, extra));
+            }
+            repeats.next();
+        }
         ops.push(if bits == 0 {
             KvOp::Delete { cf: Cf::Pairs, key }
         } else {
             KvOp::Put {
                 cf: Cf::Pairs,
                 key,
-                value: vec![bits],
+                value: codec::pair_value(bits, mine),
             }
         });
     }

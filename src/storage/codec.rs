@@ -251,6 +251,43 @@ pub fn decode_pair_key(key: &[u8]) -> Result<(u32, u64), StorageError> {
     Ok((holder, u64::from_be_bytes(block)))
 }
 
+/// A pair's value: its tier bits, then for each tier announced more than once its bit and the
+/// announcements beyond the first (u32 BE). Schema 1 values are the bits alone, which read the
+/// same: one announcement per tier.
+pub fn pair_value(bits: u8, repeats: impl IntoIterator<Item = (u8, u32)>) -> Vec<u8> {
+    let mut v = vec![bits];
+    for (bit, extra) in repeats {
+        v.push(bit);
+        v.extend_from_slice(&extra.to_be_bytes());
+    }
+    v
+}
+
+/// The tier bits of a pair value and its repeat counts, `(tier bit, extra)`, in order.
+pub fn decode_pair_value(
+    v: &[u8],
+) -> Result<(u8, impl Iterator<Item = (u8, u32)> + '_), StorageError> {
+    let (&bits, rest) = v
+        .split_first()
+        .ok_or_else(|| corrupt("pairs", "empty value"))?;
+    if rest.len() % 5 != 0 {
+        return Err(corrupt("pairs", "repeat counts are not 5-byte records"));
+    }
+    let bad = rest
+        .chunks_exact(5)
+        .any(|r| !r[0].is_power_of_two() || bits & r[0] == 0);
+    if bad {
+        return Err(corrupt(
+            "pairs",
+            "a repeat count names a tier the pair does not hold",
+        ));
+    }
+    let repeats = rest
+        .chunks_exact(5)
+        .map(|r| (r[0], u32::from_be_bytes([r[1], r[2], r[3], r[4]])));
+    Ok((bits, repeats))
+}
+
 pub fn indexed_key(ctx: &[u8; 8], n: u32) -> Vec<u8> {
     let mut k = ctx.to_vec();
     k.extend_from_slice(&n.to_be_bytes());

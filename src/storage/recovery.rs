@@ -118,6 +118,13 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
 /// Pairs travel from the scanning thread to the index builder in chunks of this many.
 const PAIR_CHUNK: usize = 64 * 1024;
 
+/// Pairs read by the scanner, with the repeat counts of those that have any.
+#[derive(Default)]
+struct PairChunk {
+    pairs: Vec<(u32, u64, u8)>,
+    repeats: Vec<(u32, u64, u8, u32)>,
+}
+
 /// Feed every persisted pair of one context to `restorer`. Reading the store and building the
 /// index take about the same time, so a scanning thread reads ahead while this one builds.
 fn load_pairs(
@@ -125,30 +132,37 @@ fn load_pairs(
     ctx: &[u8; 8],
     restorer: &mut Restorer,
 ) -> Result<u64, StorageError> {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(u32, u64, u8)>>(4);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<PairChunk>(4);
     std::thread::scope(|scope| {
         let scanner = scope.spawn(move || {
-            let mut chunk = Vec::with_capacity(PAIR_CHUNK);
+            let mut chunk = PairChunk::default();
             store.scan_prefix(Cf::Pairs, ctx, &mut |k, v| {
                 let (holder, block) = codec::decode_pair_key(k)?;
-                chunk.push((holder, block, v.first().copied().unwrap_or(0)));
-                if chunk.len() == PAIR_CHUNK {
-                    let full = std::mem::replace(&mut chunk, Vec::with_capacity(PAIR_CHUNK));
+                let (bits, repeats) = codec::decode_pair_value(v)?;
+                chunk.pairs.push((holder, block, bits));
+                chunk
+                    .repeats
+                    .extend(repeats.map(|(bit, extra)| (holder, block, bit, extra)));
+                if chunk.pairs.len() == PAIR_CHUNK {
+                    let full = std::mem::take(&mut chunk);
                     // A closed channel means the builder stopped early; stop scanning too.
                     tx.send(full)
                         .map_err(|_| StorageError::Io("recovery builder stopped".into()))?;
                 }
                 Ok(())
             })?;
-            if !chunk.is_empty() {
+            if !chunk.pairs.is_empty() {
                 let _ = tx.send(chunk);
             }
             Ok::<(), StorageError>(())
         });
         let mut loaded = 0u64;
         for chunk in rx {
-            for (holder, block, bits) in chunk {
+            for (holder, block, bits) in chunk.pairs {
                 loaded += u64::from(restorer.pair(holder, block, bits));
+            }
+            for (holder, block, bit, extra) in chunk.repeats {
+                restorer.repeat(holder, block, bit, extra);
             }
         }
         match scanner.join() {

@@ -118,6 +118,9 @@ pub(crate) struct Added {
     pub new_holder: bool,
     /// The block was absent from the table before.
     pub new_block: bool,
+    /// The holder already had every one of these tier bits on this block: a repeated
+    /// announcement, which the caller counts (see `ContextIndex`'s repeat counts).
+    pub repeat: bool,
 }
 
 /// What a removal changed.
@@ -132,10 +135,17 @@ pub(crate) struct Removed {
 const KEPT: Added = Added {
     new_holder: false,
     new_block: false,
+    repeat: false,
+};
+const REPEATED: Added = Added {
+    new_holder: false,
+    new_block: false,
+    repeat: true,
 };
 const JOINED: Added = Added {
     new_holder: true,
     new_block: false,
+    repeat: false,
 };
 const GONE_HOLDER: Removed = Removed {
     holder_gone: true,
@@ -145,6 +155,16 @@ const GONE_BLOCK: Removed = Removed {
     holder_gone: true,
     block_gone: true,
 };
+
+/// The outcome of merging entry `new` into the same holder's entry `old`.
+#[inline]
+const fn kept_or_repeated(old: u32, new: u32) -> Added {
+    if entry_bits(old) & entry_bits(new) == entry_bits(new) {
+        REPEATED
+    } else {
+        KEPT
+    }
+}
 
 /// One shard of a context's blocks.
 pub(crate) struct Shard {
@@ -237,6 +257,7 @@ impl Shard {
                 let added = Added {
                     new_holder: idx.is_some(),
                     new_block: idx.is_some(),
+                    repeat: false,
                 };
                 return (added, idx);
             }
@@ -251,7 +272,7 @@ impl Shard {
     fn join(&mut self, val: u32, id: u32, new: u32) -> (u32, Added) {
         if is_inline(val) {
             if entry_id(val) == id {
-                return (val | new, KEPT);
+                return (val | new, kept_or_repeated(val, new));
             }
             // `None` only when the arena is full: refuse the entry, stay consistent.
             return match self.arena.alloc(&[val, new]) {
@@ -266,8 +287,9 @@ impl Shard {
             .iter_mut()
             .find(|e| entry_id(**e) == id)
         {
+            let added = kept_or_repeated(*e, new);
             *e |= new;
-            return (val, KEPT);
+            return (val, added);
         }
         match self.arena.push(off, new) {
             Some(moved) => (spilled(moved), JOINED),
@@ -407,6 +429,11 @@ impl Table {
         }
     }
 
+    /// Whether any holder keeps block `key`.
+    pub fn contains(&self, key: u64) -> bool {
+        self.read(key).visit(key, |_| {})
+    }
+
     /// [`Shard::remove`] under the block's shard lock.
     #[inline]
     pub fn remove(&self, key: u64, id: u32, bits: u8) -> Removed {
@@ -469,35 +496,40 @@ mod tests {
             s.add(7, 0, DEVICE),
             Added {
                 new_holder: true,
-                new_block: true
+                new_block: true,
+                repeat: false
             }
         );
         assert_eq!(
             s.add(7, 0, DISK),
             Added {
                 new_holder: false,
-                new_block: false
+                new_block: false,
+                repeat: false
             }
         );
         assert_eq!(
             s.add(7, 1, CPU_SHARE),
             Added {
                 new_holder: true,
-                new_block: false
+                new_block: false,
+                repeat: false
             }
         );
         assert_eq!(
             s.add(7, 2, CPU_LOCAL),
             Added {
                 new_holder: true,
-                new_block: false
+                new_block: false,
+                repeat: false
             }
         );
         assert_eq!(
             s.add(7, 3, DEVICE),
             Added {
                 new_holder: true,
-                new_block: false
+                new_block: false,
+                repeat: false
             }
         );
         assert_eq!(

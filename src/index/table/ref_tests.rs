@@ -89,6 +89,7 @@ fn a_group_applies_in_order_under_one_lock() {
     let fresh = Added {
         new_holder: true,
         new_block: true,
+        repeat: false,
     };
     assert!(seen[..6].iter().all(|s| s.1 == fresh && s.2));
     assert_eq!(seen[6], (items[6], KEPT, false));

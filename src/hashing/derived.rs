@@ -1,0 +1,288 @@
+//! Block keys the Conductor derives itself from token ids, whatever recipe the engine hashes with.
+//!
+//! An engine's published hash is only reproducible when its recipe is one a `hash_profile` can
+//! name. vLLM 0.33 with `PYTHONHASHSEED` unset seeds its chain with the text "vllm-none-hash";
+//! its LoRA extra key is the tagged `("lora", name, path)` whose path never reaches us; SGLang
+//! namespaces LoRA pages by an adapter uuid we never see. The events carry what identifies a
+//! block anyway (its tokens, its parent, the salt and the extras), so the index keys blocks by
+//!
+//! ```text
+//! key(block) = link(key(parent), content(block))      key(parent of block 0) = root(salt)
+//! content    = digest of the block's token ids (or bigram units), their count, and the extras
+//! ```
+//!
+//! and keeps the engine's hashes as aliases for what names blocks by hash (removals, parents,
+//! query by hash, store objects). The split into `content` and `link` lets ingestion compute the
+//! contents outside the context's single writer, which only links them to the parent's key.
+//!
+//! The block rules (how a prompt splits into blocks) are the registered profile's: `vllm_v1`
+//! counts complete blocks, `sglang` also a final partial page, `sglang_bigram` adjacent token
+//! pairs. The LoRA adapter is not part of the key: it is part of the context.
+//!
+//! # The hash
+//!
+//! Not SHA-256: nothing outside the Conductor reproduces these keys, so they need to be fast and
+//! well spread, not a cryptographic commitment. Each step is a 64x64→128-bit multiply folded to
+//! 64 bits, over two independent lanes so consecutive multiplies overlap; 16 tokens cost 8
+//! multiplies. Keys are 64 bits like the engines' projections, so the collision odds are theirs
+//! (about 1 in 10^7 for a context of 10^6 blocks). A publisher that crafts colliding blocks can
+//! only confuse answers about its own blocks, which it can falsify anyway; the block table's
+//! slot index is seeded per process, so crafted keys cannot aim at one probe cluster.
+
+use super::Token;
+use crate::model::BlockHash;
+
+const K0: u64 = 0xa076_1d64_78bd_642f;
+const K1: u64 = 0xe703_7ed1_a0b4_28db;
+const K2: u64 = 0x8ebc_6af0_9c88_c6e3;
+const K3: u64 = 0x5899_65cc_7537_4cc3;
+
+/// The parent key of an unsalted chain's first block.
+pub const ROOT: u64 = 0x6d6f_6f6e_6361_6b65;
+
+#[inline(always)]
+const fn fold(a: u64, b: u64) -> u64 {
+    let p = (a as u128).wrapping_mul(b as u128);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+#[inline(always)]
+const fn finish(mut x: u64) -> u64 {
+    x = (x ^ (x >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^ (x >> 29)
+}
+
+/// Chains the content of a block to its parent's key: the block's own key. Derived keys are
+/// odd: the index stores engine-published hashes it cannot derive with the low bit clear, so the
+/// two kinds never meet in one table (see `index`'s "Keys").
+#[inline]
+pub const fn link(parent: u64, content: u64) -> u64 {
+    finish(fold(parent ^ K0, content ^ K1) ^ parent.rotate_left(23)) | 1
+}
+
+/// The digest of one block's units (token ids, or for bigram blocks the two ids of each pair in
+/// order) plus `extra`, a digest of the block's extra keys (0 for none). `units` is the number
+/// of units, so a short final page differs from a full one with the same leading ids.
+#[inline]
+pub fn content(words: impl Iterator<Item = i64>, units: usize, extra: u64) -> u64 {
+    let (mut a, mut b) = (K2, K3);
+    let mut words = words.map(|w| w as u64);
+    loop {
+        let Some(w0) = words.next() else { break };
+        let w1 = words.next().unwrap_or(K3);
+        a = fold(a ^ w0, w1 ^ K1);
+        let Some(w2) = words.next() else { break };
+        let w3 = words.next().unwrap_or(K3);
+        b = fold(b ^ w2, w3 ^ K0);
+    }
+    // The count and the extras enter after the lanes, never XORed into a lane beside a word
+    // (where `extra ^ w` would let one stand in for the other).
+    fold(fold(a ^ K0, b ^ K2) ^ extra, units as u64 ^ K1) ^ a
+}
+
+/// A digest of bytes (a cache salt, an extra key's encoding). Never 0, so 0 can mean "none".
+pub fn bytes_digest(bytes: &[u8]) -> u64 {
+    let words = bytes.chunks(8).map(|c| {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        i64::from_le_bytes(w)
+    });
+    content(words, bytes.len(), K0).max(1)
+}
+
+/// The parent key of block 0 of a chain salted with `cache_salt` ("" = unsalted).
+pub fn root(cache_salt: &str) -> u64 {
+    if cache_salt.is_empty() {
+        ROOT
+    } else {
+        link(ROOT, bytes_digest(cache_salt.as_bytes()))
+    }
+}
+
+/// How a prompt splits into blocks, from the registered profile's strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockRule {
+    /// Complete blocks of tokens only (`vllm_v1`).
+    FullBlocks,
+    /// Blocks of tokens, a final partial page included (`sglang`).
+    PartialFinal,
+    /// Blocks of adjacent token pairs, a final partial page included (`sglang_bigram`).
+    Bigram,
+}
+
+impl BlockRule {
+    /// Units of a prompt of `n_tokens`: tokens, or adjacent pairs.
+    pub const fn units(self, n_tokens: usize) -> usize {
+        match self {
+            BlockRule::Bigram => n_tokens.saturating_sub(1),
+            _ => n_tokens,
+        }
+    }
+
+    /// Blocks that can match; zero when `block_size` is zero.
+    pub const fn num_blocks(self, block_size: u32, n_tokens: usize) -> usize {
+        let bs = block_size as usize;
+        if bs == 0 {
+            return 0;
+        }
+        let units = self.units(n_tokens);
+        match self {
+            BlockRule::FullBlocks => units / bs,
+            _ => units.div_ceil(bs),
+        }
+    }
+}
+
+/// The derived keys of a query prompt, computed on demand like the engine chains: block `i` is
+/// linked only when a walk first asks for it.
+pub struct DerivedChain<'a, T> {
+    rule: BlockRule,
+    tokens: &'a [T],
+    block_size: usize,
+    num_blocks: usize,
+    root: u64,
+    keys: Vec<BlockHash>,
+}
+
+impl<'a, T: Token> DerivedChain<'a, T> {
+    pub fn new(rule: BlockRule, block_size: u32, tokens: &'a [T], cache_salt: &str) -> Self {
+        DerivedChain {
+            rule,
+            tokens,
+            block_size: block_size as usize,
+            num_blocks: rule.num_blocks(block_size, tokens.len()),
+            root: root(cache_salt),
+            keys: Vec::new(),
+        }
+    }
+
+    /// The content digest of block `i` (`i < num_blocks`).
+    fn content_of(&self, i: usize) -> u64 {
+        let units = self.rule.units(self.tokens.len());
+        let start = i * self.block_size;
+        let end = (start + self.block_size).min(units);
+        match self.rule {
+            BlockRule::Bigram => {
+                let pairs = self.tokens[start..=end].windows(2);
+                let words = pairs.flat_map(|p| [p[0].to_i64(), p[1].to_i64()]);
+                content(words, end - start, 0)
+            }
+            _ => {
+                let words = self.tokens[start..end].iter().map(|t| t.to_i64());
+                content(words, end - start, 0)
+            }
+        }
+    }
+
+    /// Blocks linked so far.
+    pub fn hashed(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+impl<T: Token> super::PrefixKeys for DerivedChain<'_, T> {
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Out-of-range indexes (a caller bug) return `BlockHash(0)` rather than panic.
+    fn key(&mut self, i: usize) -> BlockHash {
+        if i >= self.num_blocks {
+            return BlockHash(0);
+        }
+        if self.keys.is_empty() {
+            self.keys.reserve(i + 1);
+        }
+        while self.keys.len() <= i {
+            let parent = self.keys.last().map_or(self.root, |k| k.0);
+            let key = link(parent, self.content_of(self.keys.len()));
+            self.keys.push(BlockHash(key));
+        }
+        self.keys[i]
+    }
+
+    fn covered(&self, n: usize) -> u64 {
+        let blocks = n.min(self.num_blocks);
+        let units = self.rule.units(self.tokens.len());
+        (blocks.saturating_mul(self.block_size)).min(units) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hashing::PrefixKeys;
+
+    fn flat(tokens: &[i64], extra: u64) -> u64 {
+        content(tokens.iter().copied(), tokens.len(), extra)
+    }
+
+    #[test]
+    fn contents_differ_by_every_input() {
+        let base = flat(&[1, 2, 3, 4, 5, 6, 7, 8], 0);
+        let mut seen = std::collections::HashSet::new();
+        seen.insert(base);
+        // Any one token changed, in either lane, and every length.
+        for i in 0..8 {
+            let mut t = [1i64, 2, 3, 4, 5, 6, 7, 8];
+            t[i] += 1;
+            assert!(seen.insert(flat(&t, 0)), "token {i}");
+        }
+        for n in 0..8 {
+            assert!(
+                seen.insert(flat(&[1, 2, 3, 4, 5, 6, 7, 8][..n], 0)),
+                "len {n}"
+            );
+        }
+        assert!(seen.insert(flat(&[1, 2, 3, 4, 5, 6, 7, 8], 7)), "extra");
+        // Swapped tokens and a trailing zero token are other blocks.
+        assert!(seen.insert(flat(&[2, 1, 3, 4, 5, 6, 7, 8], 0)));
+        assert!(seen.insert(flat(&[1, 2, 3, 4, 5, 6, 7, 8, 0], 0)));
+        assert!(seen.insert(flat(&[-1], 0)) && seen.insert(flat(&[u32::MAX as i64], 0)));
+    }
+
+    #[test]
+    fn keys_depend_on_the_parent_and_the_salt() {
+        let c = flat(&[5; 16], 0);
+        assert_ne!(link(ROOT, c), link(root("s"), c));
+        assert_ne!(link(root("s"), c), link(root("t"), c));
+        assert_eq!(root(""), ROOT);
+        assert_eq!(link(ROOT, c) & 1, 1, "derived keys are odd");
+        assert_ne!(link(link(ROOT, c), c), link(ROOT, c));
+        assert_ne!(bytes_digest(b""), 0);
+        assert_ne!(bytes_digest(b"ab"), bytes_digest(b"ab\0"));
+    }
+
+    #[test]
+    fn a_chain_links_block_contents_lazily_by_the_block_rule() {
+        let tokens: Vec<i32> = (1..=10).collect();
+        let mut full = DerivedChain::new(BlockRule::FullBlocks, 4, &tokens, "");
+        assert_eq!(full.num_blocks(), 2);
+        let k1 = full.key(1);
+        assert_eq!(full.hashed(), 2);
+        let c0 = flat(&[1, 2, 3, 4], 0);
+        let c1 = flat(&[5, 6, 7, 8], 0);
+        assert_eq!(full.key(0).0, link(ROOT, c0));
+        assert_eq!(k1.0, link(link(ROOT, c0), c1));
+        assert_eq!((full.covered(2), full.covered(9)), (8, 8));
+
+        let mut partial = DerivedChain::new(BlockRule::PartialFinal, 4, &tokens, "");
+        assert_eq!(partial.num_blocks(), 3);
+        assert_eq!(partial.key(1), k1);
+        let last = link(k1.0, flat(&[9, 10], 0));
+        assert_eq!((partial.key(2).0, partial.covered(3)), (last, 10));
+
+        // Bigram: 10 tokens are 9 pairs; block 0 holds pairs (1,2)..(4,5).
+        let mut bigram = DerivedChain::new(BlockRule::Bigram, 4, &tokens, "");
+        assert_eq!(bigram.num_blocks(), 3);
+        // The unit count (4 pairs), not the word count (8 ids), enters the digest.
+        let pairs0 = content([1, 2, 2, 3, 3, 4, 4, 5].into_iter(), 4, 0);
+        assert_ne!(pairs0, flat(&[1, 2, 2, 3, 3, 4, 4, 5], 0));
+        assert_eq!(bigram.key(0).0, link(ROOT, pairs0));
+        assert_eq!(bigram.covered(3), 9);
+
+        let mut salted = DerivedChain::new(BlockRule::FullBlocks, 4, &tokens, "s");
+        assert_eq!(salted.key(0).0, link(root("s"), c0));
+        assert_eq!(salted.key(5), BlockHash(0), "out of range");
+    }
+}

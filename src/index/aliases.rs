@@ -1,0 +1,64 @@
+//! Engine hash → derived key, for everything that names a block by its published hash.
+//!
+//! Engine blocks are keyed by the key the index derives from their contents (see "Keys" in the
+//! module doc of [`super`]); removals, the parent of the next event, store objects and queries by
+//! hash name them by the engine's hash, which this map translates. One map per context, shared by
+//! all its sources: ranks of one model publish the same hashes for the same blocks, and a store
+//! object carries the hash its engine published.
+//!
+//! The writer inserts; readers (queries by hash) look up under the read lock, never while
+//! hashing. Aliases of blocks no holder keeps any more are swept once they outnumber the blocks.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use super::table::{read_lock, write_lock};
+
+#[derive(Default)]
+pub(crate) struct Aliases {
+    map: RwLock<HashMap<u64, u64>>,
+}
+
+impl Aliases {
+    pub fn get(&self, hash: u64) -> Option<u64> {
+        read_lock(&self.map).get(&hash).copied()
+    }
+
+    /// Each hash's derived key, under one read lock.
+    pub fn resolve(&self, hashes: impl Iterator<Item = u64>) -> Vec<Option<u64>> {
+        let map = read_lock(&self.map);
+        hashes.map(|h| map.get(&h).copied()).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        read_lock(&self.map).len()
+    }
+
+    /// Record `hash → key` pairs; pushes onto `changed` every hash whose alias is new or moved.
+    pub fn insert(&self, pairs: impl Iterator<Item = (u64, u64)>, changed: &mut Vec<u64>) {
+        let mut map = write_lock(&self.map);
+        for (hash, key) in pairs {
+            if map.insert(hash, key) != Some(key) {
+                changed.push(hash);
+            }
+        }
+    }
+
+    /// Keep the aliases `keep(hash, key)` accepts; pushes the dropped hashes onto `changed`.
+    pub fn retain(&self, mut keep: impl FnMut(u64, u64) -> bool, changed: &mut Vec<u64>) {
+        write_lock(&self.map).retain(|&h, &mut k| {
+            let kept = keep(h, k);
+            if !kept {
+                changed.push(h);
+            }
+            kept
+        });
+    }
+
+    /// Every alias, sorted by hash (snapshots).
+    pub fn all(&self) -> Vec<(u64, u64)> {
+        let mut all: Vec<(u64, u64)> = read_lock(&self.map).iter().map(|(&h, &k)| (h, k)).collect();
+        all.sort_unstable();
+        all
+    }
+}
