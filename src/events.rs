@@ -25,7 +25,11 @@ pub struct EngineStored {
     pub block_size: u32,
     /// The adapter named by the event; `None`/`""` means the base model.
     pub lora_name: Option<String>,
+    /// SGLang's `cache_salt`, or the salt vLLM puts in the first block's extra keys.
     pub cache_salt: Option<String>,
+    /// Per block, a digest of its other extra keys (multimodal items, prompt embeddings), 0 for
+    /// none; empty when no block has any. They keep such blocks apart from plain ones.
+    pub extras: Vec<u64>,
     pub tier: Tier,
 }
 

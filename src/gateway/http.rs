@@ -17,6 +17,7 @@ use crate::gateway::registration::{HTTP_NAMES, RegistrationInput};
 use crate::gateway::value::{Fields, Val};
 use crate::metrics::Transport;
 use crate::registry::ServiceInfo;
+use crate::subscription::status::HashCheckState;
 
 use super::http_body::{HitsBody, JsonVal};
 
@@ -518,7 +519,8 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
             "connected": st.connected, "last_seq": st.last_seq,
             "lag_ms": st.last_batch_ts_ms.map(|ts| now_ms.saturating_sub(ts)),
             "hash_check": st.hash_check.as_str(), "hash_check_ok": st.hash_check_ok,
-            "hash_check_mismatch": st.hash_check_mismatch, "batches": st.seq.applied,
+            "hash_check_mismatch": st.hash_check_mismatch, "engine_recipe": st.engine_recipe,
+            "translating": st.hash_check == HashCheckState::Mismatch, "batches": st.seq.applied,
             "events": st.events, "ignored": st.ignored, "decode_errors": st.decode_errors,
             "frame_errors": st.frame_errors, "invalid_events": st.invalid_events,
             "rank_mismatches": st.rank_mismatches, "gaps": st.seq.gaps, "restarts": st.seq.restarts,

@@ -9,9 +9,9 @@ use actix::Addr;
 
 use crate::error::OpError;
 use crate::gateway::registration::{FieldNames, MAX_BLOCK_SIZE, RegistrationInput};
-use crate::index::{ContextView, HashList, IndexStats, QueryHits};
+use crate::index::{ContextView, IndexStats, QueryHits};
 use crate::metrics::{QueryMetrics, Scrape, Transport};
-use crate::model::{BlockHash, ContextKey, SubscriptionKey};
+use crate::model::{ContextKey, SubscriptionKey};
 use crate::registry::{
     ContextDirectory, ListServices, Register, RegisterOutcome, Registry, ServiceInfo, Unregister,
 };
@@ -128,12 +128,11 @@ impl Ops {
         let Some(handle) = self.contexts.get(&key) else {
             return Ok(QueryHits::default());
         };
-        let hasher = handle
-            .reader()
-            .profile()
-            .hasher(&q.lora_name, &q.cache_salt);
-        let mut chain = hasher.chain(key.block_size, &q.token_ids);
-        Ok(handle.query(&mut chain, Some(q.instance_filter.as_str())))
+        Ok(handle.reader().query_tokens(
+            &q.token_ids,
+            &q.cache_salt,
+            Some(q.instance_filter.as_str()),
+        ))
     }
 
     pub fn query_by_hash(
@@ -147,11 +146,9 @@ impl Ops {
                 let Some(handle) = self.contexts.get(&key) else {
                     return QueryHits::default();
                 };
-                let mut keys = HashList {
-                    hashes: q.block_hashes.iter().map(|h| BlockHash(*h)).collect(),
-                    block_size: key.block_size,
-                };
-                handle.query(&mut keys, Some(q.instance_filter.as_str()))
+                handle
+                    .reader()
+                    .query_hashes(&q.block_hashes, Some(q.instance_filter.as_str()))
             });
         self.queries
             .observe(transport, started.elapsed(), result.is_ok());

@@ -87,6 +87,13 @@ pub trait PrefixKeys {
     fn num_blocks(&self) -> usize;
     /// The index key of block `i` (`i < num_blocks()`).
     fn key(&mut self, i: usize) -> BlockHash;
+    /// A second key block `i` may be held under: the index keys engine blocks by derived keys
+    /// and keeps blocks it could not derive under their published hashes, so a query from
+    /// tokens also offers the registered profile's hash. Asked for only while the index holds
+    /// any block by its published hash.
+    fn alt_key(&mut self, _i: usize) -> Option<BlockHash> {
+        None
+    }
     /// Tokens (for `sglang_bigram`: logical positions) covered by the first `n` blocks.
     fn covered(&self, n: usize) -> u64;
 }

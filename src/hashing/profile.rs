@@ -312,6 +312,51 @@ impl HashProfile {
     }
 }
 
+/// The text vLLM hashes its root from when `PYTHONHASHSEED` is unset (sha256 and sha256_cbor),
+/// which no registered `python_hash_seed` can name.
+pub const VLLM_UNSET_SEED: &str = "vllm-none-hash";
+
+impl HashProfile {
+    /// Recipes an engine of this profile's strategy may really hash with when this one does not
+    /// match its hashes: for `vllm_v1` the other algorithm and the unset-seed root, for each of
+    /// the two algorithms. Unvalidated on purpose (the unset seed is not a registrable value);
+    /// only the runtime check uses them.
+    pub fn candidate_recipes(&self) -> Vec<HashProfile> {
+        if self.strategy != Strategy::VllmV1 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for algorithm in [Algorithm::Sha256, Algorithm::Sha256Cbor] {
+            for seed in [self.python_hash_seed.as_str(), VLLM_UNSET_SEED] {
+                if (algorithm, seed) == (self.algorithm, self.python_hash_seed.as_str()) {
+                    continue;
+                }
+                out.push(HashProfile {
+                    algorithm,
+                    python_hash_seed: seed.to_owned(),
+                    root_digest: derive_root(self.strategy, algorithm, seed),
+                    ..self.clone()
+                });
+            }
+        }
+        out
+    }
+
+    /// How the status names this recipe: the profile, with the unset seed spelled out.
+    pub fn recipe_name(&self) -> String {
+        if self.python_hash_seed == VLLM_UNSET_SEED {
+            format!(
+                "{}/{}/PYTHONHASHSEED unset/{}",
+                self.strategy,
+                self.algorithm,
+                self.index_projection.as_str()
+            )
+        } else {
+            self.to_string()
+        }
+    }
+}
+
 impl fmt::Display for HashProfile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

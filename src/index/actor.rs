@@ -81,10 +81,13 @@ pub struct ApplySequenced {
 #[rtype(result = "ContextChanges")]
 pub struct TakeChanges;
 
-/// A checkpoint write failed: these pairs must be written by the next one.
+/// A checkpoint write failed: these pairs and aliases must be written by the next one.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct MarkDirty(pub Vec<(u32, u64)>);
+pub struct MarkDirty {
+    pub pairs: Vec<(u32, u64)>,
+    pub aliases: Vec<u64>,
+}
 
 impl Handler<ApplySequenced> for ContextActor {
     type Result = ();
@@ -103,7 +106,7 @@ impl Handler<TakeChanges> for ContextActor {
 impl Handler<MarkDirty> for ContextActor {
     type Result = ();
     fn handle(&mut self, msg: MarkDirty, _: &mut Self::Context) {
-        self.index.mark_dirty(msg.0);
+        self.index.mark_dirty(msg.pairs, msg.aliases);
     }
 }
 

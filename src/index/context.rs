@@ -474,6 +474,7 @@ impl ContextIndex {
             profile: self.profile().clone(),
             attachments,
             batches,
+            aliases: self.shared.aliases.all(),
         }
     }
 
@@ -746,8 +747,10 @@ pub struct ContextSnapshot {
     pub profile: HashProfile,
     /// (source, instance, rank) listings, sorted.
     pub attachments: Vec<(SubscriptionKey, String, u32)>,
-    /// One batch of Store ops per source, sorted by source.
+    /// One batch of Store ops per source, sorted by source (keys as the table holds them).
     pub batches: Vec<IndexBatch>,
+    /// (engine hash, derived key), sorted by hash.
+    pub aliases: Vec<(u64, u64)>,
 }
 
 impl ContextSnapshot {
@@ -760,6 +763,8 @@ impl ContextSnapshot {
         for batch in &self.batches {
             index.apply(batch);
         }
+        let pairs = self.aliases.iter().copied();
+        index.shared.aliases.insert(pairs, &mut index.alias_dirty);
         index
     }
 }

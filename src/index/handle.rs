@@ -5,10 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::hashing::{HashProfile, PrefixKeys};
-use crate::model::{ContextKey, SubscriptionKey};
+use crate::hashing::{HashProfile, PrefixKeys, Token};
+use crate::model::{BlockHash, ContextKey, SubscriptionKey};
 
 use super::aliases::Aliases;
+use super::prompt_keys::{AliasedHashes, TokenKeys};
 use super::query::{self, QueryHits};
 use super::table::{Table, read_lock};
 
@@ -126,6 +127,38 @@ impl IndexReader {
         instance_filter: Option<&str>,
     ) -> QueryHits {
         query::walk(&self.shared, keys, instance_filter)
+    }
+
+    /// Prefix hits for a prompt's token ids (`cache_salt` "" for none): the walk over the keys
+    /// the index derives from tokens, and while it holds blocks by published hash, the
+    /// registered profile's hash chain beside them (see "Keys" in the module doc).
+    pub fn query_tokens<T: Token>(
+        &self,
+        tokens: &[T],
+        cache_salt: &str,
+        instance_filter: Option<&str>,
+    ) -> QueryHits {
+        let profile = &self.shared.profile;
+        let hasher = profile.hasher(&self.shared.key.lora_name, cache_salt);
+        let mut keys = TokenKeys::new(
+            &hasher,
+            profile.strategy(),
+            self.shared.key.block_size,
+            tokens,
+            cache_salt,
+        );
+        query::walk(&self.shared, &mut keys, instance_filter)
+    }
+
+    /// Prefix hits for a prompt named by its blocks' published hashes (query by hash), each
+    /// translated through the context's aliases.
+    pub fn query_hashes(&self, hashes: &[u64], instance_filter: Option<&str>) -> QueryHits {
+        let mut keys = AliasedHashes {
+            hashes: hashes.iter().map(|&h| BlockHash(h)).collect(),
+            aliases: self.shared.aliases.resolve(hashes.iter().copied()),
+            block_size: self.shared.key.block_size,
+        };
+        query::walk(&self.shared, &mut keys, instance_filter)
     }
 
     /// Distinct blocks held in any tier.

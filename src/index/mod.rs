@@ -96,6 +96,7 @@ pub mod context;
 pub mod handle;
 mod keying;
 pub mod persist;
+mod prompt_keys;
 pub mod query;
 mod refs;
 mod table;

@@ -30,6 +30,9 @@ pub struct HolderRecord {
     pub id: u32,
     pub source: SubscriptionKey,
     pub holder: Holder,
+    /// Of its pairs, those keyed by a published hash (see "Keys" in the module doc); `None` in
+    /// schema 1 records, whose pairs all are.
+    pub raw_pairs: Option<u64>,
 }
 
 /// Everything a checkpoint writes for one context.
@@ -48,6 +51,9 @@ pub struct ContextChanges {
     pub attachments: Vec<(SubscriptionKey, String, u32)>,
     /// Per source, sorted.
     pub watermarks: Vec<(SubscriptionKey, Watermark)>,
+    /// Aliases changed since the last checkpoint: (engine hash, derived key now, `None` when
+    /// dropped), sorted by hash.
+    pub aliases: Vec<(u64, Option<u64>)>,
 }
 
 impl ContextIndex {
@@ -117,8 +123,14 @@ impl ContextIndex {
                 id: id as u32,
                 source: h.key.source.clone(),
                 holder: h.key.holder.clone(),
+                raw_pairs: Some(h.raw_live),
             })
             .collect();
+        let mut changed = std::mem::take(&mut self.alias_dirty);
+        changed.sort_unstable();
+        changed.dedup();
+        let current = self.shared.aliases.resolve(changed.iter().copied());
+        let aliases = changed.into_iter().zip(current).collect();
         let attachments = self.attachments();
         let mut watermarks: Vec<(SubscriptionKey, Watermark)> = self
             .watermarks
@@ -134,17 +146,25 @@ impl ContextIndex {
             repeats,
             attachments,
             watermarks,
+            aliases,
         }
     }
 
-    /// Put pairs back for the next checkpoint (its write failed).
-    pub fn mark_dirty(&mut self, pairs: impl IntoIterator<Item = (u32, u64)>) {
+    /// Put pairs and aliases back for the next checkpoint (its write failed).
+    pub fn mark_dirty(
+        &mut self,
+        pairs: impl IntoIterator<Item = (u32, u64)>,
+        aliases: impl IntoIterator<Item = u64>,
+    ) {
         self.dirty.extend(pairs);
+        self.alias_dirty.extend(aliases);
     }
 
     /// Whether anything changed since the last [`ContextIndex::take_changes`].
     pub fn has_changes(&self) -> bool {
-        !self.dirty.is_empty() || self.holders.iter().any(|h| h.checkpointed < h.blocks.len())
+        !self.dirty.is_empty()
+            || !self.alias_dirty.is_empty()
+            || self.holders.iter().any(|h| h.checkpointed < h.blocks.len())
     }
 }
 
@@ -152,6 +172,8 @@ impl ContextIndex {
 /// pairs in any order, then finish.
 pub struct Restorer {
     index: ContextIndex,
+    /// Per holder id, its record's count of pairs keyed by published hash.
+    raw_pairs: Vec<Option<u64>>,
     /// Consecutive pairs of one holder and tier bits, stored in one call.
     run: Option<(u32, u8)>,
     run_blocks: Vec<BlockHash>,
@@ -161,6 +183,7 @@ impl Restorer {
     pub fn new(key: ContextKey, profile: HashProfile) -> Self {
         Restorer {
             index: ContextIndex::new(key, profile),
+            raw_pairs: Vec::new(),
             run: None,
             run_blocks: Vec::new(),
         }
@@ -169,7 +192,16 @@ impl Restorer {
     /// Re-intern a holder; ids are assigned in order, so records must come sorted by id.
     /// Returns false when the record's id does not match (a gap or a duplicate: corrupt data).
     pub fn holder(&mut self, record: &HolderRecord) -> bool {
+        self.raw_pairs.push(record.raw_pairs);
         self.index.intern(&record.source, &record.holder) == Some(record.id)
+    }
+
+    /// One persisted alias.
+    pub fn alias(&mut self, hash: u64, key: u64) {
+        self.index
+            .shared
+            .aliases
+            .insert(std::iter::once((hash, key)), &mut Vec::new());
     }
 
     pub fn attach(&mut self, source: &SubscriptionKey, instance_id: &str, dp_rank: u32) {
@@ -221,9 +253,23 @@ impl Restorer {
     pub fn finish(mut self) -> ContextIndex {
         self.flush();
         self.index.dirty.clear();
-        for state in &mut self.index.holders {
+        let mut raw_total = 0;
+        for (id, state) in self.index.holders.iter_mut().enumerate() {
             state.checkpointed = state.blocks.len();
+            // A schema 1 holder's pairs are all keyed by published hash.
+            let raw = self
+                .raw_pairs
+                .get(id)
+                .copied()
+                .flatten()
+                .unwrap_or(state.live);
+            state.raw_live = raw.min(state.live);
+            raw_total += state.raw_live;
         }
+        self.index
+            .shared
+            .raw_pairs
+            .store(raw_total, std::sync::atomic::Ordering::Relaxed);
         self.index
     }
 }

@@ -3,6 +3,7 @@
 //! exact semantics and why hashing never runs under a lock.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 use crate::hashing::PrefixKeys;
 use crate::model::BlockHash;
@@ -166,12 +167,18 @@ pub(crate) fn walk<K: PrefixKeys + ?Sized>(
     let mut alive: Vec<u32> = (0..n_cursors as u32).collect();
 
     let n = keys.num_blocks();
+    let with_raw = shared.raw_pairs.load(Ordering::Relaxed) > 0;
     let mut c = 0usize;
     while c < n && !alive.is_empty() {
         // Hash outside any lock: this is where the lazy chain pays for block c.
         let key = keys.key(c).0;
+        let alt = if with_raw {
+            keys.alt_key(c).map(|k| k.0).filter(|&k| k != key)
+        } else {
+            None
+        };
         let mut shared_bits = 0u8;
-        {
+        for key in std::iter::once(key).chain(alt) {
             let shard = shared.table.read(key);
             shard.visit(key, |e| match route.get(entry_id(e) as usize) {
                 Some(&SHARED_HOLDER) => shared_bits |= entry_bits(e),

@@ -56,6 +56,20 @@ pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
             }
         });
     }
+    for &(hash, key) in &changes.aliases {
+        let k = codec::alias_key(&ctx, hash);
+        ops.push(match key {
+            Some(key) => KvOp::Put {
+                cf: Cf::Aliases,
+                key: k,
+                value: key.to_be_bytes().to_vec(),
+            },
+            None => KvOp::Delete {
+                cf: Cf::Aliases,
+                key: k,
+            },
+        });
+    }
     // Listings and watermarks are few: rewrite them whole.
     for cf in [Cf::Attachments, Cf::Watermarks] {
         ops.push(KvOp::DeleteRange {
@@ -150,9 +164,10 @@ impl Checkpointer {
                 Err(e) => {
                     report.failed += 1;
                     tracing::warn!(context = %changes.key, "checkpoint write failed, retried next round: {e}");
-                    handle.addr().do_send(MarkDirty(
-                        changes.pairs.iter().map(|&(h, b, _)| (h, b)).collect(),
-                    ));
+                    handle.addr().do_send(MarkDirty {
+                        pairs: changes.pairs.iter().map(|&(h, b, _)| (h, b)).collect(),
+                        aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
+                    });
                 }
             }
         }

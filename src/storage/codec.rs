@@ -124,9 +124,11 @@ pub fn holder_value(record: &HolderRecord) -> Vec<u8> {
         } => json!({"engine": {"instance_id": instance_id, "dp_rank": dp_rank}}),
         Holder::Shared { backend_id } => json!({"shared": {"backend_id": backend_id}}),
     };
-    json!({"source": source_json(&record.source), "holder": holder})
-        .to_string()
-        .into_bytes()
+    let mut v = json!({"source": source_json(&record.source), "holder": holder});
+    if let Some(n) = record.raw_pairs {
+        v["raw_pairs"] = json!(n);
+    }
+    v.to_string().into_bytes()
 }
 
 pub fn decode_holder(id: u32, bytes: &[u8]) -> Result<HolderRecord, StorageError> {
@@ -147,10 +149,18 @@ pub fn decode_holder(id: u32, bytes: &[u8]) -> Result<HolderRecord, StorageError
     } else {
         return Err(corrupt(CF, "holder is neither engine nor shared"));
     };
+    let raw_pairs = match v.get("raw_pairs") {
+        None => None,
+        Some(n) => Some(
+            n.as_u64()
+                .ok_or_else(|| corrupt(CF, "raw_pairs is not a count"))?,
+        ),
+    };
     Ok(HolderRecord {
         id,
         source: source_from(CF, &v)?,
         holder,
+        raw_pairs,
     })
 }
 
@@ -286,6 +296,25 @@ pub fn decode_pair_value(
         .chunks_exact(5)
         .map(|r| (r[0], u32::from_be_bytes([r[1], r[2], r[3], r[4]])));
     Ok((bits, repeats))
+}
+
+pub fn alias_key(ctx: &[u8; 8], hash: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(16);
+    k.extend_from_slice(ctx);
+    k.extend_from_slice(&hash.to_be_bytes());
+    k
+}
+
+/// (engine hash, derived key) of an alias row.
+pub fn decode_alias(key: &[u8], value: &[u8]) -> Result<(u64, u64), StorageError> {
+    let hash: [u8; 8] = key
+        .get(8..)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("aliases", "key is not 16 bytes"))?;
+    let derived: [u8; 8] = value
+        .try_into()
+        .map_err(|_| corrupt("aliases", "value is not 8 bytes"))?;
+    Ok((u64::from_be_bytes(hash), u64::from_be_bytes(derived)))
 }
 
 pub fn indexed_key(ctx: &[u8; 8], n: u32) -> Vec<u8> {

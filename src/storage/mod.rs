@@ -12,7 +12,8 @@
 //! | `holders` | ctx id + holder id (u32 BE) | JSON holder record |
 //! | `attachments` | ctx id + n (u32 BE) | JSON (source, instance, rank) |
 //! | `watermarks` | ctx id + source key text | seq (u64 BE) + payload digest (u64 BE) |
-//! | `pairs` | ctx id + holder id (u32 BE) + block (u64 BE) | tier bits (1 B) |
+//! | `pairs` | ctx id + holder id (u32 BE) + block (u64 BE) | tier bits (1 B), then per tier announced more than once: its bit (1 B) + the announcements beyond the first (u32 BE) |
+//! | `aliases` | ctx id + engine hash (u64 BE) | derived key (u64 BE) |
 //!
 //! The context id is the first 8 bytes of SHA-256 over the context key, so it is stable across
 //! restarts without an allocation table. One checkpoint of one context is one atomic write.
@@ -35,10 +36,11 @@ pub enum Cf {
     Attachments,
     Watermarks,
     Pairs,
+    Aliases,
 }
 
 impl Cf {
-    pub const ALL: [Cf; 7] = [
+    pub const ALL: [Cf; 8] = [
         Cf::Meta,
         Cf::Registrations,
         Cf::Contexts,
@@ -46,6 +48,7 @@ impl Cf {
         Cf::Attachments,
         Cf::Watermarks,
         Cf::Pairs,
+        Cf::Aliases,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -57,6 +60,7 @@ impl Cf {
             Cf::Attachments => "attachments",
             Cf::Watermarks => "watermarks",
             Cf::Pairs => "pairs",
+            Cf::Aliases => "aliases",
         }
     }
 }

@@ -81,6 +81,11 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             restorer.watermark(source, mark);
             Ok(())
         })?;
+        store.scan_prefix(Cf::Aliases, &ctx, &mut |k, v| {
+            let (hash, key) = codec::decode_alias(k, v)?;
+            restorer.alias(hash, key);
+            Ok(())
+        })?;
         pairs += load_pairs(store, &ctx, &mut restorer)?;
         let mut index = restorer.finish();
         // Sources whose registration is gone: never keep what cannot be vouched for.

@@ -98,7 +98,10 @@ fn checkpoint(index: &mut ContextIndex, store: &dyn KvStore) -> Result<(), super
     let changes = index.take_changes();
     let result = store.write(context_ops(&changes));
     if result.is_err() {
-        index.mark_dirty(changes.pairs.iter().map(|&(h, b, _)| (h, b)));
+        index.mark_dirty(
+            changes.pairs.iter().map(|&(h, b, _)| (h, b)),
+            changes.aliases.iter().map(|&(h, _)| h),
+        );
     }
     result
 }

@@ -178,6 +178,7 @@ impl SubscriptionActor {
             }
         }
         let hash_check = self.hash_check.summary();
+        let engine_recipe = self.hash_check.engine_recipe();
         self.status.update(|s| {
             *s.events.entry("stored").or_default() += counts.stored;
             *s.events.entry("removed").or_default() += counts.removed;
@@ -188,6 +189,7 @@ impl SubscriptionActor {
                 *s.ignored.entry(reason.as_str()).or_default() += 1;
             }
             (s.hash_check, s.hash_check_ok, s.hash_check_mismatch) = hash_check;
+            s.engine_recipe = engine_recipe;
             s.last_batch_ts_ms = timestamp_ms(ts, self.config.publisher_type.is_engine());
         });
     }

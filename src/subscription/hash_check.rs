@@ -8,9 +8,15 @@
 //!
 //! Verdict: `ok` as soon as one block matches (a wrong profile cannot match by chance);
 //! `mismatch` after [`MISMATCH_VERDICT`] recomputed blocks without a single match. Some honest
-//! blocks cannot match: vLLM puts a request's `cache_salt` (and multimodal keys) into block 0's
-//! hash without publishing it, so a stream of only salted requests stays `unverified` or reads as
-//! `mismatch`; the warning says so. Query answers never depend on this check.
+//! blocks cannot match: multimodal keys enter vLLM's hash in a form its events do not carry.
+//!
+//! Query answers do not depend on this check: the index keys engine blocks by keys it derives
+//! from their contents (see `index`), so a mismatch only means the index is translating. What it
+//! adds is the engine's actual recipe for the status: when a chain-start block does not match the
+//! registered profile, the check tries the recipes the engine may really use
+//! ([`HashProfile::candidate_recipes`]: the other algorithm, `PYTHONHASHSEED` unset) and names the
+//! first that matches, or says why none can (a LoRA path or an adapter namespace the events do
+//! not carry).
 
 use std::collections::HashMap;
 
@@ -38,6 +44,8 @@ pub struct HashCheck {
     mismatch: u64,
     events_seen: u64,
     warned: bool,
+    /// The recipe the engine was seen hashing with, when it is not the registered one.
+    engine_recipe: Option<String>,
 }
 
 impl HashCheck {
@@ -53,6 +61,16 @@ impl HashCheck {
             mismatch: 0,
             events_seen: 0,
             warned: false,
+            engine_recipe: None,
+        }
+    }
+
+    /// The recipe the engine hashes with: the registered profile once verified, another
+    /// recipe the check recognized, or why it cannot tell; `None` while nothing is known.
+    pub fn engine_recipe(&self) -> Option<String> {
+        match self.state() {
+            HashCheckState::Ok => Some(self.profile.recipe_name()),
+            _ => self.engine_recipe.clone(),
         }
     }
 
@@ -123,6 +141,9 @@ impl HashCheck {
             let step = hasher.step(parent.as_ref(), &raw[start..end], &mut self.scratch);
             if step.key != *published {
                 self.mismatch += 1;
+                if i == 0 && event.parent.is_none() && self.engine_recipe.is_none() {
+                    self.engine_recipe = Some(self.identify(&raw[..end], *published, lora, salt));
+                }
                 self.warn_once();
                 break;
             }
@@ -134,6 +155,28 @@ impl HashCheck {
             parent = Some(step.digest);
         }
         self.hasher = Some(cached);
+    }
+
+    /// Name the recipe that hashes a chain's first block (`tokens`) to `published`.
+    fn identify(&mut self, tokens: &[i64], published: BlockHash, lora: &str, salt: &str) -> String {
+        for candidate in self.profile.candidate_recipes() {
+            let step = candidate
+                .hasher(lora, salt)
+                .step(None, tokens, &mut self.scratch);
+            if step.key == published {
+                return candidate.recipe_name();
+            }
+        }
+        match (self.profile.strategy(), lora.is_empty()) {
+            (Strategy::VllmV1, false) => {
+                "unknown: vLLM hashes a LoRA adapter's path, which its events do not carry".into()
+            }
+            (_, false) => {
+                "unknown: SGLang namespaces an adapter's hashes by an id its events do not carry"
+                    .into()
+            }
+            _ => "unknown: no supported recipe reproduces the published hashes".into(),
+        }
     }
 
     /// The prepared hasher for this (lora, salt), reusing the last one when it matches.
@@ -154,10 +197,11 @@ impl HashCheck {
             tracing::warn!(
                 service = %self.service,
                 profile = %self.profile,
-                "published block hashes do not match the registered hash profile; queries will miss. \
-                 Likely causes: a different PYTHONHASHSEED (python_hash_seed), a different \
-                 --prefix-caching-hash-algo (algorithm), a re-pointed LoRA path, a different block size, \
-                 or every request carrying a cache_salt"
+                engine_recipe = self.engine_recipe.as_deref().unwrap_or("unknown"),
+                "published block hashes do not match the registered hash profile; answers stay exact \
+                 (blocks are keyed by their contents), queries by hash need the engine's hashes. \
+                 Likely causes: PYTHONHASHSEED unset or different (python_hash_seed), a different \
+                 --prefix-caching-hash-algo (algorithm), a LoRA path, or a different block size"
             );
         }
     }

@@ -9,7 +9,12 @@
 
 use std::collections::BTreeSet;
 
-use crate::events::{DecodedBatch, Holder, IgnoreReason, IndexOp, KvEvent, StoreObject};
+use crate::events::{
+    BlockContents, DecodedBatch, EngineStored, EventTokens, Holder, IgnoreReason, IndexOp, KvEvent,
+    StoreObject,
+};
+use crate::hashing::Strategy;
+use crate::hashing::derived::{self, BlockRule};
 use crate::model::{ContextKey, PublisherConfig, normalize_tenant};
 
 /// Per-subscription routing state.
@@ -22,6 +27,8 @@ pub struct Router {
     model_name: String,
     /// The profile hashes a final partial page (SGLang strategies).
     partial_pages: bool,
+    /// How the registered profile splits prompts into blocks (the derived keys follow it).
+    rule: BlockRule,
     /// Every context this source sent blocks to (removals and clears go to all of them).
     fed: BTreeSet<ContextKey>,
 }
@@ -45,7 +52,12 @@ impl Router {
             registered_lora: config.lora_name.clone(),
             block_size: config.block_size,
             model_name: config.model_name.clone(),
-            partial_pages: config.hash_profile.strategy() != crate::hashing::Strategy::VllmV1,
+            partial_pages: config.hash_profile.strategy() != Strategy::VllmV1,
+            rule: match config.hash_profile.strategy() {
+                Strategy::VllmV1 => BlockRule::FullBlocks,
+                Strategy::Sglang => BlockRule::PartialFinal,
+                Strategy::SglangBigram => BlockRule::Bigram,
+            },
             fed,
         }
     }
@@ -78,10 +90,19 @@ impl Router {
                         }
                     };
                     self.fed.insert(context.clone());
-                    let op = IndexOp::Store {
-                        holder: self.engine_holder.clone(),
-                        tier: stored.tier,
-                        hashes: stored.hashes,
+                    let holder = self.engine_holder.clone();
+                    let op = match block_contents(self.rule, &stored) {
+                        Some(contents) => IndexOp::StoreChained {
+                            holder,
+                            tier: stored.tier,
+                            hashes: stored.hashes,
+                            contents,
+                        },
+                        None => IndexOp::StoreAliased {
+                            holder,
+                            tier: stored.tier,
+                            hashes: stored.hashes,
+                        },
                     };
                     push(&mut out, context, op);
                 }
@@ -127,7 +148,7 @@ impl Router {
                     push(
                         &mut out,
                         context,
-                        IndexOp::Store {
+                        IndexOp::StoreAliased {
                             holder,
                             tier: object.tier,
                             hashes: object.hashes,
@@ -184,6 +205,51 @@ impl Router {
     }
 }
 
+/// The contents of an engine event's blocks, for the keys the index derives (see
+/// `hashing::derived`): `None` when the event carries no tokens, or tokens that do not split
+/// into one block per published hash under the registered block rule.
+fn block_contents(rule: BlockRule, stored: &EngineStored) -> Option<BlockContents> {
+    let size = stored.block_size as usize;
+    let n = stored.hashes.len();
+    if size == 0 || n == 0 {
+        return None;
+    }
+    let extra = |i: usize| stored.extras.get(i).copied().unwrap_or(0);
+    let digests: Vec<u64> = match (rule, stored.tokens.as_ref()?) {
+        (BlockRule::FullBlocks | BlockRule::PartialFinal, EventTokens::Flat(tokens)) => {
+            if tokens.len().div_ceil(size) != n
+                || (rule == BlockRule::FullBlocks && tokens.len() != n * size)
+            {
+                return None;
+            }
+            tokens
+                .chunks(size)
+                .enumerate()
+                .map(|(i, block)| derived::content(block.iter().copied(), block.len(), extra(i)))
+                .collect()
+        }
+        (BlockRule::Bigram, EventTokens::Bigram(pairs)) => {
+            if pairs.len().div_ceil(size) != n {
+                return None;
+            }
+            pairs
+                .chunks(size)
+                .enumerate()
+                .map(|(i, block)| {
+                    let words = block.iter().flat_map(|&(a, b)| [a, b]);
+                    derived::content(words, block.len(), extra(i))
+                })
+                .collect()
+        }
+        _ => return None,
+    };
+    Some(BlockContents {
+        parent: stored.parent,
+        root: derived::root(stored.cache_salt.as_deref().unwrap_or("")),
+        digests,
+    })
+}
+
 /// Append an op to its context's list, keeping contexts in first-touch order.
 fn push(out: &mut Routed, context: ContextKey, op: IndexOp) {
     match out.iter_mut().find(|(c, _)| *c == context) {
@@ -230,6 +296,7 @@ mod tests {
             block_size,
             lora_name: lora.map(str::to_owned),
             cache_salt: None,
+            extras: Vec::new(),
             tier: Tier::Device,
         })
     }

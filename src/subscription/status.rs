@@ -50,6 +50,8 @@ pub struct SubscriptionStatus {
     pub hash_check: HashCheckState,
     pub hash_check_ok: u64,
     pub hash_check_mismatch: u64,
+    /// The recipe the engine hashes with (see `hash_check`), once known.
+    pub engine_recipe: Option<String>,
     /// Unix time (ms) of the last applied batch's publisher timestamp, for lag.
     pub last_batch_ts_ms: Option<u64>,
 }

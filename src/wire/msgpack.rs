@@ -84,6 +84,11 @@ impl<'a> Reader<'a> {
         self.pos = pos;
     }
 
+    /// The bytes between two positions this reader returned (`from <= to`).
+    pub(crate) fn bytes_between(&self, from: usize, to: usize) -> &'a [u8] {
+        self.buf.get(from..to).unwrap_or_default()
+    }
+
     pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }

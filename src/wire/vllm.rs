@@ -49,7 +49,27 @@ pub(crate) struct RawEvent<'a> {
     spec_kind: Option<&'a str>,
     sliding_window: Option<i64>,
     /// Entries of `extra_keys` (one per block hash when present).
-    extra_keys: Option<u32>,
+    extra_keys: Option<Vec<RawExtra<'a>>>,
+}
+
+/// One block's `extra_keys` entry: `nil`, or its elements (strings read, the rest as bytes).
+#[derive(Debug, Default)]
+pub(crate) struct RawExtra<'a> {
+    elements: Vec<ExtraElement<'a>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ExtraElement<'a> {
+    Str(&'a str, &'a [u8]),
+    Other(&'a [u8]),
+}
+
+impl ExtraElement<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            ExtraElement::Str(_, b) | ExtraElement::Other(b) => b,
+        }
+    }
 }
 
 /// Decode one event at the cursor.
@@ -173,7 +193,7 @@ fn read_value<'a>(
         }
         Key::GroupIdx => raw.group_idx = nullable_int(r, field)?,
         Key::SlidingWindow => raw.sliding_window = nullable_int(r, field)?,
-        Key::ExtraKeys => raw.extra_keys = nullable_array_of_arrays(r, field)?,
+        Key::ExtraKeys => raw.extra_keys = read_extra_keys(r, field)?,
         Key::LookaheadTokenIds => {
             nullable_array_of_arrays(r, field)?;
         }
@@ -263,6 +283,91 @@ fn nullable_int(r: &mut Reader<'_>, field: &'static str) -> EventResult<Option<i
         .or_else(|_| invalid(field, Problem::Invalid("outside int64")))
 }
 
+/// `extra_keys`: `nil`, or one entry per block, each `nil` or an array of elements.
+fn read_extra_keys<'a>(
+    r: &mut Reader<'a>,
+    field: &'static str,
+) -> EventResult<Option<Vec<RawExtra<'a>>>> {
+    if structural(r.nil())? {
+        return Ok(None);
+    }
+    let n = typed(r.array_len(), field, "array or nil")?;
+    let mut entries = Vec::with_capacity(r.capacity_for(n));
+    for _ in 0..n {
+        let mut entry = RawExtra::default();
+        match structural(r.peek())? {
+            Kind::Nil => structural(r.skip())?,
+            Kind::Array => {
+                let len = structural(r.array_len())?;
+                entry.elements.reserve(r.capacity_for(len));
+                for _ in 0..len {
+                    let from = r.pos();
+                    let element = if structural(r.peek())? == Kind::Str {
+                        let s = typed(r.str(), field, "UTF-8 string")?;
+                        ExtraElement::Str(s, r.bytes_between(from, r.pos()))
+                    } else {
+                        structural(r.skip())?;
+                        ExtraElement::Other(r.bytes_between(from, r.pos()))
+                    };
+                    entry.elements.push(element);
+                }
+            }
+            other => {
+                return invalid(
+                    field,
+                    Problem::WrongType {
+                        expected: "array or nil entry",
+                        got: other.name(),
+                    },
+                );
+            }
+        }
+        entries.push(entry);
+    }
+    Ok(Some(entries))
+}
+
+/// vLLM's untagged extra keys of each block, split into what the index needs: the cache salt
+/// (a string on the first block of a sequence) and a digest of everything else per block
+/// (multimodal items, prompt-embedding digests), 0 for none. The LoRA name, which vLLM puts
+/// first on every block of an adapter request, is the context's business and is left out.
+fn split_extras(
+    entries: &[RawExtra<'_>],
+    lora: Option<&str>,
+    starts_sequence: bool,
+) -> (Vec<u64>, Option<String>) {
+    let mut salt = None;
+    let mut digests = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let mut elements = entry.elements.as_slice();
+        if let (Some(lora), Some(ExtraElement::Str(first, _))) = (lora, elements.first()) {
+            if *first == lora {
+                elements = &elements[1..];
+            }
+        }
+        let mut salt_at = None;
+        if i == 0 && starts_sequence {
+            salt_at = elements
+                .iter()
+                .rposition(|e| matches!(e, ExtraElement::Str(..)));
+            if let Some(ExtraElement::Str(s, _)) = salt_at.map(|at| elements[at]) {
+                salt = Some(s.to_owned());
+            }
+        }
+        let rest: Vec<u8> = elements
+            .iter()
+            .enumerate()
+            .filter(|(at, _)| Some(*at) != salt_at)
+            .flat_map(|(_, e)| e.bytes().iter().copied())
+            .collect();
+        if !rest.is_empty() {
+            digests.resize(entries.len(), 0);
+            digests[i] = crate::hashing::derived::bytes_digest(&rest);
+        }
+    }
+    (digests, salt)
+}
+
 /// `nil` or an array whose entries are each `nil` or an array (contents unchecked); the count.
 fn nullable_array_of_arrays(r: &mut Reader<'_>, field: &'static str) -> EventResult<Option<u32>> {
     if structural(r.nil())? {
@@ -343,7 +448,8 @@ fn admit(raw: RawEvent<'_>, tag: Tag, projection: IndexProjection) -> EventResul
         Tag::Stored => {
             if raw
                 .extra_keys
-                .is_some_and(|n| n as usize != raw.block_hashes.len())
+                .as_ref()
+                .is_some_and(|e| e.len() != raw.block_hashes.len())
             {
                 return invalid(
                     "extra_keys",
@@ -371,13 +477,20 @@ fn admit(raw: RawEvent<'_>, tag: Tag, projection: IndexProjection) -> EventResul
                 RawTokens::Flat(ids) => EventTokens::Flat(ids),
                 RawTokens::Pairs(pairs) => EventTokens::Bigram(pairs),
             });
+            let lora_name = non_empty(raw.lora_name);
+            let (extras, vllm_salt) = split_extras(
+                raw.extra_keys.as_deref().unwrap_or_default(),
+                lora_name.as_deref(),
+                parent.is_none(),
+            );
             Ok(Outcome::Event(KvEvent::Stored(EngineStored {
                 hashes,
                 parent,
                 tokens,
                 block_size,
-                lora_name: non_empty(raw.lora_name),
-                cache_salt: non_empty(raw.cache_salt),
+                lora_name,
+                cache_salt: non_empty(raw.cache_salt).or(vllm_salt),
+                extras,
                 tier,
             })))
         }

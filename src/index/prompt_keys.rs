@@ -1,0 +1,75 @@
+//! The keys a query walks: a prompt's derived keys (with the registered profile's hashes as the
+//! second key while the index holds blocks by published hash), or a list of published hashes
+//! translated through the context's aliases.
+
+use crate::hashing::derived::{BlockRule, DerivedChain};
+use crate::hashing::{BlockHasher, HashChain, PrefixKeys, Strategy, Token};
+use crate::model::BlockHash;
+
+/// A query prompt's keys: derived keys first, the registered profile's hash chain as the
+/// second key, hashed only when the walk asks (see [`PrefixKeys::alt_key`]).
+pub(super) struct TokenKeys<'a, T> {
+    derived: DerivedChain<'a, T>,
+    registered: HashChain<'a, T>,
+}
+
+impl<'a, T: Token> TokenKeys<'a, T> {
+    pub(super) fn new(
+        hasher: &'a BlockHasher,
+        strategy: Strategy,
+        block_size: u32,
+        tokens: &'a [T],
+        cache_salt: &str,
+    ) -> Self {
+        let rule = match strategy {
+            Strategy::VllmV1 => BlockRule::FullBlocks,
+            Strategy::Sglang => BlockRule::PartialFinal,
+            Strategy::SglangBigram => BlockRule::Bigram,
+        };
+        TokenKeys {
+            derived: DerivedChain::new(rule, block_size, tokens, cache_salt),
+            registered: hasher.chain(block_size, tokens),
+        }
+    }
+}
+
+impl<T: Token> PrefixKeys for TokenKeys<'_, T> {
+    fn num_blocks(&self) -> usize {
+        self.derived.num_blocks()
+    }
+    fn key(&mut self, i: usize) -> BlockHash {
+        self.derived.key(i)
+    }
+    fn alt_key(&mut self, i: usize) -> Option<BlockHash> {
+        self.registered.try_key(i)
+    }
+    fn covered(&self, n: usize) -> u64 {
+        self.derived.covered(n)
+    }
+}
+
+/// Published hashes of a prompt's blocks (query by hash): each one's alias when the context has
+/// one, with the hash itself as the second key; every block is complete.
+pub(super) struct AliasedHashes {
+    pub(super) hashes: Vec<BlockHash>,
+    pub(super) aliases: Vec<Option<u64>>,
+    pub(super) block_size: u32,
+}
+
+impl PrefixKeys for AliasedHashes {
+    fn num_blocks(&self) -> usize {
+        self.hashes.len()
+    }
+    fn key(&mut self, i: usize) -> BlockHash {
+        match self.aliases.get(i).copied().flatten() {
+            Some(key) => BlockHash(key),
+            None => self.hashes.get(i).copied().unwrap_or(BlockHash(0)),
+        }
+    }
+    fn alt_key(&mut self, i: usize) -> Option<BlockHash> {
+        self.hashes.get(i).copied()
+    }
+    fn covered(&self, n: usize) -> u64 {
+        (n.min(self.hashes.len()) as u64).saturating_mul(u64::from(self.block_size))
+    }
+}
