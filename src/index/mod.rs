@@ -102,6 +102,8 @@ mod refs;
 mod table;
 
 #[cfg(test)]
+mod keys_tests;
+#[cfg(test)]
 mod model_check;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,304 @@
+//! Unit tests of repeated announcements and of derived keys: blocks published under a recipe the
+//! registered profile cannot reproduce are still found from tokens, by hash through aliases, and
+//! removed through their published hashes.
+
+use crate::events::{BlockContents, Holder, IndexBatch, IndexOp};
+use crate::hashing::{HashProfile, derived};
+use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
+
+use super::table::{DEVICE, tier_bit};
+use super::*;
+
+const BS: u32 = 4;
+
+fn vllm_profile() -> HashProfile {
+    HashProfile::resolve(
+        Some("vllm_v1"),
+        Some("sha256_cbor"),
+        Some("0"),
+        Some("low64_be"),
+    )
+    .unwrap()
+}
+
+fn index() -> ContextIndex {
+    ContextIndex::new(ContextKey::new("", "m", "", BS), vllm_profile())
+}
+
+fn source() -> SubscriptionKey {
+    SubscriptionKey::new("i", "", 0)
+}
+
+fn engine() -> Holder {
+    Holder::Engine {
+        instance_id: "i".into(),
+        dp_rank: 0,
+    }
+}
+
+fn batch(ops: Vec<IndexOp>) -> IndexBatch {
+    IndexBatch {
+        source: source(),
+        ops,
+    }
+}
+
+fn prompt(n_blocks: usize) -> Vec<i32> {
+    (0..n_blocks as i32 * BS as i32).map(|t| 100 + t).collect()
+}
+
+/// Hashes no registered profile reproduces, as an engine with an unnameable recipe publishes.
+fn engine_hashes(range: std::ops::Range<u64>) -> Vec<BlockHash> {
+    range.map(|i| BlockHash(0xeeee_0000 + i)).collect()
+}
+
+/// A chained store of blocks `from..to` of `tokens`, the way an engine event publishes them.
+fn chained(tokens: &[i32], from: usize, to: usize, salt: &str, tier: Tier) -> IndexOp {
+    let bs = BS as usize;
+    let digests = (from..to)
+        .map(|b| {
+            let block = tokens[b * bs..(b + 1) * bs].iter().map(|&t| i64::from(t));
+            derived::content(block, bs, 0)
+        })
+        .collect();
+    IndexOp::StoreChained {
+        holder: engine(),
+        tier,
+        hashes: engine_hashes(from as u64..to as u64),
+        contents: BlockContents {
+            parent: (from > 0).then(|| BlockHash(0xeeee_0000 + from as u64 - 1)),
+            root: derived::root(salt),
+            digests,
+        },
+    }
+}
+
+fn device(ix: &ContextIndex, tokens: &[i32], salt: &str) -> u64 {
+    let hits = ix.reader().query_tokens(tokens, salt, None);
+    hits.hits["i"].rank_matches[&0].device
+}
+
+#[test]
+fn blocks_are_found_from_tokens_whatever_the_engine_hashes() {
+    let mut ix = index();
+    let tokens = prompt(4);
+    let report = ix.apply(&batch(vec![chained(&tokens, 0, 2, "", Tier::Device)]));
+    assert_eq!((report.translated, report.unlinked), (2, 0));
+    // The next event continues from the engine's hash of block 1.
+    ix.apply(&batch(vec![chained(&tokens, 2, 4, "", Tier::Device)]));
+    assert_eq!(device(&ix, &tokens, ""), 16);
+    assert_eq!(device(&ix, &tokens[..10], ""), 8, "two complete blocks");
+    let mut other = tokens.clone();
+    other[5] += 1;
+    assert_eq!(
+        device(&ix, &other, ""),
+        4,
+        "a different block 1 ends the prefix"
+    );
+    // By hash: the engine's hashes name the blocks through their aliases.
+    let hashes: Vec<u64> = engine_hashes(0..4).iter().map(|h| h.0).collect();
+    let by_hash = ix.reader().query_hashes(&hashes, None);
+    assert_eq!(by_hash.hits["i"].device, 16);
+    assert_eq!(
+        ix.shared
+            .raw_pairs
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+#[test]
+fn a_removal_by_published_hash_reaches_the_derived_block() {
+    let mut ix = index();
+    let tokens = prompt(3);
+    ix.apply(&batch(vec![chained(&tokens, 0, 3, "", Tier::Device)]));
+    ix.apply(&batch(vec![IndexOp::Remove {
+        holder: engine(),
+        tier: Tier::Device,
+        hashes: engine_hashes(1..2),
+    }]));
+    assert_eq!(device(&ix, &tokens, ""), 4);
+    assert_eq!(ix.stats().holder_blocks, 2);
+}
+
+#[test]
+fn a_block_stored_twice_needs_two_removes() {
+    let mut ix = index();
+    let tokens = prompt(2);
+    // Two identical prompts scheduled together: both announce the same blocks.
+    let store = chained(&tokens, 0, 2, "", Tier::Device);
+    let report = ix.apply(&batch(vec![store.clone(), store]));
+    assert_eq!((report.stored, report.repeated), (4, 2));
+    let remove = || {
+        batch(vec![IndexOp::Remove {
+            holder: engine(),
+            tier: Tier::Device,
+            hashes: engine_hashes(1..2),
+        }])
+    };
+    let report = ix.apply(&remove());
+    assert_eq!(report.repeated_removes, 1);
+    assert_eq!(device(&ix, &tokens, ""), 8, "the other copy stays");
+    let key = ix.shared.aliases.get(0xeeee_0001).unwrap();
+    assert_eq!(ix.announcements(0, key, DEVICE), 1);
+    ix.apply(&remove());
+    assert_eq!(device(&ix, &tokens, ""), 4);
+    assert_eq!(ix.announcements(0, key, DEVICE), 0);
+    // A third remove of a block no longer held changes nothing.
+    ix.apply(&remove());
+    assert_eq!(device(&ix, &tokens, ""), 4);
+}
+
+#[test]
+fn clearing_a_holder_resets_its_counts() {
+    let mut ix = index();
+    let tokens = prompt(1);
+    let store = chained(&tokens, 0, 1, "", Tier::CpuLocal);
+    ix.apply(&batch(vec![store.clone(), store.clone(), store]));
+    let key = ix.shared.aliases.get(0xeeee_0000).unwrap();
+    assert_eq!(ix.announcements(0, key, tier_bit(Tier::CpuLocal)), 3);
+    ix.apply(&batch(vec![IndexOp::ClearHolder { holder: engine() }]));
+    assert_eq!(ix.announcements(0, key, tier_bit(Tier::CpuLocal)), 0);
+    ix.apply(&batch(vec![chained(&tokens, 0, 1, "", Tier::CpuLocal)]));
+    ix.apply(&batch(vec![IndexOp::Remove {
+        holder: engine(),
+        tier: Tier::CpuLocal,
+        hashes: engine_hashes(0..1),
+    }]));
+    assert_eq!(
+        ix.stats().holder_blocks,
+        0,
+        "one store after the clear, one remove"
+    );
+}
+
+#[test]
+fn a_salted_chain_only_answers_queries_with_the_same_salt() {
+    let mut ix = index();
+    let tokens = prompt(2);
+    ix.apply(&batch(vec![chained(&tokens, 0, 2, "s1", Tier::Device)]));
+    assert_eq!(device(&ix, &tokens, "s1"), 8);
+    assert_eq!(device(&ix, &tokens, ""), 0);
+    assert_eq!(device(&ix, &tokens, "s2"), 0);
+}
+
+#[test]
+fn an_unknown_parent_keeps_the_blocks_under_their_hashes() {
+    let mut ix = index();
+    let tokens = prompt(3);
+    // Joined mid-stream: blocks 1..3 arrive with a parent this context never saw.
+    let report = ix.apply(&batch(vec![chained(&tokens, 1, 3, "", Tier::Device)]));
+    assert_eq!((report.translated, report.unlinked), (0, 2));
+    assert_eq!(
+        ix.shared
+            .unlinked
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    assert_eq!(
+        ix.shared
+            .raw_pairs
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    // Not guessed from tokens: the prefix is missing block 0 anyway, and the hashes are not the
+    // registered profile's, so nothing answers.
+    ix.apply(&batch(vec![chained(&tokens, 0, 1, "", Tier::Device)]));
+    assert_eq!(device(&ix, &tokens, ""), 4);
+    // Removing them by hash still works.
+    ix.apply(&batch(vec![IndexOp::Remove {
+        holder: engine(),
+        tier: Tier::Device,
+        hashes: engine_hashes(1..3),
+    }]));
+    assert_eq!(
+        ix.shared
+            .raw_pairs
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert_eq!(ix.stats().holder_blocks, 1);
+}
+
+#[test]
+fn store_objects_follow_aliases_and_otherwise_the_registered_profile() {
+    let mut ix = index();
+    let tokens = prompt(3);
+    ix.apply(&batch(vec![chained(&tokens, 0, 1, "", Tier::Device)]));
+    // The registered profile's hashes of blocks 1 and 2, as a store names objects its engine
+    // hashed with the registered recipe before this context saw their contents.
+    let hasher = vllm_profile().hasher("", "");
+    let mut chain = hasher.chain(BS, &tokens);
+    let registered: Vec<BlockHash> = (0..3).map(|i| chain.try_key(i).unwrap()).collect();
+    let store = SubscriptionKey::new("store", "", 0);
+    let backend = Holder::Shared {
+        backend_id: "b".into(),
+    };
+    let object = |hashes: Vec<BlockHash>| IndexBatch {
+        source: store.clone(),
+        ops: vec![IndexOp::StoreAliased {
+            holder: backend.clone(),
+            tier: Tier::CpuShare,
+            hashes,
+        }],
+    };
+    // Block 0 by the engine's hash (an alias), blocks 1-2 by the registered profile's.
+    ix.apply(&object(engine_hashes(0..1)));
+    ix.apply(&object(registered[1..].to_vec()));
+    let hits = ix.reader().query_tokens(&tokens, "", None);
+    let rank = hits.hits["i"].rank_matches[&0];
+    assert_eq!((rank.device, rank.cpu_share), (4, 12));
+    // The store's removal of block 1 by the same hash ends the shared prefix there.
+    ix.apply(&IndexBatch {
+        source: store,
+        ops: vec![IndexOp::Remove {
+            holder: backend,
+            tier: Tier::CpuShare,
+            hashes: registered[1..2].to_vec(),
+        }],
+    });
+    let hits = ix.reader().query_tokens(&tokens, "", None);
+    assert_eq!(hits.hits["i"].rank_matches[&0].cpu_share, 4);
+}
+
+#[test]
+fn counts_and_aliases_survive_a_checkpoint() {
+    let mut ix = index();
+    let tokens = prompt(2);
+    let store = chained(&tokens, 0, 2, "", Tier::Device);
+    ix.apply(&batch(vec![store.clone(), store]));
+    let changes = ix.take_changes();
+    assert_eq!(changes.aliases.len(), 2);
+    assert_eq!(changes.repeats.len(), 2);
+    let mut restorer = Restorer::new(changes.key.clone(), changes.profile.clone());
+    for h in &changes.holders {
+        assert!(restorer.holder(h));
+    }
+    for (source, instance, rank) in &changes.attachments {
+        restorer.attach(source, instance, *rank);
+    }
+    for &(hash, key) in &changes.aliases {
+        restorer.alias(hash, key.unwrap());
+    }
+    for &(h, b, bits) in &changes.pairs {
+        assert!(restorer.pair(h, b, bits));
+    }
+    for &(h, b, bit, n) in &changes.repeats {
+        assert!(restorer.repeat(h, b, bit, n));
+    }
+    let mut copy = restorer.finish();
+    assert_eq!(device(&copy, &tokens, ""), 8);
+    assert!(!copy.has_changes());
+    // One removal by hash leaves the second copy, exactly as before the restart.
+    copy.apply(&batch(vec![IndexOp::Remove {
+        holder: engine(),
+        tier: Tier::Device,
+        hashes: engine_hashes(0..1),
+    }]));
+    assert_eq!(device(&copy, &tokens, ""), 8);
+    // And the next event still links to the restored aliases.
+    let tokens3 = prompt(3);
+    let report = copy.apply(&batch(vec![chained(&tokens3, 2, 3, "", Tier::Device)]));
+    assert_eq!(report.translated, 1);
+    assert_eq!(device(&copy, &tokens3, ""), 12);
+}
