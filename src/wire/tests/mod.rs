@@ -4,6 +4,7 @@
 //! Hand-built payloads use the small [`V`] tree below so a test reads like the msgpack it sends.
 
 mod engine;
+mod extras;
 mod fixtures;
 mod fuzz;
 mod store;
