@@ -27,6 +27,10 @@
 //! [`cbor`], [`pickle`] the two vLLM encoders; [`vllm`] and [`sglang`] the block hashes;
 //! `sha` a one-shot SHA-256 over a reused buffer.
 //!
+//! The index keys engine blocks by [`derived`] keys computed from their tokens; the profiles here
+//! serve the runtime hash check (which also names the engine's recipe when it is not the
+//! registered one), queries of blocks kept under published hashes, and queries by hash.
+//!
 //! Query side: `profile.hasher(lora, salt).chain(block_size, &tokens)` then
 //! [`PrefixKeys::key`] per block. Ingestion side: `hasher.step(parent_digest, block_tokens, buf)`
 //! with `None` as the parent of a chain's first block.

@@ -22,6 +22,27 @@
 //! reverse list of its blocks (32-bit table references), so remove, clear, drop-source and detach
 //! cost O(blocks that holder owns), never a scan of the context.
 //!
+//! # Keys
+//!
+//! Engine blocks are keyed by a key the index derives from what the event publishes
+//! ([`crate::hashing::derived`]): the parent's derived key linked with the block's content (its
+//! token ids, their count, and extras such as multimodal items), starting at a root that carries
+//! the cache salt. The engine's own hashes become aliases (`aliases`: engine hash → derived key,
+//! one map per context, persisted): removals, the parent of the next event, Mooncake store
+//! objects and queries by hash name blocks by them. So an answer is exact whatever recipe the
+//! engine hashes with (vLLM with `PYTHONHASHSEED` unset, a LoRA path, SGLang's adapter
+//! namespace), and a query from tokens costs one fast multiply chain per block instead of
+//! SHA-256.
+//!
+//! A block the index cannot derive is kept under its published hash ("raw"): an event whose
+//! parent this context never saw (a subscriber that joined mid-stream; guessing the parent would
+//! risk a false hit), a store object whose hash has no alias yet, and schema 1 data. Those keys
+//! are what the registered profile computes when it matches the engine, so while any raw pair
+//! exists (`Shared::raw_pairs`, counted per holder) a query from tokens also walks the
+//! registered profile's chain as each block's second key ([`crate::hashing::PrefixKeys::alt_key`])
+//! and a block counts when held under either. Raw and derived keys are both 64-bit and meet only
+//! by a 2^-64 chance.
+//!
 //! # Repeated announcements
 //!
 //! Stores and removes are counted per (holder, tier, block), not merged: a store adds one, a

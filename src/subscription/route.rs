@@ -398,4 +398,100 @@ mod tests {
             "model falls back to the registration's"
         );
     }
+
+    /// Route one stored event of `strategy` and apply it to a fresh context of that profile;
+    /// the answer for the same prompt tokens from a query.
+    fn ingest_then_query(profile: HashProfile, stored: EngineStored, query: &[i32]) -> u64 {
+        let mut cfg = config("", PublisherType::Sglang);
+        cfg.hash_profile = profile.clone();
+        cfg.block_size = 4;
+        let mut r = Router::new(&cfg);
+        let batch = DecodedBatch {
+            events: vec![KvEvent::Stored(stored)],
+            ..Default::default()
+        };
+        let routed = r.route(batch, &mut Vec::new());
+        let (key, ops) = routed.into_iter().next().expect("one context");
+        assert!(
+            matches!(ops[0], IndexOp::StoreChained { .. }),
+            "{:?}",
+            ops[0]
+        );
+        let mut index = crate::index::ContextIndex::new(key, profile);
+        index.apply(&crate::events::IndexBatch {
+            source: cfg.subscription_key(),
+            ops,
+        });
+        let hits = index.reader().query_tokens(query, "", None);
+        hits.hits["i"].rank_matches[&2].device
+    }
+
+    fn engine_event(tokens: EventTokens, n_hashes: u64, block_size: u32) -> EngineStored {
+        EngineStored {
+            hashes: (0..n_hashes).map(|h| BlockHash(0xabc0 + h)).collect(),
+            parent: None,
+            tokens: Some(tokens),
+            block_size,
+            lora_name: None,
+            cache_salt: None,
+            extras: Vec::new(),
+            tier: Tier::Device,
+        }
+    }
+
+    #[test]
+    fn ingested_contents_and_query_tokens_give_the_same_keys() {
+        let vllm = config("", PublisherType::Vllm).hash_profile;
+        let tokens: Vec<i64> = (1..=8).collect();
+        let query: Vec<i32> = (1..=10).collect();
+        let event = engine_event(EventTokens::Flat(tokens.clone()), 2, 4);
+        assert_eq!(ingest_then_query(vllm, event, &query), 8);
+
+        // SGLang: a short final page of two tokens is its own block.
+        let sglang =
+            HashProfile::resolve(Some("sglang"), Some("sha256_raw"), None, Some("first64_be"))
+                .unwrap();
+        let event = engine_event(EventTokens::Flat((1..=10).collect()), 3, 4);
+        assert_eq!(ingest_then_query(sglang, event, &query), 10);
+
+        // Bigram: 10 tokens are 9 pairs, pages of 4 pairs, the last one short.
+        let bigram = HashProfile::resolve(
+            Some("sglang_bigram"),
+            Some("sha256_raw"),
+            None,
+            Some("first64_be"),
+        )
+        .unwrap();
+        let pairs: Vec<(i64, i64)> = (1..10).map(|t| (t, t + 1)).collect();
+        let event = engine_event(EventTokens::Bigram(pairs), 3, 4);
+        assert_eq!(ingest_then_query(bigram, event, &query), 9);
+    }
+
+    #[test]
+    fn contents_that_do_not_split_into_the_published_blocks_are_not_used() {
+        let rule = BlockRule::FullBlocks;
+        let short = engine_event(EventTokens::Flat((1..=7).collect()), 2, 4);
+        assert_eq!(
+            block_contents(rule, &short),
+            None,
+            "7 tokens are not 2 full blocks"
+        );
+        let extra = engine_event(EventTokens::Flat((1..=12).collect()), 2, 4);
+        assert_eq!(block_contents(rule, &extra), None, "12 tokens are 3 blocks");
+        let pairs = engine_event(EventTokens::Bigram(vec![(1, 2)]), 1, 4);
+        assert_eq!(
+            block_contents(rule, &pairs),
+            None,
+            "pairs under a flat rule"
+        );
+        let mut no_tokens = engine_event(EventTokens::Flat(vec![]), 1, 4);
+        no_tokens.tokens = None;
+        assert_eq!(block_contents(rule, &no_tokens), None);
+        let mut salted = engine_event(EventTokens::Flat((1..=4).collect()), 1, 4);
+        salted.cache_salt = Some("s".into());
+        assert_eq!(
+            block_contents(rule, &salted).unwrap().root,
+            derived::root("s")
+        );
+    }
 }
