@@ -100,7 +100,11 @@ async fn play(name: &str) -> Vec<String> {
     handshake(&server, &mut player, &service, payload).await;
     let mut last = seq;
     for (seq, payload) in batches {
-        assert_eq!(player.next_seq(), seq, "{name}: recorded seqs are consecutive");
+        assert_eq!(
+            player.next_seq(),
+            seq,
+            "{name}: recorded seqs are consecutive"
+        );
         player.publish(payload).await;
         last = seq;
     }
@@ -147,7 +151,9 @@ async fn play(name: &str) -> Vec<String> {
         assert_eq!(reply.ret, 0, "{name} query {i}: {:?}", reply.error);
         let want = &q["expect"];
         let Some(row) = reply.hits.get(INSTANCE) else {
-            wrong.push(format!("{name} query {i}: no row for {INSTANCE}, want {want}"));
+            wrong.push(format!(
+                "{name} query {i}: no row for {INSTANCE}, want {want}"
+            ));
             continue;
         };
         let got = [row.device, row.cpu_local, row.cpu_share, row.disk];
