@@ -10,3 +10,4 @@ mod http_api;
 mod http_errors;
 mod ingest;
 mod recorded;
+mod scenarios;
