@@ -524,6 +524,7 @@ impl ContextIndex {
     }
 
     /// Announcements of tier `bit` of holder `id` on block `key`: 0 when not held.
+    #[cfg(test)]
     pub(super) fn announcements(&self, id: u32, key: u64, bit: u8) -> u32 {
         let Some(state) = self.holders.get(id as usize) else {
             return 0;

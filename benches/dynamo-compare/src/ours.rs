@@ -1,22 +1,28 @@
 //! Everything that touches mooncake-conductor's API, in one place: how the workload's blocks get
 //! our 64-bit keys, how engine events become index ops, and how a query is asked and read back.
 //!
-//! Keys today come from the registered hash profile (`vllm_v1`, `sha256_cbor`, the low 64 bits
-//! of each chained digest), exactly as an engine with that profile publishes them and as a query
-//! from raw tokens recomputes them. Switching the index to another key (a derived key from token
-//! ids, stores carrying token ids and the parent hash) changes only this file: [`Ours::prompt`],
-//! [`Ours::batch`] and [`Ours::query_tokens`].
+//! Engines publish their blocks' hashes under the registered hash profile (`vllm_v1`,
+//! `sha256_cbor`, the low 64 bits of each chained digest) together with each block's token ids
+//! and the parent's hash, as vLLM's `BlockStored` does; the index keys the blocks by the keys it
+//! derives from those tokens and keeps the published hashes as aliases (removals name blocks by
+//! them). A query from raw tokens derives the same keys; the "precomputed keys" figures walk
+//! the derived keys computed ahead of time.
 
-use mooncake_conductor::events::{Holder, IndexBatch, IndexOp};
+use mooncake_conductor::events::{BlockContents, Holder, IndexBatch, IndexOp};
 use mooncake_conductor::hashing::chain::BlockHasher;
+use mooncake_conductor::hashing::derived::{self, BlockRule, DerivedChain};
 use mooncake_conductor::hashing::{HashProfile, PrefixKeys};
 use mooncake_conductor::index::{ContextIndex, HashList, IndexReader, QueryHits};
 use mooncake_conductor::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
 use crate::workload::{BLOCK_SIZE, Event, HOLDERS, PublisherBatch, instance_of, rank_of};
 
-/// One prompt's block keys, computed once from its tokens.
-pub struct PromptKeys(Vec<BlockHash>);
+/// One prompt's blocks as an engine publishes them, computed once from its tokens: the
+/// published hashes and each block's content digest.
+pub struct PromptKeys {
+    hashes: Vec<BlockHash>,
+    contents: Vec<u64>,
+}
 
 /// A query's keys computed ahead of time (the "by precomputed keys" figures).
 pub struct QueryKeys(HashList);
@@ -82,40 +88,52 @@ impl Ours {
         }
     }
 
-    fn keys_of(&self, tokens: &[u32]) -> Vec<BlockHash> {
-        let mut chain = self.hasher.chain(BLOCK_SIZE as u32, tokens);
-        (0..chain.num_blocks()).map(|i| chain.key(i)).collect()
-    }
-
-    /// The keys an engine publishes for this prompt's blocks.
+    /// What an engine publishes for this prompt's blocks.
     pub fn prompt(&self, tokens: &[u32]) -> PromptKeys {
-        PromptKeys(self.keys_of(tokens))
+        let mut chain = self.hasher.chain(BLOCK_SIZE as u32, tokens);
+        let hashes = (0..chain.num_blocks()).map(|i| chain.key(i)).collect();
+        let contents = tokens
+            .chunks_exact(BLOCK_SIZE)
+            .map(|b| derived::content(b.iter().map(|&t| i64::from(t)), b.len(), 0))
+            .collect();
+        PromptKeys { hashes, contents }
     }
 
+    /// The keys the index derives for this prompt, computed ahead of the walk.
     pub fn query_keys(&self, tokens: &[u32]) -> QueryKeys {
+        let mut chain = DerivedChain::new(BlockRule::FullBlocks, BLOCK_SIZE as u32, tokens, "");
         QueryKeys(HashList {
-            hashes: self.keys_of(tokens),
+            hashes: (0..chain.num_blocks()).map(|i| chain.key(i)).collect(),
             block_size: BLOCK_SIZE as u32,
         })
     }
 
-    /// One engine message: one Store or Remove op per event, on the device tier. Today's ops
-    /// carry keys only, so the parent link and the token ids are not needed.
+    /// One engine message: one chained store (hashes, parent hash, block contents) or one
+    /// removal by hash per event, on the device tier.
     pub fn batch(&self, batch: &PublisherBatch, prompts: &[PromptKeys]) -> Batch {
         let (source, holder) = &self.holders[batch.holder];
         let ops = batch
             .events
             .iter()
             .map(|ev| match *ev {
-                Event::Store { prompt, start, end } => IndexOp::Store {
-                    holder: holder.clone(),
-                    tier: Tier::Device,
-                    hashes: prompts[prompt as usize].0[start as usize..end as usize].to_vec(),
-                },
+                Event::Store { prompt, start, end } => {
+                    let p = &prompts[prompt as usize];
+                    let (start, end) = (start as usize, end as usize);
+                    IndexOp::StoreChained {
+                        holder: holder.clone(),
+                        tier: Tier::Device,
+                        hashes: p.hashes[start..end].to_vec(),
+                        contents: BlockContents {
+                            parent: start.checked_sub(1).map(|i| p.hashes[i]),
+                            root: derived::ROOT,
+                            digests: p.contents[start..end].to_vec(),
+                        },
+                    }
+                }
                 Event::Remove { prompt, start, end } => IndexOp::Remove {
                     holder: holder.clone(),
                     tier: Tier::Device,
-                    hashes: prompts[prompt as usize].0[start as usize..end as usize].to_vec(),
+                    hashes: prompts[prompt as usize].hashes[start as usize..end as usize].to_vec(),
                 },
             })
             .collect();
@@ -141,8 +159,7 @@ impl Ours {
     /// The whole query from raw token ids: keys are computed (lazily, as the walk asks for them)
     /// inside the call.
     pub fn query_tokens(&self, tokens: &[u32]) -> QueryHits {
-        let mut chain = self.hasher.chain(BLOCK_SIZE as u32, tokens);
-        self.reader.query(&mut chain, None)
+        self.reader.query_tokens(tokens, "", None)
     }
 }
 
