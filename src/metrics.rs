@@ -220,6 +220,23 @@ pub fn render(s: &Scrape<'_>) -> String {
         "Interned holders",
         &[("", sum(|c| c.holders))],
     );
+    gauge(
+        w,
+        "conductor_index_raw_pairs",
+        "(block, holder) pairs keyed by a published hash, not a key derived from tokens",
+        &[("", sum(|c| c.raw_pairs))],
+    );
+    header(
+        w,
+        "conductor_index_unlinked_blocks_total",
+        "counter",
+        "Stored blocks whose parent the context never saw (kept under their published hash)",
+    );
+    let _ = writeln!(
+        w,
+        "conductor_index_unlinked_blocks_total {}",
+        sum(|c| c.unlinked)
+    );
     header(
         w,
         "conductor_query_duration_seconds",

@@ -101,6 +101,10 @@ pub struct IndexStats {
     /// Interned holders (ids are never reused within a context).
     pub holders: u64,
     pub invalid_ops: u64,
+    /// Pairs keyed by a published hash (see "Keys" in the module doc).
+    pub raw_pairs: u64,
+    /// Blocks stored with a parent the context never saw.
+    pub unlinked: u64,
 }
 
 /// A cheap, cloneable, `Send + Sync` read handle on one context. Queries through it never wait
@@ -186,6 +190,8 @@ impl IndexReader {
             holder_blocks: self.shared.holder_blocks.load(Ordering::Relaxed),
             holders: read_lock(&self.shared.meta).shared.len() as u64,
             invalid_ops: self.shared.invalid_ops.load(Ordering::Relaxed),
+            raw_pairs: self.shared.raw_pairs.load(Ordering::Relaxed),
+            unlinked: self.shared.unlinked.load(Ordering::Relaxed),
         }
     }
 
