@@ -318,8 +318,8 @@ pub const VLLM_UNSET_SEED: &str = "vllm-none-hash";
 
 impl HashProfile {
     /// Recipes an engine of this profile's strategy may really hash with when this one does not
-    /// match its hashes: for `vllm_v1` the other algorithm and the unset-seed root, for each of
-    /// the two algorithms. Unvalidated on purpose (the unset seed is not a registrable value);
+    /// match its hashes: for `vllm_v1`, each of the two algorithms with the registered seed, the
+    /// seed "0" and the unset-seed root. Unvalidated on purpose (the unset seed is not a registrable value);
     /// only the runtime check uses them.
     pub fn candidate_recipes(&self) -> Vec<HashProfile> {
         if self.strategy != Strategy::VllmV1 {
@@ -327,8 +327,12 @@ impl HashProfile {
         }
         let mut out = Vec::new();
         for algorithm in [Algorithm::Sha256, Algorithm::Sha256Cbor] {
-            for seed in [self.python_hash_seed.as_str(), VLLM_UNSET_SEED] {
-                if (algorithm, seed) == (self.algorithm, self.python_hash_seed.as_str()) {
+            // "0" is the seed deployments most often pin; any other one cannot be guessed.
+            for seed in [self.python_hash_seed.as_str(), "0", VLLM_UNSET_SEED] {
+                let seen = out.iter().any(|p: &HashProfile| {
+                    (p.algorithm, p.python_hash_seed.as_str()) == (algorithm, seed)
+                });
+                if seen || (algorithm, seed) == (self.algorithm, self.python_hash_seed.as_str()) {
                     continue;
                 }
                 out.push(HashProfile {

@@ -206,3 +206,86 @@ impl HashCheck {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hashing::profile::VLLM_UNSET_SEED;
+    use crate::model::{PublisherType, Tier};
+
+    fn config(seed: &str) -> PublisherConfig {
+        PublisherConfig {
+            instance_id: "i".into(),
+            endpoint: "tcp://127.0.0.1:1".into(),
+            replay_endpoint: String::new(),
+            publisher_type: PublisherType::Vllm,
+            model_name: "m".into(),
+            lora_name: String::new(),
+            tenant_id: "default".into(),
+            block_size: 4,
+            dp_rank: 0,
+            cache_group: None,
+            hash_profile: HashProfile::resolve(
+                Some("vllm_v1"),
+                Some("sha256"),
+                Some(seed),
+                Some("low64_be"),
+            )
+            .unwrap(),
+        }
+    }
+
+    /// A chain-start event as an engine hashing with `profile` publishes it.
+    fn event(profile: &HashProfile, lora: Option<&str>) -> EngineStored {
+        let tokens: Vec<i64> = (1..=8).collect();
+        let hasher = profile.hasher(lora.unwrap_or(""), "");
+        let mut chain = hasher.chain(4, &tokens);
+        EngineStored {
+            hashes: (0..2).map(|i| chain.try_key(i).unwrap()).collect(),
+            parent: None,
+            tokens: Some(EventTokens::Flat(tokens.clone())),
+            block_size: 4,
+            lora_name: lora.map(str::to_owned),
+            cache_salt: None,
+            extras: Vec::new(),
+            tier: Tier::Device,
+        }
+    }
+
+    #[test]
+    fn the_engine_recipe_is_named_when_it_is_not_the_registered_one() {
+        let registered = config("42");
+        let unset = registered
+            .hash_profile
+            .candidate_recipes()
+            .into_iter()
+            .find(|p| p.python_hash_seed() == VLLM_UNSET_SEED && p.algorithm().as_str() == "sha256")
+            .expect("the unset-seed recipe is a candidate");
+        let mut check = HashCheck::new(&registered);
+        check.observe_stored(&event(&unset, None));
+        assert_eq!(check.state(), HashCheckState::Unverified);
+        assert_eq!(
+            check.engine_recipe().as_deref(),
+            Some("vllm_v1/sha256/PYTHONHASHSEED unset/low64_be")
+        );
+
+        // The registered recipe itself: verified, and named as registered.
+        let mut ok = HashCheck::new(&registered);
+        ok.observe_stored(&event(&registered.hash_profile, None));
+        assert_eq!(ok.state(), HashCheckState::Ok);
+        assert_eq!(
+            ok.engine_recipe().as_deref(),
+            Some("vllm_v1/sha256/seed=42/low64_be")
+        );
+
+        // A seed nobody can guess, with an adapter: the status says why it cannot tell.
+        let other = config("7").hash_profile;
+        let mut lora = HashCheck::new(&registered);
+        lora.observe_stored(&event(&other, Some("ad")));
+        assert!(
+            lora.engine_recipe()
+                .unwrap()
+                .contains("LoRA adapter's path")
+        );
+    }
+}

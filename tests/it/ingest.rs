@@ -283,4 +283,24 @@ async fn a_wrong_seed_shows_a_hash_check_mismatch_and_a_right_one_ok() {
         (r["hash_check"] == "ok" && w["hash_check"] == "mismatch").then_some(())
     })
     .await;
+    // The check names the recipe the engine really uses, and the index translates: the wrongly
+    // registered context answers exactly what the engine holds.
+    let (r, w) = (
+        status(&server, "right|default|0").await,
+        status(&server, "wrong|default|0").await,
+    );
+    assert_eq!(r["engine_recipe"], "vllm_v1/sha256_cbor/seed=0/low64_be");
+    assert_eq!(w["engine_recipe"], "vllm_v1/sha256_cbor/seed=0/low64_be");
+    assert_eq!(
+        (r["translating"].clone(), w["translating"].clone()),
+        (json!(false), json!(true))
+    );
+    for p in [0, 7, 19] {
+        let hits = grpc_query(&server, "other-model", prompt(p), BS as i64).await;
+        assert_eq!(
+            hits.hits["wrong"].device,
+            prompt(p).len() as i64,
+            "prompt {p}"
+        );
+    }
 }
