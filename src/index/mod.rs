@@ -4,7 +4,9 @@
 //!
 //! - [`context`]: [`ContextIndex`], the plain struct that is a context's single writer (apply
 //!   batches, attach/detach sources, snapshots). Unit-tested without any runtime.
-//! - `table`: the sharded block table, 64-bit block key → compact holder set.
+//! - `table`: the sharded block table, 64-bit block key → compact holder set (one inline entry,
+//!   or the value of an interned set shared by every block with the same entries).
+//! - `plan`: the walk's plan and answer template, cached until the metadata changes.
 //! - [`query`]: the prefix walk and the answer types ([`QueryHits`], [`HashList`]).
 //! - [`handle`]: [`IndexReader`], the read handle queries and the global view use.
 //! - [`actor`]: [`ContextActor`], a thin actix shell forwarding one call per message, and
@@ -16,7 +18,9 @@
 //! (source) that reported it: `Holder::Engine{instance, rank}` from source S and
 //! `Holder::Shared{backend_id}` from S are interned once as a `u32` holder id (never reused
 //! within a context, so a query's plan stays valid while it walks). A block key maps to a small
-//! set of `holder_id << 4 | tier bits` entries, inline for one holder. Engines hold
+//! set of `holder_id << 4 | tier bits` entries: inline for one holder, else a 32-bit id of an
+//! interned, immutable, refcounted set of sorted entries, the same id for every block with the
+//! same entries (see "Interned holder sets" below). Engines hold
 //! device, cpu_local and (rank-local) disk; store backends hold cpu_share and (shared) disk; a
 //! store into any other tier is counted in `invalid_ops` and ignored. Each holder keeps a
 //! reverse list of its blocks (32-bit table references), so remove, clear, drop-source and detach
@@ -60,10 +64,12 @@
 //! The walk is block-major: all live cursors advance together, so block `i` is hashed (by
 //! `PrefixKeys::key(i)`) once, and only when some cursor still needs it; when every cursor has
 //! stopped, no further key is requested and the lazy chain never hashes the tail. Each block
-//! lookup takes the read lock of one of 64 table shards for the duration of the map probe and the
-//! scan of that block's few entries, and releases it before the next `key(i + 1)` call; planning
-//! the query takes the small metadata lock once. Hashing therefore never holds a lock, and the
-//! writer (one actor per context) is blocked at most for a single block probe.
+//! lookup takes the read lock of one of 64 table shards for the duration of the map probe (and,
+//! when the block's set differs from the previous block's, the read of that set's entries under
+//! the set lists' lock, which the writer takes only to add or free a set), and releases it before
+//! the next `key(i + 1)` call; fetching the cached plan takes the small metadata lock once.
+//! Hashing therefore never holds a lock, and the writer (one actor per context) is blocked at
+//! most for a single block probe.
 //!
 //! A query thus reads each block at the moment it gets there rather than one consistent
 //! snapshot; it is never torn inside a block. This is the same freshness a snapshot taken at
@@ -82,6 +88,7 @@ pub mod actor;
 pub mod context;
 pub mod handle;
 pub mod persist;
+mod plan;
 pub mod query;
 mod refs;
 mod table;

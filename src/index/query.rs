@@ -8,8 +8,9 @@ use crate::hashing::PrefixKeys;
 use crate::model::BlockHash;
 
 use super::handle::Shared;
+use super::plan::{NOT_SELECTED, Plan, SHARED_HOLDER};
 use super::table::{
-    ALL_TIERS, CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id, read_lock,
+    ALL_TIERS, CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id, is_inline,
 };
 
 /// Cumulative prefix token counts of one rank (or instance): `device <= cpu_local <= cpu_share
@@ -23,7 +24,7 @@ pub struct TierCounts {
 }
 
 impl TierCounts {
-    fn from_array(c: [u64; 4]) -> Self {
+    pub(crate) fn from_array(c: [u64; 4]) -> Self {
         TierCounts {
             device: c[0],
             cpu_local: c[1],
@@ -32,7 +33,7 @@ impl TierCounts {
         }
     }
 
-    fn max(self, o: TierCounts) -> Self {
+    pub(crate) fn max(self, o: TierCounts) -> Self {
         TierCounts {
             device: self.device.max(o.device),
             cpu_local: self.cpu_local.max(o.cpu_local),
@@ -106,74 +107,49 @@ pub(crate) const PHASE_MASK: [u8; 4] = [
     DEVICE | CPU_LOCAL | CPU_SHARE | DISK,
 ];
 
-const NOT_SELECTED: u32 = u32::MAX;
-const SHARED_HOLDER: u32 = u32::MAX - 1;
-
-struct Cursor {
-    /// First phase not yet finished (4 = all finished).
-    phase: usize,
-    counts: [u64; 4],
-}
-
-/// Run the walk. Locks: the meta lock once to plan, then one shard read lock per block lookup;
+/// Run the walk for the cursors `filter` selects and hand each cursor's counts to `answer`.
+/// Locks: the meta lock once to fetch the plan, then one shard read lock per block lookup;
 /// `keys.key(i)` is always called with no lock held.
-pub(crate) fn walk<K: PrefixKeys + ?Sized>(
+///
+/// Per block the walk reads the block's value (see `table`): when it equals the previous
+/// block's value (and no set value was reused meanwhile), every holder holds this block in the
+/// same tiers as the previous one, so every live cursor, which accepted the previous block in its
+/// current phase, accepts this one too: nothing to do. Only when the value changes does the walk
+/// look at the holders and move each live cursor on, which costs O(holders + live cursors).
+fn walk_counts<K: PrefixKeys + ?Sized, R>(
     shared: &Shared,
     keys: &mut K,
     filter: Option<&str>,
-) -> QueryHits {
-    let filter = filter.filter(|f| !f.is_empty());
-    // Plan: one cursor per listed (instance, rank); `route[holder_id]` says whose cursor an entry
-    // feeds (or that it is a shared holder every cursor sees).
-    let mut rows: Vec<(String, Vec<u32>)> = Vec::new();
-    let mut route: Vec<u32>;
-    {
-        let meta = read_lock(&shared.meta);
-        route = meta
-            .shared
-            .iter()
-            .map(|&s| if s { SHARED_HOLDER } else { NOT_SELECTED })
-            .collect();
-        let mut cursor = 0u32;
-        let selected: Box<dyn Iterator<Item = _>> = match filter {
-            Some(f) => Box::new(meta.ranks.get_key_value(f).into_iter()),
-            None => Box::new(meta.ranks.iter()),
-        };
-        for (instance, ranks) in selected {
-            let mut listed = Vec::new();
-            for (&rank, entry) in ranks.iter().filter(|(_, e)| e.listed()) {
-                for &id in &entry.holders {
-                    if let Some(r) = route.get_mut(id as usize) {
-                        *r = cursor;
-                    }
-                }
-                listed.push(rank);
-                cursor += 1;
-            }
-            if !listed.is_empty() {
-                rows.push((instance.clone(), listed));
-            }
-        }
-    }
-    let n_cursors = rows.iter().map(|(_, r)| r.len()).sum::<usize>();
-    let mut cursors: Vec<Cursor> = (0..n_cursors)
-        .map(|_| Cursor {
-            phase: 0,
-            counts: [0; 4],
-        })
-        .collect();
-    let mut held = vec![0u8; n_cursors];
-    let mut alive: Vec<u32> = (0..n_cursors as u32).collect();
+    answer: impl FnOnce(&Plan, &[[u64; 4]]) -> R,
+) -> R {
+    let plan = shared.meta.plan();
+    let selected = plan.selected(filter);
+    let route = &plan.route;
+    let mut counts = vec![[0u64; 4]; plan.cursors];
+    // Per cursor: first phase not yet finished (4 = all finished), and tier bits seen on the
+    // current block.
+    let mut phase = vec![0u8; plan.cursors];
+    let mut held = vec![0u8; plan.cursors];
+    let mut alive: Vec<u32> = selected.collect();
 
     let n = keys.num_blocks();
     let mut c = 0usize;
+    // The previous block's value and the sets' reuse count read with it (0: none yet).
+    let (mut last_val, mut last_reused) = (0u32, 0u64);
     while c < n && !alive.is_empty() {
         // Hash outside any lock: this is where the lazy chain pays for block c.
         let key = keys.key(c).0;
         let mut shared_bits = 0u8;
         {
             let shard = shared.table.read(key);
-            shard.visit(key, |e| match route.get(entry_id(e) as usize) {
+            let val = shard.value(key);
+            let reused = shard.sets_reused();
+            if val != 0 && val == last_val && (is_inline(val) || reused == last_reused) {
+                c += 1;
+                continue;
+            }
+            (last_val, last_reused) = (val, reused);
+            shard.visit_value(val, |e| match route.get(entry_id(e) as usize) {
                 Some(&SHARED_HOLDER) => shared_bits |= entry_bits(e),
                 Some(&j) if j != NOT_SELECTED => {
                     if let Some(h) = held.get_mut(j as usize) {
@@ -188,12 +164,12 @@ pub(crate) fn walk<K: PrefixKeys + ?Sized>(
             let j = j as usize;
             let bits = (held[j] | shared_bits) & ALL_TIERS;
             held[j] = 0;
-            let cur = &mut cursors[j];
-            while cur.phase < 4 && bits & PHASE_MASK[cur.phase] == 0 {
-                cur.counts[cur.phase] = *covered_c.get_or_insert_with(|| keys.covered(c));
-                cur.phase += 1;
+            let p = &mut phase[j];
+            while *p < 4 && bits & PHASE_MASK[*p as usize] == 0 {
+                counts[j][*p as usize] = *covered_c.get_or_insert_with(|| keys.covered(c));
+                *p += 1;
             }
-            cur.phase < 4
+            *p < 4
         });
         c += 1;
     }
@@ -201,31 +177,36 @@ pub(crate) fn walk<K: PrefixKeys + ?Sized>(
         // Every remaining cursor accepted all blocks of its current phase to the end.
         let all = keys.covered(c);
         for &j in &alive {
-            let cur = &mut cursors[j as usize];
-            cur.counts[cur.phase..].iter_mut().for_each(|x| *x = all);
+            let j = j as usize;
+            counts[j][phase[j] as usize..]
+                .iter_mut()
+                .for_each(|x| *x = all);
         }
     }
+    answer(&plan, &counts)
+}
 
-    let mut hits = BTreeMap::new();
-    let mut next = cursors.into_iter();
-    for (instance, ranks) in rows {
-        let mut row = InstanceHits::default();
-        let mut best = TierCounts::default();
-        for rank in ranks {
-            let counts = next
-                .next()
-                .map(|c| TierCounts::from_array(c.counts))
-                .unwrap_or_default();
-            row.dp.insert(rank, counts.device);
-            row.rank_matches.insert(rank, counts);
-            best = best.max(counts);
-        }
-        row.device = best.device;
-        row.cpu_local = best.cpu_local;
-        row.cpu_share = best.cpu_share;
-        row.disk = best.disk;
-        row.longest_matched = best.disk;
-        hits.insert(instance, row);
-    }
-    QueryHits { hits }
+/// The walk's answer as a new [`QueryHits`].
+pub(crate) fn walk<K: PrefixKeys + ?Sized>(
+    shared: &Shared,
+    keys: &mut K,
+    filter: Option<&str>,
+) -> QueryHits {
+    let filter = filter.filter(|f| !f.is_empty());
+    walk_counts(shared, keys, filter, |plan, counts| {
+        plan.answer(filter, counts)
+    })
+}
+
+/// The walk's answer written into `out` (see [`Plan::answer_into`]).
+pub(crate) fn walk_into<K: PrefixKeys + ?Sized>(
+    shared: &Shared,
+    keys: &mut K,
+    filter: Option<&str>,
+    out: &mut QueryHits,
+) {
+    let filter = filter.filter(|f| !f.is_empty());
+    walk_counts(shared, keys, filter, |plan, counts| {
+        plan.answer_into(filter, counts, out)
+    });
 }
