@@ -260,7 +260,7 @@ fn mem_child(spec: &str) {
         for b in 0..blocks as u64 {
             let r = mix(b ^ 0xabcd);
             // An odd step is coprime with the power-of-two holder count: k distinct holders.
-            let (first, step) = (r as usize % n_holders, (r >> 32) as usize % n_holders | 1);
+            let (first, step) = (r as usize % n_holders, ((r >> 32) as usize % n_holders) | 1);
             for j in 0..k {
                 put(
                     &mut ix,

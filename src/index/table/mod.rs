@@ -24,6 +24,7 @@ mod arena;
 mod blocks;
 #[cfg(test)]
 mod ref_tests;
+mod set_index;
 #[cfg(test)]
 mod set_tests;
 mod sets;

@@ -18,11 +18,11 @@
 //! id may be given to other contents; [`Sets::reused`] counts that, so a reader that remembers a
 //! set value across blocks knows when the value may mean something else.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use super::arena::Arena;
+use super::set_index::SetIndex;
 use super::{ALL_TIERS, Added, Removed, entry_bits, entry_id, mix64, read_lock, write_lock};
 
 /// Set ids stay below this, so that `(id + 1) << 4` fits 32 bits.
@@ -92,10 +92,10 @@ pub(super) struct SetWriter {
     /// generation names other contents.
     gens: Vec<u32>,
     free: Vec<u32>,
-    /// Content hash → id of a live set with those entries. Best effort: a hash collision leaves
-    /// the second set out of the index (two ids with equal entries are harmless, the walk just
-    /// takes its slower path between them).
-    index: HashMap<u64, u32>,
+    /// Set id → 32-bit hash of its entries, for `index`.
+    hashes: Vec<u32>,
+    /// Content hash → live set ids: one id per distinct entry list.
+    index: SetIndex,
     cache: Vec<Transition>,
     scratch: Vec<u32>,
     seed: u64,
@@ -251,10 +251,10 @@ impl Sets {
         if from == to {
             return;
         }
-        if !is_inline(to) {
-            if let Some(r) = w.refs.get_mut(set_id(to) as usize) {
-                *r += 1;
-            }
+        if !is_inline(to)
+            && let Some(r) = w.refs.get_mut(set_id(to) as usize)
+        {
+            *r += 1;
         }
         self.forget(w, from);
     }
@@ -264,8 +264,12 @@ impl Sets {
     /// arena limit.
     fn intern(&self, w: &mut SetWriter, items: &[u32]) -> Option<u32> {
         let h = w.hash(items);
-        if let Some(&id) = w.index.get(&h) {
-            if self.lists().entries(set_value(id)) == items {
+        {
+            let lists = self.lists();
+            let found = w
+                .index
+                .find(h, &w.hashes, |id| lists.entries(set_value(id)) == items);
+            if let Some(id) = found {
                 return Some(set_value(id));
             }
         }
@@ -286,13 +290,15 @@ impl Sets {
                 }
                 w.refs.push(0);
                 w.gens.push(0);
+                w.hashes.push(0);
                 lists.offs.push(off);
                 id
             }
         };
         drop(lists);
         w.gens[id as usize] = w.gens[id as usize].wrapping_add(1);
-        w.index.entry(h).or_insert(id);
+        w.hashes[id as usize] = h;
+        w.index.insert(id, &w.hashes);
         Some(set_value(id))
     }
 
@@ -304,11 +310,8 @@ impl Sets {
         if *refs > 0 {
             return;
         }
+        w.index.remove(id, &w.hashes);
         let mut lists = write_lock(&self.lists);
-        let h = w.hash(lists.entries(set_value(id)));
-        if w.index.get(&h) == Some(&id) {
-            w.index.remove(&h);
-        }
         let off = lists.offs[id as usize];
         lists.arena.release(off);
         drop(lists);
@@ -353,10 +356,11 @@ fn find(list: &[u32], id: u32) -> Option<usize> {
 }
 
 impl SetWriter {
-    fn hash(&self, items: &[u32]) -> u64 {
-        items
+    fn hash(&self, items: &[u32]) -> u32 {
+        let h = items
             .iter()
-            .fold(self.seed, |h, &e| mix64(h ^ u64::from(e)))
+            .fold(self.seed, |h, &e| mix64(h ^ u64::from(e)));
+        (h >> 32) as u32
     }
 
     fn gen_of(&self, val: u32) -> u32 {
