@@ -9,9 +9,7 @@ use crate::model::BlockHash;
 
 use super::handle::Shared;
 use super::plan::{NOT_SELECTED, Plan, SHARED_HOLDER};
-use super::table::{
-    ALL_TIERS, CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id, is_inline,
-};
+use super::table::{CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id, is_inline};
 
 /// Cumulative prefix token counts of one rank (or instance): `device <= cpu_local <= cpu_share
 /// <= disk`.
@@ -107,6 +105,142 @@ pub(crate) const PHASE_MASK: [u8; 4] = [
     DEVICE | CPU_LOCAL | CPU_SHARE | DISK,
 ];
 
+/// What the current block holds for one cursor (or for all: the store backends).
+#[derive(Clone, Copy, Default)]
+struct Held {
+    /// Per tier: how many of the cursor's holders hold the block in that tier.
+    count: [u32; 4],
+    /// The tiers whose count is not 0.
+    mask: u8,
+}
+
+impl Held {
+    /// One holder's tiers go from `old` to `new`; true when a tier's count dropped to 0.
+    #[inline]
+    fn change(&mut self, old: u8, new: u8) -> bool {
+        let (mut lost, mut gained) = (old & !new, new & !old);
+        while gained != 0 {
+            let t = gained.trailing_zeros() as usize;
+            self.count[t] += 1;
+            self.mask |= 1 << t;
+            gained &= gained - 1;
+        }
+        let mut emptied = false;
+        while lost != 0 {
+            let t = lost.trailing_zeros() as usize;
+            self.count[t] -= 1;
+            if self.count[t] == 0 {
+                self.mask &= !(1 << t);
+                emptied = true;
+            }
+            lost &= lost - 1;
+        }
+        emptied
+    }
+}
+
+/// The walk's cursors and what the current block holds for each, kept up to date from the
+/// differences between consecutive blocks' entries.
+struct Cursors {
+    /// Per cursor: first phase not yet finished (4 = all finished, or not selected).
+    phase: Vec<u8>,
+    counts: Vec<[u64; 4]>,
+    held: Vec<Held>,
+    /// What the store backends hold, which counts for every cursor.
+    shared: Held,
+    shared_lost: bool,
+    /// Cursors that lost a tier on the current block: the only ones whose phase may end there.
+    check: Vec<u32>,
+    /// The selected cursors, finished ones dropped from time to time.
+    alive: Vec<u32>,
+    live: usize,
+}
+
+impl Cursors {
+    fn new(n: usize, selected: std::ops::Range<u32>) -> Self {
+        let mut phase = vec![4u8; n];
+        for j in selected.clone() {
+            phase[j as usize] = 0;
+        }
+        Cursors {
+            phase,
+            counts: vec![[0; 4]; n],
+            held: vec![Held::default(); n],
+            shared: Held::default(),
+            shared_lost: false,
+            check: Vec::with_capacity(selected.len()),
+            live: selected.len(),
+            alive: selected.collect(),
+        }
+    }
+
+    /// Holder `id`'s tiers go from `old` to `new` between two blocks.
+    #[inline]
+    fn change(&mut self, route: &[u32], id: u32, old: u8, new: u8) {
+        match route.get(id as usize) {
+            Some(&SHARED_HOLDER) => self.shared_lost |= self.shared.change(old, new),
+            Some(&j) if j != NOT_SELECTED => {
+                let emptied = self
+                    .held
+                    .get_mut(j as usize)
+                    .is_some_and(|h| h.change(old, new));
+                if emptied && self.phase[j as usize] < 4 {
+                    self.check.push(j);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Move cursor `j` on to the first phase that accepts the current block (`covered` tokens
+    /// before it); true when it finished.
+    fn settle(&mut self, j: usize, covered: u64) -> bool {
+        let bits = self.held[j].mask | self.shared.mask;
+        let p = &mut self.phase[j];
+        let was = *p;
+        while *p < 4 && bits & PHASE_MASK[*p as usize] == 0 {
+            self.counts[j][*p as usize] = covered;
+            *p += 1;
+        }
+        *p == 4 && was < 4
+    }
+
+    /// After the holders' changes for block `c`: settle the cursors whose tiers shrank (all of
+    /// them on the first block or when a backend's tiers shrank).
+    fn step(&mut self, all: bool, covered: u64) {
+        let mut finished = 0;
+        if all || self.shared_lost {
+            for i in 0..self.alive.len() {
+                let j = self.alive[i] as usize;
+                finished += usize::from(self.settle(j, covered));
+            }
+            let phase = &self.phase;
+            self.alive.retain(|&j| phase[j as usize] < 4);
+        } else {
+            for i in 0..self.check.len() {
+                let j = self.check[i] as usize;
+                finished += usize::from(self.settle(j, covered));
+            }
+        }
+        self.check.clear();
+        self.shared_lost = false;
+        self.live -= finished;
+    }
+
+    /// Every live cursor ends all its phases from the current one at `covered`.
+    fn finish(&mut self, covered: u64) {
+        for &j in &self.alive {
+            let j = j as usize;
+            if let Some(p) = self.phase.get(j).map(|&p| p as usize)
+                && p < 4
+            {
+                self.counts[j][p..].iter_mut().for_each(|x| *x = covered);
+            }
+        }
+        self.live = 0;
+    }
+}
+
 /// Run the walk for the cursors `filter` selects and hand each cursor's counts to `answer`.
 /// Locks: the meta lock once to fetch the plan, then one shard read lock per block lookup;
 /// `keys.key(i)` is always called with no lock held.
@@ -114,8 +248,9 @@ pub(crate) const PHASE_MASK: [u8; 4] = [
 /// Per block the walk reads the block's value (see `table`): when it equals the previous
 /// block's value (and no set value was reused meanwhile), every holder holds this block in the
 /// same tiers as the previous one, so every live cursor, which accepted the previous block in its
-/// current phase, accepts this one too: nothing to do. Only when the value changes does the walk
-/// look at the holders and move each live cursor on, which costs O(holders + live cursors).
+/// current phase, accepts this one too: nothing to do. When the value changes, the walk merges
+/// the two blocks' sorted entries and settles only the cursors that lost a tier, so the cost is
+/// the entries' length plus the cursors whose holders changed, not every live cursor.
 fn walk_counts<K: PrefixKeys + ?Sized, R>(
     shared: &Shared,
     keys: &mut K,
@@ -123,67 +258,73 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
     answer: impl FnOnce(&Plan, &[[u64; 4]]) -> R,
 ) -> R {
     let plan = shared.meta.plan();
-    let selected = plan.selected(filter);
-    let route = &plan.route;
-    let mut counts = vec![[0u64; 4]; plan.cursors];
-    // Per cursor: first phase not yet finished (4 = all finished), and tier bits seen on the
-    // current block.
-    let mut phase = vec![0u8; plan.cursors];
-    let mut held = vec![0u8; plan.cursors];
-    let mut alive: Vec<u32> = selected.collect();
-
+    let route = plan.route.as_slice();
+    let mut cur = Cursors::new(plan.cursors, plan.selected(filter));
+    // Entries of the previous and the current block.
+    let (mut prev, mut next) = (Vec::new(), Vec::new());
     let n = keys.num_blocks();
     let mut c = 0usize;
     // The previous block's value and the sets' reuse count read with it (0: none yet).
     let (mut last_val, mut last_reused) = (0u32, 0u64);
-    while c < n && !alive.is_empty() {
+    while c < n && cur.live > 0 {
         // Hash outside any lock: this is where the lazy chain pays for block c.
         let key = keys.key(c).0;
-        let mut shared_bits = 0u8;
         {
             let shard = shared.table.read(key);
             let val = shard.value(key);
             let reused = shard.sets_reused();
-            if val != 0 && val == last_val && (is_inline(val) || reused == last_reused) {
+            if val == 0 {
+                break;
+            }
+            if val == last_val && (is_inline(val) || reused == last_reused) {
                 c += 1;
                 continue;
             }
             (last_val, last_reused) = (val, reused);
-            shard.visit_value(val, |e| match route.get(entry_id(e) as usize) {
-                Some(&SHARED_HOLDER) => shared_bits |= entry_bits(e),
-                Some(&j) if j != NOT_SELECTED => {
-                    if let Some(h) = held.get_mut(j as usize) {
-                        *h |= entry_bits(e);
-                    }
-                }
-                _ => {}
-            });
+            next.clear();
+            shard.entries_into(val, &mut next);
         }
-        let mut covered_c = None;
-        alive.retain(|&j| {
-            let j = j as usize;
-            let bits = (held[j] | shared_bits) & ALL_TIERS;
-            held[j] = 0;
-            let p = &mut phase[j];
-            while *p < 4 && bits & PHASE_MASK[*p as usize] == 0 {
-                counts[j][*p as usize] = *covered_c.get_or_insert_with(|| keys.covered(c));
-                *p += 1;
-            }
-            *p < 4
-        });
+        merge(&prev, &next, |id, old, new| cur.change(route, id, old, new));
+        cur.step(c == 0, keys.covered(c));
+        std::mem::swap(&mut prev, &mut next);
         c += 1;
     }
-    if !alive.is_empty() {
-        // Every remaining cursor accepted all blocks of its current phase to the end.
-        let all = keys.covered(c);
-        for &j in &alive {
-            let j = j as usize;
-            counts[j][phase[j] as usize..]
-                .iter_mut()
-                .for_each(|x| *x = all);
+    if cur.live > 0 {
+        // A miss at c, or the end: every live cursor accepted all blocks of its current phase
+        // before c.
+        cur.finish(keys.covered(c));
+    }
+    answer(&plan, &cur.counts)
+}
+
+/// Call `f(holder, old bits, new bits)` for every holder whose tiers differ between the sorted
+/// entry lists `old` and `new`.
+fn merge(old: &[u32], new: &[u32], mut f: impl FnMut(u32, u8, u8)) {
+    let (mut i, mut k) = (0, 0);
+    loop {
+        match (old.get(i), new.get(k)) {
+            (Some(&a), Some(&b)) if entry_id(a) == entry_id(b) => {
+                if a != b {
+                    f(entry_id(a), entry_bits(a), entry_bits(b));
+                }
+                i += 1;
+                k += 1;
+            }
+            (Some(&a), Some(&b)) if entry_id(a) < entry_id(b) => {
+                f(entry_id(a), entry_bits(a), 0);
+                i += 1;
+            }
+            (Some(&a), None) => {
+                f(entry_id(a), entry_bits(a), 0);
+                i += 1;
+            }
+            (_, Some(&b)) => {
+                f(entry_id(b), 0, entry_bits(b));
+                k += 1;
+            }
+            (None, None) => return,
         }
     }
-    answer(&plan, &counts)
 }
 
 /// The walk's answer as a new [`QueryHits`].

@@ -274,6 +274,17 @@ impl ShardRead<'_> {
         self.sets.reused()
     }
 
+    /// Append the entries of block value `val` (from [`Self::value`] under this lock) to `out`,
+    /// sorted by holder id.
+    #[inline]
+    pub fn entries_into(&self, val: u32, out: &mut Vec<u32>) {
+        if is_inline(val) {
+            out.push(val);
+        } else if val != 0 {
+            out.extend_from_slice(self.sets.lists().entries(val));
+        }
+    }
+
     /// Call `f` with every entry of block value `val` (from [`Self::value`] under this lock).
     #[inline]
     pub fn visit_value(&self, val: u32, mut f: impl FnMut(u32)) {
@@ -285,7 +296,7 @@ impl ShardRead<'_> {
     }
 
     /// Call `f` with every entry of block `key`; false when the block is absent. (The walk uses
-    /// [`Self::value`] and [`Self::visit_value`] to skip unchanged sets; this stays for callers
+    /// [`Self::value`] and [`Self::entries_into`] to skip unchanged sets; this stays for callers
     /// that want one block's entries.)
     #[cfg_attr(not(test), allow(dead_code))]
     pub fn visit(&self, key: u64, f: impl FnMut(u32)) -> bool {

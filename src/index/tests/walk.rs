@@ -212,3 +212,47 @@ fn answers_written_in_place_equal_fresh_answers() {
     assert_eq!(out, reader.query(&mut TestKeys::full(&keys), None));
     assert_eq!(out.hits["a"].rank_matches[&7], counts(0, 0, 0, 0));
 }
+
+#[test]
+fn a_rank_fed_by_two_sources_keeps_a_tier_while_either_holds_it() {
+    let mut ix = new_index();
+    let keys: Vec<u64> = (200..212).collect();
+    let store = |ix: &mut ContextIndex, source: &SubscriptionKey, tier: Tier, blocks: &[u64]| {
+        let op = IndexOp::Store {
+            holder: engine("a", 0),
+            tier,
+            hashes: hashes(blocks),
+        };
+        ix.apply(&IndexBatch {
+            source: source.clone(),
+            ops: vec![op],
+        });
+    };
+    let (first, second) = (src("a", 0), src("a-adapter-feed", 0));
+    // Device comes from one source, then both, then the other, then the first again.
+    let from_first: Vec<u64> = keys[..8]
+        .iter()
+        .filter(|&&k| k != keys[5])
+        .copied()
+        .collect();
+    store(&mut ix, &first, Tier::Device, &from_first);
+    store(&mut ix, &second, Tier::Device, &keys[3..6]);
+    store(&mut ix, &second, Tier::Disk, &keys);
+    assert_eq!(rank_of(&ix, &keys, "a", 0), counts(8, 8, 8, 12));
+    ix.drop_source(&second);
+    assert_eq!(rank_of(&ix, &keys, "a", 0), counts(5, 5, 5, 5));
+}
+
+#[test]
+fn a_backend_tier_that_ends_mid_prompt_ends_that_phase_for_every_rank() {
+    let mut ix = new_index();
+    let keys: Vec<u64> = (300..312).collect();
+    ix.attach_rank(&src("reg", 0), "z", 0);
+    put(&mut ix, "a", 0, Tier::Device, &keys[..3]);
+    put_shared(&mut ix, "b0", Tier::CpuShare, &keys[..6]);
+    put_shared(&mut ix, "b1", Tier::CpuShare, &keys[4..9]);
+    put_shared(&mut ix, "b0", Tier::Disk, &keys);
+    // cpu_share is held by b0, then by both, then by b1, and by nobody from block 9.
+    assert_eq!(rank_of(&ix, &keys, "z", 0), counts(0, 0, 9, 12));
+    assert_eq!(rank_of(&ix, &keys, "a", 0), counts(3, 3, 9, 12));
+}
