@@ -80,8 +80,8 @@
 //! the lock (the reference's weakness); hashing in growing batches before locking wastes hashes
 //! past the first miss; copy-on-write snapshots would cost a copy per write batch on a map of
 //! millions of blocks. Measured with `benches/index.rs` (release, 2 shared cores): a full-hit walk
-//! costs about 35-50 ns per block including the shard lock (1M tokens, 62,500 blocks: 2.3-3.3
-//! ms, while hashing and walking them takes 16-24 ms).
+//! of one holder costs about 30 ns per block including the shard lock (1M tokens, 62,500 blocks:
+//! 1.8 ms, while hashing and walking them takes 10.5 ms).
 //!
 //! # Interned holder sets: the walk's cost per block does not grow with the holders
 //!
@@ -93,8 +93,10 @@
 //! X plus entry e is set Y"), so a holder storing a chain of blocks that share a set costs no
 //! hashing of the set per block, and through a content-hash index otherwise. The walk remembers
 //! the previous block's value: when the next block has the same value, every live cursor
-//! accepted the previous block in its phase and so accepts this one (O(1), no holder visited);
-//! only a changed value costs O(holders + live cursors). A freed set id can later name other
+//! accepted the previous block in its phase and so accepts this one (O(1), no holder visited).
+//! When the value changes, the walk merges the two blocks' sorted entries, keeps per cursor a
+//! count of its holders per tier, and settles only the cursors that lost a tier: O(entries) of
+//! cheap comparisons plus the cursors whose holders changed. A freed set id can later name other
 //! entries; a counter of such reuses, read under the shard lock with the value, tells the walk
 //! when an equal value may mean something else.
 //!
@@ -106,23 +108,24 @@
 //! Measured on the same machine in one session (p50 of 20,000 queries, keys precomputed, two runs
 //! each, before → after): 2k-token query over 64 instances x 2 ranks with a 32-block system
 //! prompt on all 128 ranks and a disk backend holding the whole prompt (every cursor alive to the
-//! end): 81.4-81.5 us → 10.9-11.2 us, and 5.9 us with `query_into`; an empty prompt (plan and
-//! answer only): 16.1 us → 7.7 us; the same query with staggered prefixes, where the holder set
-//! changes at almost every block: 84.8-84.9 us → 72.8-73.2 us. 128 holders storing one 16k-block
-//! prefix: 4.3-7.4 → 10.9-15.1 M block stores/s; one holder storing 2M blocks: 2.3-3.5 →
-//! 2.6-3.7 M/s (no set is involved; the spread is the shared machine). Resident bytes per
-//! (block, holder) pair: 1 holder per block 23.6 → 23.4, 2 holders 22.1 → 14.1, 4 holders 20.1
-//! → 10.5, 128 holders 15.6 → 5.2, 10M pairs at 4 holders 16.4 → 8.4; the worst case, nearly
-//! every block with its own random set of 2 (4) of 1,024 holders: 25.7 → 24.5 (23.4 → 19.6),
-//! thanks to a 4-byte-slot set index and exact-size chunks for small sets.
+//! end): 81-82 us → 11.0 us, and 5.8 us with `query_into`; an empty prompt (plan and answer
+//! only): 16.1 us → 7.7 us; 64 x 2 ranks with staggered prefixes, where the holder set changes at
+//! almost every block: 84 us → 24.5-24.8 us (25-26 us with a writer applying 7-9 M block ops/s
+//! to the same context, p99 8.2 ms → under 0.11 ms). 128 holders storing one 16k-block prefix:
+//! 8.2-9.0 → 23.2-23.5 M block stores/s; one holder storing blocks alone: unchanged (criterion
+//! 7.1-7.7 ms vs 7.2-7.8 ms per 64k stores). Resident bytes per (block, holder) pair: 1 holder
+//! per block unchanged (22.2 → 22.3 at 10M pairs), 2 holders 22.1-22.3 → 14.0, 4 holders 20.0 →
+//! 10.4-10.6, 128 holders 15.8 → 5.2, 10M pairs at 4 holders 16.4 → 8.4; the worst case, nearly
+//! every block with its own random set of 2 (4) of 1,024 holders: 25.4 → 24.3 (23.0-23.3 →
+//! 19.5), thanks to a 4-byte-slot set index and exact-size chunks for small sets.
 //!
 //! Why not a compressed radix tree with per-edge holder sets: it gives the same O(1) step while
 //! a prefix's holders stay the same, but it keys blocks by their position in a prefix, so every
 //! store, remove, checkpoint and the holders' reverse lists would have to walk or rebuild paths;
 //! the flat keyed table keeps O(1) lookup by key, the 64 shards, the 4-byte reverse references
 //! and the checkpoint code as they are, and gets the same walk fast path from equal set ids. (The
-//! tree was not built: with the table's walk at about 40 ns per unchanged block, the remaining
-//! cost of a query is the probes themselves and the answer, which a tree would not remove.)
+//! tree was not built: with the table's walk at 30-40 ns per unchanged block, what is left of a
+//! query is the probes themselves and the answer, which a tree would not remove.)
 
 pub mod actor;
 pub mod context;
