@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, Criterion, Throughput};
 use mooncake_conductor::events::{Holder, IndexBatch, IndexOp};
 use mooncake_conductor::hashing::{HashProfile, PrefixKeys};
-use mooncake_conductor::index::{ContextIndex, HashList};
+use mooncake_conductor::index::{ContextIndex, HashList, IndexReader, QueryHits};
 use mooncake_conductor::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
 const MEM_ENV: &str = "INDEX_BENCH_MEM";
@@ -129,6 +129,87 @@ fn fleet() -> (ContextIndex, Vec<BlockHash>) {
     (ix, prompt)
 }
 
+/// The workload the walk's interned holder sets target: 64 instances x 2 ranks all hold the same
+/// 32-block system prompt on device, each followed by its own 96-block conversation; the query is
+/// the system prompt plus (inst-0, rank 0)'s conversation, 128 blocks = 2,048 tokens. A store
+/// backend holds the whole query prompt on disk, so every cursor stays alive (in its disk phase)
+/// to the end: all 128 ranks are walked over all 128 blocks, while the block's holder set changes
+/// only once, at block 32.
+fn system_prompt_fleet() -> (ContextIndex, Vec<BlockHash>) {
+    let mut ix = new_index();
+    let system = keys(32, 5);
+    let mut prompt = system.clone();
+    for i in 0..64 {
+        for rank in 0..2u32 {
+            let (s, h) = engine(i, rank);
+            let own = keys(96, 1000 + i as u64 * 2 + u64::from(rank));
+            store(&mut ix, &s, &h, Tier::Device, &system);
+            store(&mut ix, &s, &h, Tier::Device, &own);
+            if i == 0 && rank == 0 {
+                prompt.extend_from_slice(&own);
+            }
+        }
+    }
+    let store_src = SubscriptionKey::new("mooncake-store", "", 0);
+    let backend = Holder::Shared {
+        backend_id: "backend-0".into(),
+    };
+    store(&mut ix, &store_src, &backend, Tier::Disk, &prompt);
+    (ix, prompt)
+}
+
+fn query_latency(reader: &IndexReader, prompt: &[BlockHash]) -> (Duration, Duration) {
+    let mut samples = Vec::with_capacity(20_000);
+    for _ in 0..20_000 {
+        let mut k = HashList {
+            hashes: prompt.to_vec(),
+            block_size: BS,
+        };
+        let t = Instant::now();
+        black_box(reader.query(&mut k, None));
+        samples.push(t.elapsed());
+    }
+    percentiles(samples)
+}
+
+fn query_into_latency(reader: &IndexReader, prompt: &[BlockHash]) -> (Duration, Duration) {
+    let mut samples = Vec::with_capacity(20_000);
+    let mut out = QueryHits::default();
+    for _ in 0..20_000 {
+        let mut k = HashList {
+            hashes: prompt.to_vec(),
+            block_size: BS,
+        };
+        let t = Instant::now();
+        reader.query_into(&mut k, None, &mut out);
+        samples.push(t.elapsed());
+        black_box(&out);
+    }
+    percentiles(samples)
+}
+
+/// `holders` engine holders each storing the same `blocks`-block prefix, one op of 16 blocks
+/// after another: every store after the first holder's changes a block's holder set.
+fn shared_store_batches(holders: usize, blocks: usize) -> Vec<IndexBatch> {
+    let prefix = keys(blocks, 3);
+    (0..holders)
+        .map(|i| {
+            let (source, holder) = engine(i / 2, (i % 2) as u32);
+            IndexBatch {
+                source,
+                ops: prefix
+                    .chunks(OP_LEN)
+                    .map(|c| IndexOp::Store {
+                        holder: holder.clone(),
+                        tier: Tier::Device,
+                        hashes: c.to_vec(),
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
 fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort_unstable();
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize];
@@ -144,34 +225,57 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Child process: fill `pairs` (block, holder) pairs, `k` holders per block out of 128 engine
-/// holders, and print the resident bytes per pair.
+/// Child process: fill `pairs` (block, holder) pairs, `k` holders per block, and print the
+/// resident bytes per pair. Spec `pairs,k`: the holders of a 16-block op are k consecutive ones
+/// of 128 engine holders (as when a fleet shares prefixes). Spec `pairs,k,scattered`: every
+/// block gets its own random k of 1,024 holders, so nearly every block has a holder set no other
+/// block has (the worst case for interned sets).
 fn mem_child(spec: &str) {
-    let mut it = spec.split(',').filter_map(|v| v.parse::<usize>().ok());
-    let (pairs, k) = (
-        it.next().unwrap_or(1_000_000),
-        it.next().unwrap_or(1).clamp(1, 128),
-    );
+    let mut it = spec.split(',');
+    let pairs = it.next().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let k: usize = it.next().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let scattered = it.next() == Some("scattered");
+    let n_holders = if scattered { 1024 } else { 128 };
+    let k = k.clamp(1, n_holders);
     let blocks = pairs / k;
-    let holders: Vec<(SubscriptionKey, Holder)> =
-        (0..128).map(|i| engine(i / 2, (i % 2) as u32)).collect();
+    let holders: Vec<(SubscriptionKey, Holder)> = (0..n_holders)
+        .map(|i| engine(i / 2, (i % 2) as u32))
+        .collect();
     let before = rss_bytes();
     let mut ix = new_index();
     let mut chunk = Vec::with_capacity(OP_LEN);
-    for start in (0..blocks).step_by(OP_LEN) {
-        chunk.clear();
-        chunk.extend((start..(start + OP_LEN).min(blocks)).map(|b| BlockHash(mix(b as u64))));
-        for j in 0..k {
-            let (s, h) = &holders[(start / OP_LEN + j) % 128];
-            let op = IndexOp::Store {
-                holder: h.clone(),
-                tier: Tier::Device,
-                hashes: chunk.clone(),
-            };
-            ix.apply(&IndexBatch {
-                source: s.clone(),
-                ops: vec![op],
-            });
+    let put = |ix: &mut ContextIndex, holder: usize, hashes: &[BlockHash]| {
+        let (s, h) = &holders[holder];
+        let op = IndexOp::Store {
+            holder: h.clone(),
+            tier: Tier::Device,
+            hashes: hashes.to_vec(),
+        };
+        ix.apply(&IndexBatch {
+            source: s.clone(),
+            ops: vec![op],
+        });
+    };
+    if scattered {
+        for b in 0..blocks as u64 {
+            let r = mix(b ^ 0xabcd);
+            // An odd step is coprime with the power-of-two holder count: k distinct holders.
+            let (first, step) = (r as usize % n_holders, ((r >> 32) as usize % n_holders) | 1);
+            for j in 0..k {
+                put(
+                    &mut ix,
+                    (first + j * step) % n_holders,
+                    &[BlockHash(mix(b))],
+                );
+            }
+        }
+    } else {
+        for start in (0..blocks).step_by(OP_LEN) {
+            chunk.clear();
+            chunk.extend((start..(start + OP_LEN).min(blocks)).map(|b| BlockHash(mix(b as u64))));
+            for j in 0..k {
+                put(&mut ix, (start / OP_LEN + j) % n_holders, &chunk);
+            }
         }
     }
     let after = rss_bytes();
@@ -201,23 +305,46 @@ fn summary() {
     );
     drop(ix);
 
-    // Query latency, 2k-token prompt, 64 instances x 2 ranks.
-    let (ix, prompt) = fleet();
-    let reader = ix.reader();
-    let mut samples = Vec::with_capacity(20_000);
-    for _ in 0..20_000 {
-        let mut k = HashList {
-            hashes: prompt.clone(),
-            block_size: BS,
-        };
-        let t = Instant::now();
-        black_box(reader.query(&mut k, None));
-        samples.push(t.elapsed());
+    // Apply throughput when blocks are shared: 128 holders storing one 16k-block prefix.
+    let batches = shared_store_batches(128, 16_384);
+    let mut ix = new_index();
+    let t = Instant::now();
+    for b in &batches {
+        ix.apply(b);
     }
-    let (p50, p99) = percentiles(samples);
+    let dt = t.elapsed();
     println!(
-        "query 2k tokens x 64 inst x 2 ranks (walk only, keys precomputed): p50 {p50:?} p99 {p99:?}"
+        "apply: 128 holders x 16,384 shared blocks (ops of {OP_LEN}) in {dt:?} = {:.1} M stores/s",
+        128.0 * 16_384.0 / 1e6 / dt.as_secs_f64()
     );
+    drop(ix);
+
+    // Query latency, 2k-token prompt, 64 instances x 2 ranks, shared 32-block system prompt.
+    let (ix, prompt) = system_prompt_fleet();
+    let (p50, p99) = query_latency(&ix.reader(), &prompt);
+    println!(
+        "query 2k tokens x 64 inst x 2 ranks, shared 32-block system prompt (keys precomputed): p50 {p50:?} p99 {p99:?}"
+    );
+
+    // Answer building alone: an empty prompt lists all 64 x 2 ranks with zeros.
+    let (p50, p99) = query_latency(&ix.reader(), &[]);
+    println!(
+        "query empty prompt x 64 inst x 2 ranks (plan and answer only): p50 {p50:?} p99 {p99:?}"
+    );
+    let (p50, p99) = query_into_latency(&ix.reader(), &prompt);
+    println!(
+        "query 2k tokens, system prompt, written into the previous answer (query_into): p50 {p50:?} p99 {p99:?}"
+    );
+    drop(ix);
+
+    // Query latency, 2k-token prompt, 64 instances x 2 ranks, staggered prefixes: the holder
+    // set changes at almost every block.
+    let (ix, prompt) = fleet();
+    let (p50, p99) = query_latency(&ix.reader(), &prompt);
+    println!(
+        "query 2k tokens x 64 inst x 2 ranks, staggered prefixes (keys precomputed): p50 {p50:?} p99 {p99:?}"
+    );
+    drop(ix);
 
     // The same under a concurrent writer storing and removing in the same context.
     let (mut ix, prompt) = fleet();
@@ -293,16 +420,19 @@ fn summary() {
         "query 1M tokens full hit (62,500 blocks): walk {walk50:?}; hashing + walk {hashed50:?}"
     );
 
-    for (pairs, k) in [
-        (1_000_000, 1),
-        (1_000_000, 2),
-        (1_000_000, 4),
-        (10_000_000, 1),
-        (10_000_000, 4),
+    for (pairs, k, layout) in [
+        (1_000_000, 1, ""),
+        (1_000_000, 2, ""),
+        (1_000_000, 4, ""),
+        (1_000_000, 128, ""),
+        (10_000_000, 1, ""),
+        (10_000_000, 4, ""),
+        (1_000_000, 2, "scattered"),
+        (1_000_000, 4, "scattered"),
     ] {
         let out = std::env::current_exe().ok().and_then(|exe| {
             std::process::Command::new(exe)
-                .env(MEM_ENV, format!("{pairs},{k}"))
+                .env(MEM_ENV, format!("{pairs},{k},{layout}"))
                 .output()
                 .ok()
         });
@@ -312,7 +442,7 @@ fn summary() {
         let f: Vec<&str> = text.split_whitespace().collect();
         if let [pairs, blocks, per] = f.as_slice() {
             println!(
-                "memory: {pairs} (block, holder) pairs on {blocks} blocks ({k} holder(s)/block): {per} B/pair"
+                "memory: {pairs} (block, holder) pairs on {blocks} blocks ({k} holder(s)/block {layout}): {per} B/pair"
             );
         } else {
             println!("memory: {pairs} pairs, {k}/block: measurement failed ({text:?})");
@@ -355,9 +485,46 @@ fn benches(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
+    let shared = shared_store_batches(128, 512);
+    g.throughput(Throughput::Elements(128 * 512));
+    g.bench_function("store_128_holders_x_512_shared_blocks", |b| {
+        b.iter_batched(
+            new_index,
+            |mut ix| {
+                for batch in &shared {
+                    ix.apply(batch);
+                }
+                ix
+            },
+            BatchSize::LargeInput,
+        )
+    });
     g.finish();
 
     let mut g = c.benchmark_group("query");
+    let (sys_ix, sys_prompt) = system_prompt_fleet();
+    let sys_reader = sys_ix.reader();
+    g.bench_function("2k_tokens_64x2_ranks_system_prompt", |b| {
+        b.iter_batched(
+            || HashList {
+                hashes: sys_prompt.clone(),
+                block_size: BS,
+            },
+            |mut k| sys_reader.query(&mut k, None),
+            BatchSize::SmallInput,
+        )
+    });
+    let mut out = QueryHits::default();
+    g.bench_function("2k_tokens_64x2_ranks_system_prompt_into", |b| {
+        b.iter_batched(
+            || HashList {
+                hashes: sys_prompt.clone(),
+                block_size: BS,
+            },
+            |mut k| sys_reader.query_into(&mut k, None, &mut out),
+            BatchSize::SmallInput,
+        )
+    });
     let (ix, prompt) = fleet();
     let reader = ix.reader();
     g.bench_function("2k_tokens_64x2_ranks", |b| {

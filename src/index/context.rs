@@ -1,20 +1,20 @@
 //! [`ContextIndex`]: the single writer of one context's prefix index, a plain struct.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 
 use crate::events::{Holder, IndexBatch, IndexOp};
 use crate::hashing::{HashProfile, PrefixKeys};
 use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
-use super::handle::{ContextView, IndexReader, IndexStats, Meta, Shared};
+use super::handle::{ContextView, IndexReader, IndexStats, MetaLock, Shared};
 use super::keying;
 use super::query::{self, QueryHits};
 use super::refs::RefList;
 use super::table::{
     CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARDS, SHARED_TIERS, Table,
-    entry_bits, entry_id, read_lock, tier_bit, write_lock,
+    entry_bits, entry_id, tier_bit,
 };
 
 /// A holder as identified inside one context: engine (instance, rank) or store backend, always
@@ -98,7 +98,7 @@ impl ContextIndex {
             key,
             profile,
             table: Table::new(),
-            meta: RwLock::new(Meta::default()),
+            meta: MetaLock::default(),
             blocks: AtomicU64::new(0),
             holder_blocks: AtomicU64::new(0),
             invalid_ops: AtomicU64::new(0),
@@ -319,7 +319,7 @@ impl ContextIndex {
             return;
         }
         list.push((instance_id.to_owned(), dp_rank));
-        let mut meta = write_lock(&self.shared.meta);
+        let mut meta = self.shared.meta.write();
         let entry = meta
             .ranks
             .entry(instance_id.to_owned())
@@ -342,7 +342,7 @@ impl ContextIndex {
     pub fn detach_source(&mut self, source: &SubscriptionKey) -> u64 {
         let removed = self.drop_source(source);
         if let Some(list) = self.attached.remove(source) {
-            let mut meta = write_lock(&self.shared.meta);
+            let mut meta = self.shared.meta.write();
             for (instance, rank) in list {
                 if let Some(ranks) = meta.ranks.get_mut(&instance) {
                     if let Some(entry) = ranks.get_mut(&rank) {
@@ -363,7 +363,7 @@ impl ContextIndex {
     /// No block left and no rank listed: the owner may delete this context.
     pub fn is_empty_and_detached(&self) -> bool {
         self.shared.blocks.load(Ordering::Relaxed) == 0
-            && !read_lock(&self.shared.meta).has_listed_rank()
+            && !self.shared.meta.read().has_listed_rank()
     }
 
     /// Distinct blocks held in any tier.
@@ -372,7 +372,7 @@ impl ContextIndex {
     }
 
     pub fn instances(&self) -> std::collections::BTreeMap<String, std::collections::BTreeSet<u32>> {
-        read_lock(&self.shared.meta).instances()
+        self.shared.meta.read().instances()
     }
 
     pub fn query<K: PrefixKeys + ?Sized>(
@@ -491,7 +491,7 @@ impl ContextIndex {
         }
         let id = self.holders.len() as u32;
         {
-            let mut meta = write_lock(&self.shared.meta);
+            let mut meta = self.shared.meta.write();
             meta.shared.push(matches!(holder, Holder::Shared { .. }));
             if let Holder::Engine {
                 instance_id,

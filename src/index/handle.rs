@@ -3,15 +3,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::hashing::{HashProfile, PrefixKeys, Token};
 use crate::model::{BlockHash, ContextKey, SubscriptionKey};
 
 use super::aliases::Aliases;
+use super::plan::Plan;
 use super::prompt_keys::{AliasedHashes, TokenKeys};
 use super::query::{self, QueryHits};
-use super::table::{Table, read_lock};
+use super::table::{Table, read_lock, write_lock};
 
 /// State shared between the single writer ([`super::ContextIndex`]) and any number of readers.
 pub(crate) struct Shared {
@@ -19,8 +20,8 @@ pub(crate) struct Shared {
     pub profile: HashProfile,
     pub table: Table,
     /// Registered ranks and the holder ids behind each (instance, rank); small, read once per
-    /// query to plan the walk.
-    pub meta: RwLock<Meta>,
+    /// query to fetch the walk's plan.
+    pub meta: MetaLock,
     /// Distinct blocks (in any tier). Written only by the writer; relaxed is enough for metrics
     /// and the global view, which are point-in-time figures anyway.
     pub blocks: AtomicU64,
@@ -37,6 +38,36 @@ pub(crate) struct Shared {
     pub unlinked: AtomicU64,
 }
 
+/// The metadata lock. Its only way to change [`Meta`] is [`MetaLock::write`], which drops the
+/// cached query plan, so a plan never outlives the metadata it was built from.
+#[derive(Default)]
+pub(crate) struct MetaLock {
+    lock: RwLock<Meta>,
+}
+
+impl MetaLock {
+    pub fn read(&self) -> RwLockReadGuard<'_, Meta> {
+        read_lock(&self.lock)
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, Meta> {
+        let mut meta = write_lock(&self.lock);
+        meta.plan = OnceLock::new();
+        meta
+    }
+
+    /// The plan for the current metadata, built by the first query after a change.
+    pub fn plan(&self) -> Arc<Plan> {
+        let meta = self.read();
+        Arc::clone(meta.plan.get_or_init(|| Arc::new(Plan::build(&meta))))
+    }
+
+    #[cfg(test)]
+    pub fn is_unlocked(&self) -> bool {
+        self.lock.try_write().is_ok()
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Meta {
     /// instance → rank → who listed it and which holders hold blocks for it.
@@ -44,6 +75,8 @@ pub(crate) struct Meta {
     /// Holder id → whether it is a shared (store backend) holder. Ids are never reused, so a
     /// plan built from this stays valid for the whole walk.
     pub shared: Vec<bool>,
+    /// The query plan for the fields above; reset by every [`MetaLock::write`].
+    plan: OnceLock<Arc<Plan>>,
 }
 
 #[derive(Default)]
@@ -165,6 +198,18 @@ impl IndexReader {
         query::walk(&self.shared, &mut keys, instance_filter)
     }
 
+    /// [`Self::query`] written into `out`. When `out` holds an earlier answer with the same
+    /// instances and ranks (the same query repeated, as a router does per request), its maps are
+    /// reused and nothing is allocated for the answer.
+    pub fn query_into<K: PrefixKeys + ?Sized>(
+        &self,
+        keys: &mut K,
+        instance_filter: Option<&str>,
+        out: &mut QueryHits,
+    ) {
+        query::walk_into(&self.shared, keys, instance_filter, out)
+    }
+
     /// Distinct blocks held in any tier.
     pub fn prefix_count(&self) -> u64 {
         self.shared.blocks.load(Ordering::Relaxed)
@@ -172,7 +217,7 @@ impl IndexReader {
 
     /// Registered instances and their listed ranks.
     pub fn instances(&self) -> BTreeMap<String, BTreeSet<u32>> {
-        read_lock(&self.shared.meta).instances()
+        self.shared.meta.read().instances()
     }
 
     pub fn view(&self) -> ContextView {
@@ -188,7 +233,7 @@ impl IndexReader {
         IndexStats {
             blocks: self.shared.blocks.load(Ordering::Relaxed),
             holder_blocks: self.shared.holder_blocks.load(Ordering::Relaxed),
-            holders: read_lock(&self.shared.meta).shared.len() as u64,
+            holders: self.shared.meta.read().shared.len() as u64,
             invalid_ops: self.shared.invalid_ops.load(Ordering::Relaxed),
             raw_pairs: self.shared.raw_pairs.load(Ordering::Relaxed),
             unlinked: self.shared.unlinked.load(Ordering::Relaxed),
@@ -198,6 +243,6 @@ impl IndexReader {
     /// True when no lock of this context is held (tests: hashing must run unlocked).
     #[cfg(test)]
     pub(crate) fn all_unlocked(&self) -> bool {
-        self.shared.table.all_unlocked() && self.shared.meta.try_write().is_ok()
+        self.shared.table.all_unlocked() && self.shared.meta.is_unlocked()
     }
 }

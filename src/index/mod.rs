@@ -4,7 +4,9 @@
 //!
 //! - [`context`]: [`ContextIndex`], the plain struct that is a context's single writer (apply
 //!   batches, attach/detach sources, snapshots). Unit-tested without any runtime.
-//! - `table`: the sharded block table, 64-bit block key → compact holder set.
+//! - `table`: the sharded block table, 64-bit block key → compact holder set (one inline entry,
+//!   or the value of an interned set shared by every block with the same entries).
+//! - `plan`: the walk's plan and answer template, cached until the metadata changes.
 //! - [`query`]: the prefix walk and the answer types ([`QueryHits`], [`HashList`]).
 //! - [`handle`]: [`IndexReader`], the read handle queries and the global view use.
 //! - [`actor`]: [`ContextActor`], a thin actix shell forwarding one call per message, and
@@ -16,7 +18,9 @@
 //! (source) that reported it: `Holder::Engine{instance, rank}` from source S and
 //! `Holder::Shared{backend_id}` from S are interned once as a `u32` holder id (never reused
 //! within a context, so a query's plan stays valid while it walks). A block key maps to a small
-//! set of `holder_id << 4 | tier bits` entries, inline for one holder. Engines hold
+//! set of `holder_id << 4 | tier bits` entries: inline for one holder, else a 32-bit id of an
+//! interned, immutable, refcounted set of sorted entries, the same id for every block with the
+//! same entries (see "Interned holder sets" below). Engines hold
 //! device, cpu_local and (rank-local) disk; store backends hold cpu_share and (shared) disk; a
 //! store into any other tier is counted in `invalid_ops` and ignored. Each holder keeps a
 //! reverse list of its blocks (32-bit table references), so remove, clear, drop-source and detach
@@ -93,10 +97,12 @@
 //! The walk is block-major: all live cursors advance together, so block `i` is hashed (by
 //! `PrefixKeys::key(i)`) once, and only when some cursor still needs it; when every cursor has
 //! stopped, no further key is requested and the lazy chain never hashes the tail. Each block
-//! lookup takes the read lock of one of 64 table shards for the duration of the map probe and the
-//! scan of that block's few entries, and releases it before the next `key(i + 1)` call; planning
-//! the query takes the small metadata lock once. Hashing therefore never holds a lock, and the
-//! writer (one actor per context) is blocked at most for a single block probe.
+//! lookup takes the read lock of one of 64 table shards for the duration of the map probe (and,
+//! when the block's set differs from the previous block's, the read of that set's entries under
+//! the set lists' lock, which the writer takes only to add or free a set), and releases it before
+//! the next `key(i + 1)` call; fetching the cached plan takes the small metadata lock once.
+//! Hashing therefore never holds a lock, and the writer (one actor per context) is blocked at
+//! most for a single block probe.
 //!
 //! A query thus reads each block at the moment it gets there rather than one consistent
 //! snapshot; it is never torn inside a block. This is the same freshness a snapshot taken at
@@ -107,9 +113,52 @@
 //! the lock (the reference's weakness); hashing in growing batches before locking wastes hashes
 //! past the first miss; copy-on-write snapshots would cost a copy per write batch on a map of
 //! millions of blocks. Measured with `benches/index.rs` (release, 2 shared cores): a full-hit walk
-//! costs about 40 ns per block including the shard lock (1M tokens, 62,500 blocks: ~2.5 ms, while
-//! hashing them costs ~10 ms), and a 2k-token query over 64 instances x 2 ranks takes ~85 us at
-//! p50 alone and 86-114 us with a writer applying ~8 M block ops/s to the same context.
+//! of one holder costs about 30 ns per block including the shard lock (1M tokens, 62,500 blocks:
+//! 1.8 ms, while hashing and walking them takes 10.5 ms).
+//!
+//! # Interned holder sets: the walk's cost per block does not grow with the holders
+//!
+//! The blocks of one prefix are nearly always held by the same holders in the same tiers: a
+//! system prompt shared by every rank, a conversation on the rank that served it. So a block
+//! held by two or more holders stores the id of an interned, immutable, refcounted set of sorted
+//! entries (`table::sets`), equal for every block with equal entries. A store or remove replaces
+//! the block's id by the id of the changed set, found through a small cache of transitions ("set
+//! X plus entry e is set Y"), so a holder storing a chain of blocks that share a set costs no
+//! hashing of the set per block, and through a content-hash index otherwise. The walk remembers
+//! the previous block's value: when the next block has the same value, every live cursor
+//! accepted the previous block in its phase and so accepts this one (O(1), no holder visited).
+//! When the value changes, the walk merges the two blocks' sorted entries, keeps per cursor a
+//! count of its holders per tier, and settles only the cursors that lost a tier: O(entries) of
+//! cheap comparisons plus the cursors whose holders changed. A freed set id can later name other
+//! entries; a counter of such reuses, read under the shard lock with the value, tells the walk
+//! when an equal value may mean something else.
+//!
+//! The query plan (holder id → cursor, instance order) and an answer template with every listed
+//! rank at zero are built once per metadata change (`plan`), not per query; a query clones the
+//! template and writes the counts in order, and [`IndexReader::query_into`] writes them into the
+//! caller's previous answer, allocating nothing when the instances and ranks are the same.
+//!
+//! Measured on the same machine in one session (p50 of 20,000 queries, keys precomputed, two runs
+//! each, before → after): 2k-token query over 64 instances x 2 ranks with a 32-block system
+//! prompt on all 128 ranks and a disk backend holding the whole prompt (every cursor alive to the
+//! end): 81-82 us → 11.0 us, and 5.8 us with `query_into`; an empty prompt (plan and answer
+//! only): 16.1 us → 7.7 us; 64 x 2 ranks with staggered prefixes, where the holder set changes at
+//! almost every block: 84 us → 24.5-24.8 us (25-26 us with a writer applying 7-9 M block ops/s
+//! to the same context, p99 8.2 ms → under 0.11 ms). 128 holders storing one 16k-block prefix:
+//! 8.2-9.0 → 23.2-23.5 M block stores/s; one holder storing blocks alone: unchanged (criterion
+//! 7.1-7.7 ms vs 7.2-7.8 ms per 64k stores). Resident bytes per (block, holder) pair: 1 holder
+//! per block unchanged (22.2 → 22.3 at 10M pairs), 2 holders 22.1-22.3 → 14.0, 4 holders 20.0 →
+//! 10.4-10.6, 128 holders 15.8 → 5.2, 10M pairs at 4 holders 16.4 → 8.4; the worst case, nearly
+//! every block with its own random set of 2 (4) of 1,024 holders: 25.4 → 24.3 (23.0-23.3 →
+//! 19.5), thanks to a 4-byte-slot set index and exact-size chunks for small sets.
+//!
+//! Why not a compressed radix tree with per-edge holder sets: it gives the same O(1) step while
+//! a prefix's holders stay the same, but it keys blocks by their position in a prefix, so every
+//! store, remove, checkpoint and the holders' reverse lists would have to walk or rebuild paths;
+//! the flat keyed table keeps O(1) lookup by key, the 64 shards, the 4-byte reverse references
+//! and the checkpoint code as they are, and gets the same walk fast path from equal set ids. (The
+//! tree was not built: with the table's walk at 30-40 ns per unchanged block, what is left of a
+//! query is the probes themselves and the answer, which a tree would not remove.)
 
 pub mod actor;
 mod aliases;
@@ -117,6 +166,7 @@ pub mod context;
 pub mod handle;
 mod keying;
 pub mod persist;
+mod plan;
 mod prompt_keys;
 pub mod query;
 mod refs;

@@ -9,9 +9,8 @@ use crate::hashing::PrefixKeys;
 use crate::model::BlockHash;
 
 use super::handle::Shared;
-use super::table::{
-    ALL_TIERS, CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id, read_lock,
-};
+use super::plan::{NOT_SELECTED, Plan, SHARED_HOLDER};
+use super::table::{CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id, is_inline};
 
 /// Cumulative prefix token counts of one rank (or instance): `device <= cpu_local <= cpu_share
 /// <= disk`.
@@ -24,7 +23,7 @@ pub struct TierCounts {
 }
 
 impl TierCounts {
-    fn from_array(c: [u64; 4]) -> Self {
+    pub(crate) fn from_array(c: [u64; 4]) -> Self {
         TierCounts {
             device: c[0],
             cpu_local: c[1],
@@ -33,7 +32,7 @@ impl TierCounts {
         }
     }
 
-    fn max(self, o: TierCounts) -> Self {
+    pub(crate) fn max(self, o: TierCounts) -> Self {
         TierCounts {
             device: self.device.max(o.device),
             cpu_local: self.cpu_local.max(o.cpu_local),
@@ -107,69 +106,172 @@ pub(crate) const PHASE_MASK: [u8; 4] = [
     DEVICE | CPU_LOCAL | CPU_SHARE | DISK,
 ];
 
-const NOT_SELECTED: u32 = u32::MAX;
-const SHARED_HOLDER: u32 = u32::MAX - 1;
-
-struct Cursor {
-    /// First phase not yet finished (4 = all finished).
-    phase: usize,
-    counts: [u64; 4],
+/// What the current block holds for one cursor (or for all: the store backends).
+#[derive(Clone, Copy, Default)]
+struct Held {
+    /// Per tier: how many of the cursor's holders hold the block in that tier.
+    count: [u32; 4],
+    /// The tiers whose count is not 0.
+    mask: u8,
 }
 
-/// Run the walk. Locks: the meta lock once to plan, then one shard read lock per block lookup;
+impl Held {
+    /// One holder's tiers go from `old` to `new`; true when a tier's count dropped to 0.
+    #[inline]
+    fn change(&mut self, old: u8, new: u8) -> bool {
+        let (mut lost, mut gained) = (old & !new, new & !old);
+        while gained != 0 {
+            let t = gained.trailing_zeros() as usize;
+            self.count[t] += 1;
+            self.mask |= 1 << t;
+            gained &= gained - 1;
+        }
+        let mut emptied = false;
+        while lost != 0 {
+            let t = lost.trailing_zeros() as usize;
+            self.count[t] -= 1;
+            if self.count[t] == 0 {
+                self.mask &= !(1 << t);
+                emptied = true;
+            }
+            lost &= lost - 1;
+        }
+        emptied
+    }
+}
+
+/// The walk's cursors and what the current block holds for each, kept up to date from the
+/// differences between consecutive blocks' entries.
+struct Cursors {
+    /// Per cursor: first phase not yet finished (4 = all finished, or not selected).
+    phase: Vec<u8>,
+    counts: Vec<[u64; 4]>,
+    held: Vec<Held>,
+    /// What the store backends hold, which counts for every cursor.
+    shared: Held,
+    shared_lost: bool,
+    /// Cursors that lost a tier on the current block: the only ones whose phase may end there.
+    check: Vec<u32>,
+    /// The selected cursors, finished ones dropped from time to time.
+    alive: Vec<u32>,
+    live: usize,
+}
+
+impl Cursors {
+    fn new(n: usize, selected: std::ops::Range<u32>) -> Self {
+        let mut phase = vec![4u8; n];
+        for j in selected.clone() {
+            phase[j as usize] = 0;
+        }
+        Cursors {
+            phase,
+            counts: vec![[0; 4]; n],
+            held: vec![Held::default(); n],
+            shared: Held::default(),
+            shared_lost: false,
+            check: Vec::with_capacity(selected.len()),
+            live: selected.len(),
+            alive: selected.collect(),
+        }
+    }
+
+    /// Holder `id`'s tiers go from `old` to `new` between two blocks.
+    #[inline]
+    fn change(&mut self, route: &[u32], id: u32, old: u8, new: u8) {
+        match route.get(id as usize) {
+            Some(&SHARED_HOLDER) => self.shared_lost |= self.shared.change(old, new),
+            Some(&j) if j != NOT_SELECTED => {
+                let emptied = self
+                    .held
+                    .get_mut(j as usize)
+                    .is_some_and(|h| h.change(old, new));
+                if emptied && self.phase[j as usize] < 4 {
+                    self.check.push(j);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Move cursor `j` on to the first phase that accepts the current block (`covered` tokens
+    /// before it); true when it finished.
+    fn settle(&mut self, j: usize, covered: u64) -> bool {
+        let bits = self.held[j].mask | self.shared.mask;
+        let p = &mut self.phase[j];
+        let was = *p;
+        while *p < 4 && bits & PHASE_MASK[*p as usize] == 0 {
+            self.counts[j][*p as usize] = covered;
+            *p += 1;
+        }
+        *p == 4 && was < 4
+    }
+
+    /// After the holders' changes for block `c`: settle the cursors whose tiers shrank (all of
+    /// them on the first block or when a backend's tiers shrank).
+    fn step(&mut self, all: bool, covered: u64) {
+        let mut finished = 0;
+        if all || self.shared_lost {
+            for i in 0..self.alive.len() {
+                let j = self.alive[i] as usize;
+                finished += usize::from(self.settle(j, covered));
+            }
+            let phase = &self.phase;
+            self.alive.retain(|&j| phase[j as usize] < 4);
+        } else {
+            for i in 0..self.check.len() {
+                let j = self.check[i] as usize;
+                finished += usize::from(self.settle(j, covered));
+            }
+        }
+        self.check.clear();
+        self.shared_lost = false;
+        self.live -= finished;
+    }
+
+    /// Every live cursor ends all its phases from the current one at `covered`.
+    fn finish(&mut self, covered: u64) {
+        for &j in &self.alive {
+            let j = j as usize;
+            if let Some(p) = self.phase.get(j).map(|&p| p as usize)
+                && p < 4
+            {
+                self.counts[j][p..].iter_mut().for_each(|x| *x = covered);
+            }
+        }
+        self.live = 0;
+    }
+}
+
+/// Run the walk for the cursors `filter` selects and hand each cursor's counts to `answer`.
+/// Locks: the meta lock once to fetch the plan, then one shard read lock per block lookup;
 /// `keys.key(i)` is always called with no lock held.
-pub(crate) fn walk<K: PrefixKeys + ?Sized>(
+///
+/// Per block the walk reads the block's value (see `table`): when it equals the previous
+/// block's value (and no set value was reused meanwhile), every holder holds this block in the
+/// same tiers as the previous one, so every live cursor, which accepted the previous block in its
+/// current phase, accepts this one too: nothing to do. When the value changes, the walk merges
+/// the two blocks' sorted entries and settles only the cursors that lost a tier, so the cost is
+/// the entries' length plus the cursors whose holders changed, not every live cursor.
+fn walk_counts<K: PrefixKeys + ?Sized, R>(
     shared: &Shared,
     keys: &mut K,
     filter: Option<&str>,
-) -> QueryHits {
-    let filter = filter.filter(|f| !f.is_empty());
-    // Plan: one cursor per listed (instance, rank); `route[holder_id]` says whose cursor an entry
-    // feeds (or that it is a shared holder every cursor sees).
-    let mut rows: Vec<(String, Vec<u32>)> = Vec::new();
-    let mut route: Vec<u32>;
-    {
-        let meta = read_lock(&shared.meta);
-        route = meta
-            .shared
-            .iter()
-            .map(|&s| if s { SHARED_HOLDER } else { NOT_SELECTED })
-            .collect();
-        let mut cursor = 0u32;
-        let selected: Box<dyn Iterator<Item = _>> = match filter {
-            Some(f) => Box::new(meta.ranks.get_key_value(f).into_iter()),
-            None => Box::new(meta.ranks.iter()),
-        };
-        for (instance, ranks) in selected {
-            let mut listed = Vec::new();
-            for (&rank, entry) in ranks.iter().filter(|(_, e)| e.listed()) {
-                for &id in &entry.holders {
-                    if let Some(r) = route.get_mut(id as usize) {
-                        *r = cursor;
-                    }
-                }
-                listed.push(rank);
-                cursor += 1;
-            }
-            if !listed.is_empty() {
-                rows.push((instance.clone(), listed));
-            }
-        }
-    }
-    let n_cursors = rows.iter().map(|(_, r)| r.len()).sum::<usize>();
-    let mut cursors: Vec<Cursor> = (0..n_cursors)
-        .map(|_| Cursor {
-            phase: 0,
-            counts: [0; 4],
-        })
-        .collect();
-    let mut held = vec![0u8; n_cursors];
-    let mut alive: Vec<u32> = (0..n_cursors as u32).collect();
-
+    answer: impl FnOnce(&Plan, &[[u64; 4]]) -> R,
+) -> R {
+    let plan = shared.meta.plan();
+    let route = plan.route.as_slice();
+    let mut cur = Cursors::new(plan.cursors, plan.selected(filter));
+    // Entries of the previous and the current block.
+    let (mut prev, mut next) = (Vec::new(), Vec::new());
     let n = keys.num_blocks();
-    let with_raw = shared.raw_pairs.load(Ordering::Relaxed) > 0;
     let mut c = 0usize;
-    while c < n && !alive.is_empty() {
+    // The previous block's value and the sets' reuse count read with it (0: none yet).
+    let (mut last_val, mut last_reused) = (0u32, 0u64);
+    // While the index keeps blocks under published hashes, a block may also be held under its
+    // second key (see "Keys" in the module doc).
+    let with_raw = shared.raw_pairs.load(Ordering::Relaxed) > 0;
+    let mut alt_entries = Vec::new();
+    while c < n && cur.live > 0 {
         // Hash outside any lock: this is where the lazy chain pays for block c.
         let key = keys.key(c).0;
         let alt = if with_raw {
@@ -177,62 +279,131 @@ pub(crate) fn walk<K: PrefixKeys + ?Sized>(
         } else {
             None
         };
-        let mut shared_bits = 0u8;
-        for key in std::iter::once(key).chain(alt) {
-            let shard = shared.table.read(key);
-            shard.visit(key, |e| match route.get(entry_id(e) as usize) {
-                Some(&SHARED_HOLDER) => shared_bits |= entry_bits(e),
-                Some(&j) if j != NOT_SELECTED => {
-                    if let Some(h) = held.get_mut(j as usize) {
-                        *h |= entry_bits(e);
-                    }
-                }
-                _ => {}
-            });
-        }
-        let mut covered_c = None;
-        alive.retain(|&j| {
-            let j = j as usize;
-            let bits = (held[j] | shared_bits) & ALL_TIERS;
-            held[j] = 0;
-            let cur = &mut cursors[j];
-            while cur.phase < 4 && bits & PHASE_MASK[cur.phase] == 0 {
-                cur.counts[cur.phase] = *covered_c.get_or_insert_with(|| keys.covered(c));
-                cur.phase += 1;
-            }
-            cur.phase < 4
+        let alt_val = alt.map_or(0, |alt| {
+            let shard = shared.table.read(alt);
+            let val = shard.value(alt);
+            alt_entries.clear();
+            shard.entries_into(val, &mut alt_entries);
+            val
         });
+        {
+            let shard = shared.table.read(key);
+            let val = shard.value(key);
+            let reused = shard.sets_reused();
+            if val == 0 && alt_val == 0 {
+                break;
+            }
+            if alt_val == 0 && val == last_val && (is_inline(val) || reused == last_reused) {
+                c += 1;
+                continue;
+            }
+            next.clear();
+            shard.entries_into(val, &mut next);
+            if alt_val == 0 {
+                (last_val, last_reused) = (val, reused);
+            } else {
+                // A union of two blocks is no one value: the next block takes the slow path.
+                last_val = 0;
+                union_into(&mut next, &alt_entries);
+            }
+        }
+        merge(&prev, &next, |id, old, new| cur.change(route, id, old, new));
+        cur.step(c == 0, keys.covered(c));
+        std::mem::swap(&mut prev, &mut next);
         c += 1;
     }
-    if !alive.is_empty() {
-        // Every remaining cursor accepted all blocks of its current phase to the end.
-        let all = keys.covered(c);
-        for &j in &alive {
-            let cur = &mut cursors[j as usize];
-            cur.counts[cur.phase..].iter_mut().for_each(|x| *x = all);
-        }
+    if cur.live > 0 {
+        // A miss at c, or the end: every live cursor accepted all blocks of its current phase
+        // before c.
+        cur.finish(keys.covered(c));
     }
+    answer(&plan, &cur.counts)
+}
 
-    let mut hits = BTreeMap::new();
-    let mut next = cursors.into_iter();
-    for (instance, ranks) in rows {
-        let mut row = InstanceHits::default();
-        let mut best = TierCounts::default();
-        for rank in ranks {
-            let counts = next
-                .next()
-                .map(|c| TierCounts::from_array(c.counts))
-                .unwrap_or_default();
-            row.dp.insert(rank, counts.device);
-            row.rank_matches.insert(rank, counts);
-            best = best.max(counts);
-        }
-        row.device = best.device;
-        row.cpu_local = best.cpu_local;
-        row.cpu_share = best.cpu_share;
-        row.disk = best.disk;
-        row.longest_matched = best.disk;
-        hits.insert(instance, row);
+/// `entries` (sorted by holder) with `more` (sorted by holder) merged in, tier bits of a holder
+/// in both joined.
+fn union_into(entries: &mut Vec<u32>, more: &[u32]) {
+    if entries.is_empty() {
+        entries.extend_from_slice(more);
+        return;
     }
-    QueryHits { hits }
+    let mine = std::mem::take(entries);
+    let (mut i, mut k) = (0, 0);
+    loop {
+        match (mine.get(i), more.get(k)) {
+            (Some(&a), Some(&b)) if entry_id(a) == entry_id(b) => {
+                entries.push(a | b);
+                i += 1;
+                k += 1;
+            }
+            (Some(&a), Some(&b)) if entry_id(a) < entry_id(b) => {
+                entries.push(a);
+                i += 1;
+            }
+            (Some(&a), None) => {
+                entries.push(a);
+                i += 1;
+            }
+            (_, Some(&b)) => {
+                entries.push(b);
+                k += 1;
+            }
+            (None, None) => return,
+        }
+    }
+}
+
+/// Call `f(holder, old bits, new bits)` for every holder whose tiers differ between the sorted
+/// entry lists `old` and `new`.
+fn merge(old: &[u32], new: &[u32], mut f: impl FnMut(u32, u8, u8)) {
+    let (mut i, mut k) = (0, 0);
+    loop {
+        match (old.get(i), new.get(k)) {
+            (Some(&a), Some(&b)) if entry_id(a) == entry_id(b) => {
+                if a != b {
+                    f(entry_id(a), entry_bits(a), entry_bits(b));
+                }
+                i += 1;
+                k += 1;
+            }
+            (Some(&a), Some(&b)) if entry_id(a) < entry_id(b) => {
+                f(entry_id(a), entry_bits(a), 0);
+                i += 1;
+            }
+            (Some(&a), None) => {
+                f(entry_id(a), entry_bits(a), 0);
+                i += 1;
+            }
+            (_, Some(&b)) => {
+                f(entry_id(b), 0, entry_bits(b));
+                k += 1;
+            }
+            (None, None) => return,
+        }
+    }
+}
+
+/// The walk's answer as a new [`QueryHits`].
+pub(crate) fn walk<K: PrefixKeys + ?Sized>(
+    shared: &Shared,
+    keys: &mut K,
+    filter: Option<&str>,
+) -> QueryHits {
+    let filter = filter.filter(|f| !f.is_empty());
+    walk_counts(shared, keys, filter, |plan, counts| {
+        plan.answer(filter, counts)
+    })
+}
+
+/// The walk's answer written into `out` (see [`Plan::answer_into`]).
+pub(crate) fn walk_into<K: PrefixKeys + ?Sized>(
+    shared: &Shared,
+    keys: &mut K,
+    filter: Option<&str>,
+    out: &mut QueryHits,
+) {
+    let filter = filter.filter(|f| !f.is_empty());
+    walk_counts(shared, keys, filter, |plan, counts| {
+        plan.answer_into(filter, counts, out)
+    });
 }

@@ -608,3 +608,5 @@ fn the_actor_forwards_and_the_handle_queries_without_the_mailbox() {
         assert_eq!(handle.view().prefix_count, 0);
     });
 }
+
+mod walk;

@@ -5,8 +5,9 @@
 //! index). A block's holder set is the record's 32-bit value:
 //! - one holder (the common case: a block held by one rank): the value is its entry,
 //!   `holder_id << 4 | tier_bits`, whose tier bits are never 0;
-//! - two or more holders: the low 4 bits are 0 and `value >> 4` is one more than the offset of
-//!   the entry list in the shard's [`arena::Arena`].
+//! - two or more holders: the low 4 bits are 0 and the value names an interned set of the
+//!   context ([`sets`]): every block with the same entries has the same value, so a query walk
+//!   that sees the value of the previous block again knows every holder's tiers are unchanged.
 //!
 //! So a live block's value is never 0. Empty holder sets are never kept: the last removed entry
 //! removes the block.
@@ -15,21 +16,27 @@
 //! [`BlockRef`] (shard and record in 32 bits) for the holders' reverse lists. Once the block is
 //! removed its record may be reused by another block: users check that the holder still has an
 //! entry there ([`Table::held_key`]) rather than trusting an old reference.
+//!
+//! Lock order: a shard lock, then the sets' writer mutex, then the set lists' lock; nobody takes
+//! a shard lock while holding a set lock.
 
 mod arena;
 mod blocks;
 #[cfg(test)]
 mod ref_tests;
+mod set_index;
+#[cfg(test)]
+mod set_tests;
+mod sets;
 
 use std::hash::BuildHasher;
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::model::Tier;
 
-use arena::Arena;
-#[cfg(test)]
-use arena::MIN_CLASS;
 use blocks::{Blocks, IDX_BITS, Probe};
+pub(crate) use sets::is_inline;
+use sets::{SetWriter, Sets};
 
 pub(crate) const DEVICE: u8 = 1;
 pub(crate) const CPU_LOCAL: u8 = 2;
@@ -81,22 +88,6 @@ const fn make_entry(id: u32, bits: u8) -> u32 {
     (id << 4) | (bits & ALL_TIERS) as u32
 }
 
-#[inline]
-const fn is_inline(val: u32) -> bool {
-    val & 0xF != 0
-}
-
-/// The value naming arena list `off` (below `arena::MAX_WORDS`, so this never overflows).
-#[inline]
-const fn spilled(off: u32) -> u32 {
-    (off + 1) << 4
-}
-
-#[inline]
-const fn spill_offset(val: u32) -> u32 {
-    (val >> 4).wrapping_sub(1)
-}
-
 /// The splitmix64 finalizer: a bijective mix, so distinct keys never collide after mixing and
 /// sequential or adversarially structured keys still spread over shards and slots.
 #[inline]
@@ -142,6 +133,27 @@ const REPEATED: Added = Added {
     new_block: false,
     repeat: true,
 };
+/// The outcome of merging entry `new` into the same holder's entry `old`.
+#[inline]
+pub(super) const fn kept_or_repeated(old: u32, new: u32) -> Added {
+    if entry_bits(old) & entry_bits(new) == entry_bits(new) {
+        REPEATED
+    } else {
+        KEPT
+    }
+}
+
+/// What a join that changed nothing (`to == from`) or changed the set means: a join that kept
+/// the set without adding the holder found every bit already there, a repeat.
+#[inline]
+pub(super) const fn joined_outcome(from: u32, to: u32, joined: bool) -> Added {
+    match (joined, from == to) {
+        (true, _) => JOINED,
+        (false, true) => REPEATED,
+        (false, false) => KEPT,
+    }
+}
+
 const JOINED: Added = Added {
     new_holder: true,
     new_block: false,
@@ -156,27 +168,42 @@ const GONE_BLOCK: Removed = Removed {
     block_gone: true,
 };
 
-/// The outcome of merging entry `new` into the same holder's entry `old`.
-#[inline]
-const fn kept_or_repeated(old: u32, new: u32) -> Added {
-    if entry_bits(old) & entry_bits(new) == entry_bits(new) {
-        REPEATED
-    } else {
-        KEPT
+/// Inline value `val` with tier `bits` of holder `id` cleared; `None` when nothing is left.
+fn leave_inline(val: u32, id: u32, bits: u8) -> (Option<u32>, Removed) {
+    if entry_id(val) != id {
+        return (Some(val), Removed::default());
+    }
+    match entry_bits(val) & !bits {
+        0 => (None, GONE_BLOCK),
+        left => (Some(make_entry(id, left)), Removed::default()),
     }
 }
 
 /// One shard of a context's blocks.
 pub(crate) struct Shard {
     blocks: Blocks,
-    arena: Arena,
+}
+
+/// The sets' writer state, locked on first need and kept for the rest of one table call.
+struct WriterSlot<'a> {
+    sets: &'a Sets,
+    guard: Option<MutexGuard<'a, SetWriter>>,
+}
+
+impl<'a> WriterSlot<'a> {
+    fn new(sets: &'a Sets) -> Self {
+        WriterSlot { sets, guard: None }
+    }
+
+    fn get(&mut self) -> &mut SetWriter {
+        self.guard.get_or_insert_with(|| self.sets.writer())
+    }
 }
 
 impl Shard {
-    pub fn new(seed: u64) -> Self {
+    fn new(seed: u64) -> Self {
         Shard {
             blocks: Blocks::new(seed),
-            arena: Arena::default(),
         }
     }
 
@@ -185,67 +212,9 @@ impl Shard {
         self.blocks.len()
     }
 
-    #[inline]
-    fn visit_val(&self, val: u32, mut f: impl FnMut(u32)) {
-        if is_inline(val) {
-            f(val);
-        } else {
-            self.arena
-                .list(spill_offset(val))
-                .iter()
-                .copied()
-                .for_each(f);
-        }
-    }
-
-    /// Call `f` with every entry of block `key`; false when the block is absent.
-    #[inline]
-    pub fn visit(&self, key: u64, f: impl FnMut(u32)) -> bool {
-        let Some((_, idx)) = self.blocks.find(key) else {
-            return false;
-        };
-        self.visit_val(self.blocks.val(idx), f);
-        true
-    }
-
-    fn bits_in(&self, val: u32, id: u32) -> u8 {
-        let mut bits = 0;
-        self.visit_val(val, |e| {
-            if entry_id(e) == id {
-                bits |= entry_bits(e);
-            }
-        });
-        bits
-    }
-
-    /// Tier bits of holder `id` on block `key` (0 when it holds nothing there).
-    pub fn holder_bits(&self, key: u64, id: u32) -> u8 {
-        self.blocks
-            .find(key)
-            .map_or(0, |(_, idx)| self.bits_in(self.blocks.val(idx), id))
-    }
-
-    /// The key of record `idx` when holder `id` has an entry there.
-    fn held_key(&self, idx: u32, id: u32) -> Option<u64> {
-        let key = self.blocks.key(idx)?;
-        (self.bits_in(self.blocks.val(idx), id) != 0).then_some(key)
-    }
-
-    /// Every (block, entry) pair, for snapshots.
-    pub fn for_each(&self, mut f: impl FnMut(u64, u32)) {
-        self.blocks
-            .for_each(|key, val| self.visit_val(val, |e| f(key, e)));
-    }
-
-    /// Add tier `bits` (non-zero) for holder `id` on block `key`. Idempotent.
-    #[cfg(test)]
-    pub fn add(&mut self, key: u64, id: u32, bits: u8) -> Added {
-        self.add_at(key, id, bits).0
-    }
-
     /// Add tier `bits` (non-zero) for holder `id` on block `key` (idempotent), also returning the
     /// block's record index when it exists afterwards.
-    fn add_at(&mut self, key: u64, id: u32, bits: u8) -> (Added, Option<u32>) {
+    fn add_at(&mut self, w: &mut WriterSlot, key: u64, id: u32, bits: u8) -> (Added, Option<u32>) {
         let new = make_entry(id, bits);
         // One probe finds the block or where it goes; growing first keeps that place valid.
         self.blocks.reserve_one();
@@ -263,95 +232,134 @@ impl Shard {
             }
         };
         let val = self.blocks.val(idx);
-        let (val, added) = self.join(val, id, new);
+        let (val, added) = if is_inline(val) && entry_id(val) == id {
+            (val | new, kept_or_repeated(val, new))
+        } else {
+            let sets = w.sets;
+            sets.join(w.get(), val, id, bits)
+        };
         self.blocks.set_val(idx, val);
         (added, Some(idx))
     }
 
-    /// `val` with entry `new` of holder `id` merged in.
-    fn join(&mut self, val: u32, id: u32, new: u32) -> (u32, Added) {
-        if is_inline(val) {
-            if entry_id(val) == id {
-                return (val | new, kept_or_repeated(val, new));
-            }
-            // `None` only when the arena is full: refuse the entry, stay consistent.
-            return match self.arena.alloc(&[val, new]) {
-                Some(off) => (spilled(off), JOINED),
-                None => (val, KEPT),
-            };
-        }
-        let off = spill_offset(val);
-        if let Some(e) = self
-            .arena
-            .list_mut(off)
-            .iter_mut()
-            .find(|e| entry_id(**e) == id)
-        {
-            let added = kept_or_repeated(*e, new);
-            *e |= new;
-            return (val, added);
-        }
-        match self.arena.push(off, new) {
-            Some(moved) => (spilled(moved), JOINED),
-            None => (val, KEPT),
-        }
-    }
-
     /// Clear tier `bits` of holder `id` on block `key`. Idempotent; absent blocks are a no-op.
-    pub fn remove(&mut self, key: u64, id: u32, bits: u8) -> Removed {
+    fn remove(&mut self, w: &mut WriterSlot, key: u64, id: u32, bits: u8) -> Removed {
         match self.blocks.find(key) {
-            Some((pos, idx)) => self.remove_found(pos, idx, id, bits),
+            Some((pos, idx)) => self.remove_found(w, pos, idx, id, bits),
             None => Removed::default(),
         }
     }
 
-    fn remove_found(&mut self, pos: usize, idx: u32, id: u32, bits: u8) -> Removed {
+    fn remove_found(
+        &mut self,
+        w: &mut WriterSlot,
+        pos: usize,
+        idx: u32,
+        id: u32,
+        bits: u8,
+    ) -> Removed {
         let val = self.blocks.val(idx);
-        match self.leave(val, id, bits) {
-            (Some(val), removed) => {
-                self.blocks.set_val(idx, val);
-                removed
-            }
-            (None, removed) => {
-                self.blocks.remove(pos, idx);
-                removed
-            }
+        let (left, removed) = if is_inline(val) {
+            // A single holder needs no set bookkeeping (and no writer mutex).
+            leave_inline(val, id, bits)
+        } else {
+            let sets = w.sets;
+            let (left, removed) = sets.leave(w.get(), val, id, bits);
+            (Some(left), removed)
+        };
+        match left {
+            Some(val) => self.blocks.set_val(idx, val),
+            // Only an inline value empties (a set keeps one entry at least): no set to release.
+            None => self.blocks.remove(pos, idx),
+        }
+        removed
+    }
+
+    /// The key of record `idx` when holder `id` has an entry there.
+    fn held_key(&self, sets: &Sets, idx: u32, id: u32) -> Option<u64> {
+        let key = self.blocks.key(idx)?;
+        (sets.bits_of(self.blocks.val(idx), id) != 0).then_some(key)
+    }
+}
+
+/// A shard under its read lock, with the context's sets to look its multi-holder blocks up in.
+pub(crate) struct ShardRead<'a> {
+    shard: RwLockReadGuard<'a, Shard>,
+    sets: &'a Sets,
+}
+
+impl ShardRead<'_> {
+    /// The value of block `key` (an inline entry or a set value; 0 when absent). Equal values
+    /// mean equal entries while [`Self::sets_reused`] stays the same (see `sets`).
+    #[inline]
+    pub fn value(&self, key: u64) -> u32 {
+        self.shard
+            .blocks
+            .find(key)
+            .map_or(0, |(_, idx)| self.shard.blocks.val(idx))
+    }
+
+    /// How often a freed set value was given to other entries so far; read it after
+    /// [`Self::value`], under the same lock.
+    #[inline]
+    pub fn sets_reused(&self) -> u64 {
+        self.sets.reused()
+    }
+
+    /// Append the entries of block value `val` (from [`Self::value`] under this lock) to `out`,
+    /// sorted by holder id.
+    #[inline]
+    pub fn entries_into(&self, val: u32, out: &mut Vec<u32>) {
+        if is_inline(val) {
+            out.push(val);
+        } else if val != 0 {
+            out.extend_from_slice(self.sets.lists().entries(val));
         }
     }
 
-    /// `val` with tier `bits` of holder `id` cleared; `None` when no entry is left.
-    fn leave(&mut self, val: u32, id: u32, bits: u8) -> (Option<u32>, Removed) {
+    /// Call `f` with every entry of block value `val` (from [`Self::value`] under this lock).
+    #[inline]
+    pub fn visit_value(&self, val: u32, mut f: impl FnMut(u32)) {
         if is_inline(val) {
-            if entry_id(val) != id {
-                return (Some(val), Removed::default());
+            f(val);
+        } else if val != 0 {
+            self.sets.lists().entries(val).iter().copied().for_each(f);
+        }
+    }
+
+    /// Call `f` with every entry of block `key`; false when the block is absent. (The walk uses
+    /// [`Self::value`] and [`Self::entries_into`] to skip unchanged sets; this stays for callers
+    /// that want one block's entries.)
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn visit(&self, key: u64, f: impl FnMut(u32)) -> bool {
+        let val = self.value(key);
+        self.visit_value(val, f);
+        val != 0
+    }
+
+    /// Tier bits of holder `id` on block `key` (0 when it holds nothing there).
+    pub fn holder_bits(&self, key: u64, id: u32) -> u8 {
+        match self.value(key) {
+            0 => 0,
+            val => self.sets.bits_of(val, id),
+        }
+    }
+
+    /// Every (block, entry) pair, for snapshots.
+    pub fn for_each(&self, mut f: impl FnMut(u64, u32)) {
+        let lists = self.sets.lists();
+        self.shard.blocks.for_each(|key, val| {
+            if is_inline(val) {
+                f(key, val);
+            } else {
+                lists.entries(val).iter().for_each(|&e| f(key, e));
             }
-            let left = entry_bits(val) & !bits;
-            if left != 0 {
-                return (Some(make_entry(id, left)), Removed::default());
-            }
-            return (None, GONE_BLOCK);
-        }
-        let off = spill_offset(val);
-        let list = self.arena.list_mut(off);
-        let Some(pos) = list.iter().position(|e| entry_id(*e) == id) else {
-            return (Some(val), Removed::default());
-        };
-        let left = entry_bits(list[pos]) & !bits;
-        if left != 0 {
-            list[pos] = make_entry(id, left);
-            return (Some(val), Removed::default());
-        }
-        // Back to an inline value at one entry; until then the chunk stays, so a holder that
-        // comes and goes does not move the list each time.
-        if self.arena.swap_remove(off, pos) <= 1 {
-            let rest = self.arena.list(off).first().copied();
-            self.arena.release(off);
-            return match rest {
-                Some(e) => (Some(e), GONE_HOLDER),
-                None => (None, GONE_BLOCK),
-            };
-        }
-        (Some(val), GONE_HOLDER)
+        });
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.shard.len()
     }
 }
 
@@ -359,6 +367,7 @@ impl Shard {
 pub(crate) struct Table {
     shards: Box<[RwLock<Shard>]>,
     shard_seed: u64,
+    sets: Sets,
 }
 
 impl Table {
@@ -372,6 +381,7 @@ impl Table {
         Table {
             shards,
             shard_seed: mix64(slot_seed ^ 0x5bd1_e995),
+            sets: Sets::new(mix64(slot_seed ^ 0x2545_f491)),
         }
     }
 
@@ -394,13 +404,16 @@ impl Table {
     }
 
     #[inline]
-    pub fn read(&self, key: u64) -> RwLockReadGuard<'_, Shard> {
-        read_lock(self.shard_of(key))
+    pub fn read(&self, key: u64) -> ShardRead<'_> {
+        ShardRead {
+            shard: read_lock(self.shard_of(key)),
+            sets: &self.sets,
+        }
     }
 
-    /// [`Shard::add`] for `items` (block, holder id, tier bits) of shard `shard`, in order, under
-    /// one lock. `f` sees each item with its outcome and, when the holder joined the block, the
-    /// reference that goes into its reverse list.
+    /// Add tier `bits` for holder `id` on block `key` for items (block, holder id, tier bits) of
+    /// shard `shard`, in order, under one lock. `f` sees each item with its outcome and, when the
+    /// holder joined the block, the reference that goes into its reverse list.
     pub fn add_group(
         &self,
         shard: usize,
@@ -411,6 +424,7 @@ impl Table {
             return;
         };
         let mut guard = write_lock(lock);
+        let mut w = WriterSlot::new(&self.sets);
         if items.len() > 1 {
             guard.blocks.reserve(items.len());
             // Read every item's home slot first: the reads do not depend on each other, so their
@@ -421,7 +435,7 @@ impl Table {
             std::hint::black_box(touched);
         }
         for &item in items {
-            let (added, idx) = guard.add_at(item.0, item.1, item.2);
+            let (added, idx) = guard.add_at(&mut w, item.0, item.1, item.2);
             let r = idx
                 .filter(|_| added.new_holder)
                 .map(|idx| (shard as u32) << IDX_BITS | idx);
@@ -434,16 +448,18 @@ impl Table {
         self.read(key).visit(key, |_| {})
     }
 
-    /// [`Shard::remove`] under the block's shard lock.
+    /// Clear tier `bits` of holder `id` on block `key` under the block's shard lock. Idempotent;
+    /// absent blocks are a no-op.
     #[inline]
     pub fn remove(&self, key: u64, id: u32, bits: u8) -> Removed {
-        write_lock(self.shard_of(key)).remove(key, id, bits)
+        let mut w = WriterSlot::new(&self.sets);
+        write_lock(self.shard_of(key)).remove(&mut w, key, id, bits)
     }
 
     /// The key of the block behind `r` when holder `id` has an entry there.
     pub fn held_key(&self, r: BlockRef, id: u32) -> Option<u64> {
         let (shard, idx) = self.resolve(r);
-        read_lock(shard).held_key(idx, id)
+        read_lock(shard).held_key(&self.sets, idx, id)
     }
 
     /// Remove every tier of holder `id` from the block behind `r`; the block's key and what
@@ -451,20 +467,25 @@ impl Table {
     pub fn clear_at(&self, r: BlockRef, id: u32) -> Option<(u64, Removed)> {
         let (shard, idx) = self.resolve(r);
         let mut shard = write_lock(shard);
-        let key = shard.held_key(idx, id)?;
+        let key = shard.held_key(&self.sets, idx, id)?;
         let (pos, found) = shard.blocks.find(key)?;
         debug_assert_eq!(found, idx);
-        Some((key, shard.remove_found(pos, found, id, ALL_TIERS)))
+        let mut w = WriterSlot::new(&self.sets);
+        Some((key, shard.remove_found(&mut w, pos, found, id, ALL_TIERS)))
     }
 
-    pub fn shards(&self) -> impl Iterator<Item = RwLockReadGuard<'_, Shard>> {
-        self.shards.iter().map(read_lock)
+    pub fn shards(&self) -> impl Iterator<Item = ShardRead<'_>> {
+        self.shards.iter().map(|s| ShardRead {
+            shard: read_lock(s),
+            sets: &self.sets,
+        })
     }
 
-    /// True when no shard lock is held by anyone (tests check that key hashing runs unlocked).
+    /// True when no shard or set lock is held by anyone (tests check that key hashing runs
+    /// unlocked).
     #[cfg(test)]
     pub fn all_unlocked(&self) -> bool {
-        self.shards.iter().all(|s| s.try_write().is_ok())
+        self.shards.iter().all(|s| s.try_write().is_ok()) && self.sets.unlocked()
     }
 }
 
@@ -476,151 +497,4 @@ pub(crate) fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 pub(crate) fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entries(shard: &Shard, key: u64) -> Vec<(u32, u8)> {
-        let mut v = Vec::new();
-        shard.visit(key, |e| v.push((entry_id(e), entry_bits(e))));
-        v.sort_unstable();
-        v
-    }
-
-    #[test]
-    fn inline_then_spill_then_back() {
-        let mut s = Shard::new(1);
-        assert_eq!(
-            s.add(7, 0, DEVICE),
-            Added {
-                new_holder: true,
-                new_block: true,
-                repeat: false
-            }
-        );
-        assert_eq!(
-            s.add(7, 0, DISK),
-            Added {
-                new_holder: false,
-                new_block: false,
-                repeat: false
-            }
-        );
-        assert_eq!(
-            s.add(7, 1, CPU_SHARE),
-            Added {
-                new_holder: true,
-                new_block: false,
-                repeat: false
-            }
-        );
-        assert_eq!(
-            s.add(7, 2, CPU_LOCAL),
-            Added {
-                new_holder: true,
-                new_block: false,
-                repeat: false
-            }
-        );
-        assert_eq!(
-            s.add(7, 3, DEVICE),
-            Added {
-                new_holder: true,
-                new_block: false,
-                repeat: false
-            }
-        );
-        assert_eq!(
-            entries(&s, 7),
-            vec![
-                (0, DEVICE | DISK),
-                (1, CPU_SHARE),
-                (2, CPU_LOCAL),
-                (3, DEVICE)
-            ]
-        );
-        assert_eq!(s.remove(7, 0, DEVICE), Removed::default());
-        assert_eq!(
-            s.remove(7, 0, DISK),
-            Removed {
-                holder_gone: true,
-                block_gone: false
-            }
-        );
-        assert_eq!(
-            s.remove(7, 2, ALL_TIERS),
-            Removed {
-                holder_gone: true,
-                block_gone: false
-            }
-        );
-        assert_eq!(entries(&s, 7), vec![(1, CPU_SHARE), (3, DEVICE)]);
-        assert_eq!(s.arena.free[MIN_CLASS as usize].len(), 1);
-        assert_eq!(s.remove(7, 9, ALL_TIERS), Removed::default());
-        assert_eq!(
-            s.remove(7, 1, CPU_SHARE),
-            Removed {
-                holder_gone: true,
-                block_gone: false
-            }
-        );
-        assert_eq!(
-            s.remove(7, 3, DEVICE),
-            Removed {
-                holder_gone: true,
-                block_gone: true
-            }
-        );
-        assert_eq!(s.len(), 0);
-        assert!(!s.visit(7, |_| {}));
-    }
-
-    #[test]
-    fn second_inline_entry_updates_in_place() {
-        let mut s = Shard::new(1);
-        s.add(1, 5, DEVICE);
-        s.add(1, 6, CPU_LOCAL);
-        s.add(1, 6, DISK);
-        assert_eq!(entries(&s, 1), vec![(5, DEVICE), (6, CPU_LOCAL | DISK)]);
-        assert_eq!(s.remove(1, 6, CPU_LOCAL), Removed::default());
-        assert_eq!(s.holder_bits(1, 6), DISK);
-        assert_eq!(
-            s.remove(1, 5, DEVICE),
-            Removed {
-                holder_gone: true,
-                block_gone: false
-            }
-        );
-        assert_eq!(entries(&s, 1), vec![(6, DISK)]);
-    }
-
-    #[test]
-    fn freed_chunks_are_reused() {
-        let mut s = Shard::new(3);
-        for id in 0..4 {
-            s.add(10, id, DEVICE);
-        }
-        for id in 0..4 {
-            s.remove(10, id, DEVICE);
-        }
-        for id in 0..4 {
-            s.add(11, id, DEVICE);
-        }
-        assert_eq!(
-            s.arena.words.len(),
-            4 + 8,
-            "one chunk of each class, reused"
-        );
-        assert_eq!(entries(&s, 11).len(), 4);
-        for id in 4..40 {
-            s.add(11, id, DISK);
-        }
-        assert_eq!(entries(&s, 11).len(), 40);
-        for id in 0..39 {
-            assert!(!s.remove(11, id, ALL_TIERS).block_gone);
-        }
-        assert_eq!(entries(&s, 11), vec![(39, DISK)]);
-    }
 }
