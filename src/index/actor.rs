@@ -8,10 +8,11 @@ use crate::events::IndexBatch;
 use crate::hashing::PrefixKeys;
 use crate::model::{ContextKey, SubscriptionKey};
 
-use super::context::{ApplyReport, ContextIndex, ContextSnapshot};
+use super::context::{ApplyReport, ContextIndex};
 use super::handle::{ContextView, IndexReader, IndexStats};
 use super::persist::{ContextChanges, Watermark};
 use super::query::QueryHits;
+use super::snapshot::ContextSnapshot;
 
 pub struct ContextActor {
     index: ContextIndex,

@@ -12,9 +12,10 @@ use super::handle::{ContextView, IndexReader, IndexStats, MetaLock, Shared};
 use super::keying;
 use super::query::{self, QueryHits};
 use super::refs::RefList;
+use super::snapshot::ContextSnapshot;
+use super::store_run::{self, RAW_KEY, RUN_MAX, StoreRun};
 use super::table::{
-    CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARDS, SHARED_TIERS, Table,
-    entry_bits, entry_id, tier_bit,
+    CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARED_TIERS, Table, tier_bit,
 };
 
 /// A holder as identified inside one context: engine (instance, rank) or store backend, always
@@ -383,6 +384,11 @@ impl ContextIndex {
         query::walk(&self.shared, keys, instance_filter)
     }
 
+    /// The whole index as replayable input (see [`ContextSnapshot`]).
+    pub fn snapshot(&self) -> ContextSnapshot {
+        ContextSnapshot::of(self)
+    }
+
     pub fn view(&self) -> ContextView {
         self.reader().view()
     }
@@ -400,82 +406,6 @@ impl ContextIndex {
             .collect();
         all.sort();
         all
-    }
-
-    /// The whole index as replayable input: every (source, instance, rank) listing and one
-    /// batch per source that stores each of its holders' blocks. Applying these to a fresh
-    /// index reproduces every query answer (used for checkpoints and dumps).
-    pub fn snapshot(&self) -> ContextSnapshot {
-        let attachments = self.attachments();
-        let mut per_holder: Vec<[Vec<BlockHash>; 4]> = (0..self.holders.len())
-            .map(|_| Default::default())
-            .collect();
-        for shard in self.shared.table.shards() {
-            shard.for_each(|key, e| {
-                if let Some(slots) = per_holder.get_mut(entry_id(e) as usize) {
-                    for tier in Tier::ALL {
-                        if entry_bits(e) & tier_bit(tier) != 0 {
-                            slots[tier.index()].push(BlockHash(key));
-                        }
-                    }
-                }
-            });
-        }
-        let mut batches: HashMap<SubscriptionKey, Vec<IndexOp>> = HashMap::new();
-        for (state, tiers) in self.holders.iter().zip(per_holder) {
-            for (tier, mut hashes) in Tier::ALL.into_iter().zip(tiers) {
-                if hashes.is_empty() {
-                    continue;
-                }
-                hashes.sort_unstable();
-                let op = IndexOp::Store {
-                    holder: state.key.holder.clone(),
-                    tier,
-                    hashes,
-                };
-                batches
-                    .entry(state.key.source.clone())
-                    .or_default()
-                    .push(op);
-            }
-            // Repeated announcements replay as the same store made again.
-            let mut repeats: Vec<(u8, u64, u32)> = state
-                .repeats
-                .iter()
-                .map(|(&(key, bit), &n)| (bit, key, n))
-                .collect();
-            repeats.sort_unstable();
-            for tier in Tier::ALL {
-                let hashes: Vec<BlockHash> = repeats
-                    .iter()
-                    .filter(|r| r.0 == tier_bit(tier))
-                    .flat_map(|&(_, key, n)| std::iter::repeat_n(BlockHash(key), n as usize))
-                    .collect();
-                if !hashes.is_empty() {
-                    let op = IndexOp::Store {
-                        holder: state.key.holder.clone(),
-                        tier,
-                        hashes,
-                    };
-                    batches
-                        .entry(state.key.source.clone())
-                        .or_default()
-                        .push(op);
-                }
-            }
-        }
-        let mut batches: Vec<IndexBatch> = batches
-            .into_iter()
-            .map(|(source, ops)| IndexBatch { source, ops })
-            .collect();
-        batches.sort_by(|a, b| a.source.cmp(&b.source));
-        ContextSnapshot {
-            key: self.key().clone(),
-            profile: self.profile().clone(),
-            attachments,
-            batches,
-            aliases: self.shared.aliases.all(),
-        }
     }
 
     pub(super) fn intern(&mut self, source: &SubscriptionKey, holder: &Holder) -> Option<u32> {
@@ -535,79 +465,19 @@ impl ContextIndex {
         1 + state.repeats.get(&(key, bit)).copied().unwrap_or(0)
     }
 
-    /// Apply the gathered stores, one shard lock per shard they touch, and empty the run.
+    /// Apply the gathered stores (see [`store_run::apply`]) and count what they added.
     /// Returns how many were repeats (counted, see [`HolderState::repeats`]).
     fn store_run(&mut self, run: &mut StoreRun) -> u64 {
-        if run.items.is_empty() {
-            return 0;
-        }
-        let table = &self.shared.table;
-        // Counting sort by shard, keeping the order within a shard.
-        let mut start = [0usize; SHARDS + 1];
-        run.shard.clear();
-        run.shard.extend(run.items.iter().map(|it| {
-            let s = table.shard_no(it.0);
-            start[s + 1] += 1;
-            s as u8
-        }));
-        for i in 0..SHARDS {
-            start[i + 1] += start[i];
-        }
-        let mut next = start;
-        run.sorted.clear();
-        run.sorted.resize(run.items.len(), (0, 0, 0));
-        run.raw.clear();
-        run.raw.resize(run.items.len(), false);
-        for (it, &s) in run.items.iter().zip(&run.shard) {
-            let at = next[s as usize];
-            run.sorted[at] = (it.0, it.1, it.2 & !RAW_KEY);
-            run.raw[at] = it.2 & RAW_KEY != 0;
-            next[s as usize] += 1;
-        }
-        let (holders, dirty) = (&mut self.holders, &mut self.dirty);
-        let (mut new_blocks, mut new_pairs, mut repeated, mut new_raw) = (0u64, 0u64, 0u64, 0u64);
-        for s in 0..SHARDS {
-            let group = &run.sorted[start[s]..start[s + 1]];
-            if group.is_empty() {
-                continue;
-            }
-            // `add_group` reports the items in order: `at` follows them into `run.raw`.
-            let mut at = start[s];
-            let raw = &run.raw;
-            table.add_group(s, group, |(key, id, bit), added, r| {
-                let is_raw = raw.get(at).copied().unwrap_or(false);
-                at += 1;
-                let Some(state) = holders.get_mut(id as usize) else {
-                    return;
-                };
-                match r {
-                    Some(r) => {
-                        state.blocks.push(r);
-                        state.live += 1;
-                        new_pairs += 1;
-                        if is_raw {
-                            state.raw_live += 1;
-                            new_raw += 1;
-                        }
-                    }
-                    None => {
-                        if added.repeat {
-                            *state.repeats.entry((key, bit)).or_default() += 1;
-                            repeated += 1;
-                        }
-                        dirty.push((id, key))
-                    }
-                }
-                new_blocks += u64::from(added.new_block);
-            });
-        }
-        run.items.clear();
-        self.shared.blocks.fetch_add(new_blocks, Ordering::Relaxed);
-        self.shared
+        let added = store_run::apply(&self.shared.table, &mut self.holders, &mut self.dirty, run);
+        let shared = &self.shared;
+        shared.blocks.fetch_add(added.blocks, Ordering::Relaxed);
+        shared
             .holder_blocks
-            .fetch_add(new_pairs, Ordering::Relaxed);
-        self.shared.raw_pairs.fetch_add(new_raw, Ordering::Relaxed);
-        repeated
+            .fetch_add(added.pairs, Ordering::Relaxed);
+        shared
+            .raw_pairs
+            .fetch_add(added.raw_pairs, Ordering::Relaxed);
+        added.repeats
     }
 
     /// The table keys a removal of `hashes` from holder `id`'s tier `bit` names: the derived key
@@ -704,26 +574,8 @@ impl ContextIndex {
     }
 }
 
-/// Stores gathered for [`ContextIndex::store_run`]: (block, holder id, tier bit), and scratch.
-#[derive(Default)]
-struct StoreRun {
-    /// The tier bit carries [`RAW_KEY`] for keys that are published hashes.
-    items: Vec<(u64, u32, u8)>,
-    shard: Vec<u8>,
-    sorted: Vec<(u64, u32, u8)>,
-    /// `sorted[i]` is a published hash.
-    raw: Vec<bool>,
-}
-
-/// Marks a queued store whose key is a published hash (the tier bits use the low four bits).
-const RAW_KEY: u8 = 0x80;
-
 /// Aliases beyond twice the block count before a sweep (keeps small contexts from sweeping).
 const ALIAS_SLACK: usize = 4096;
-
-/// Stores applied per grouping pass: enough that each shard gets several (one lock, and their
-/// slot reads overlap), few enough that the scratch stays small.
-const RUN_MAX: usize = 4096;
 
 /// Drop stale and duplicate references from a holder's reverse index (a block removed and stored
 /// again appears twice).
@@ -739,35 +591,6 @@ fn tier_allowed(holder: &Holder, tier: Tier) -> bool {
         Holder::Shared { .. } => SHARED_TIERS,
     };
     allowed & tier_bit(tier) != 0
-}
-
-/// Replayable content of one context (see [`ContextIndex::snapshot`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContextSnapshot {
-    pub key: ContextKey,
-    pub profile: HashProfile,
-    /// (source, instance, rank) listings, sorted.
-    pub attachments: Vec<(SubscriptionKey, String, u32)>,
-    /// One batch of Store ops per source, sorted by source (keys as the table holds them).
-    pub batches: Vec<IndexBatch>,
-    /// (engine hash, derived key), sorted by hash.
-    pub aliases: Vec<(u64, u64)>,
-}
-
-impl ContextSnapshot {
-    /// Rebuild an index from a snapshot.
-    pub fn restore(&self) -> ContextIndex {
-        let mut index = ContextIndex::new(self.key.clone(), self.profile.clone());
-        for (source, instance, rank) in &self.attachments {
-            index.attach_rank(source, instance, *rank);
-        }
-        for batch in &self.batches {
-            index.apply(batch);
-        }
-        let pairs = self.aliases.iter().copied();
-        index.shared.aliases.insert(pairs, &mut index.alias_dirty);
-        index
-    }
 }
 
 // The tier constants are part of this module's vocabulary for readers of `tier_allowed`.

@@ -170,6 +170,8 @@ mod plan;
 mod prompt_keys;
 pub mod query;
 mod refs;
+mod snapshot;
+mod store_run;
 mod table;
 
 #[cfg(test)]
@@ -183,7 +185,8 @@ pub use actor::{
     ApplyBatch, AttachRank, ContextActor, ContextHandle, DetachOutcome, DetachSource, DropSource,
     GetStats, Snapshot,
 };
-pub use context::{ApplyReport, ContextIndex, ContextSnapshot};
+pub use context::{ApplyReport, ContextIndex};
 pub use handle::{ContextView, IndexReader, IndexStats};
 pub use persist::{ContextChanges, HolderRecord, Restorer, Watermark};
 pub use query::{HashList, InstanceHits, QueryHits, TierCounts};
+pub use snapshot::ContextSnapshot;
