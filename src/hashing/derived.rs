@@ -67,8 +67,7 @@ pub const fn link(parent: u64, content: u64) -> u64 {
 pub fn content(words: impl Iterator<Item = i64>, units: usize, extra: u64) -> u64 {
     let (mut a, mut b) = (K2, K3);
     let mut words = words.map(|w| w as u64);
-    loop {
-        let Some(w0) = words.next() else { break };
+    while let Some(w0) = words.next() {
         let w1 = words.next().unwrap_or(K3);
         a = fold(a ^ w0, w1 ^ K1);
         let Some(w2) = words.next() else { break };

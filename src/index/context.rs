@@ -510,17 +510,16 @@ impl ContextIndex {
         self.dirty.extend(keys.iter().map(|&(k, _)| (id, k)));
         let (mut gone_blocks, mut gone_pairs, mut counted, mut gone_raw) = (0u64, 0u64, 0u64, 0u64);
         for &(key, raw) in keys {
-            if !state.repeats.is_empty() {
-                if let std::collections::hash_map::Entry::Occupied(mut extra) =
+            if !state.repeats.is_empty()
+                && let std::collections::hash_map::Entry::Occupied(mut extra) =
                     state.repeats.entry((key, bit))
-                {
-                    *extra.get_mut() -= 1;
-                    if *extra.get() == 0 {
-                        extra.remove();
-                    }
-                    counted += 1;
-                    continue;
+            {
+                *extra.get_mut() -= 1;
+                if *extra.get() == 0 {
+                    extra.remove();
                 }
+                counted += 1;
+                continue;
             }
             let removed = self.shared.table.remove(key, id, bit);
             gone_pairs += u64::from(removed.holder_gone);

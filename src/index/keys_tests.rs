@@ -326,7 +326,7 @@ fn translated_stores_answer_as_stores_of_the_derived_keys() {
             dp_rank: r,
         })
         .collect();
-    for seed in [1u64, 0xfeed, 0x5eed_2] {
+    for seed in [1u64, 0xfeed, 0x5eed_0002] {
         let mut rng = Rng(seed);
         let (mut translated, mut plain) = (index(), index());
         let mut announced = [false; N];

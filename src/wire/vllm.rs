@@ -340,10 +340,10 @@ fn split_extras(
     let mut digests = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let mut elements = entry.elements.as_slice();
-        if let (Some(lora), Some(ExtraElement::Str(first, _))) = (lora, elements.first()) {
-            if *first == lora {
-                elements = &elements[1..];
-            }
+        if let (Some(lora), Some(ExtraElement::Str(first, _))) = (lora, elements.first())
+            && *first == lora
+        {
+            elements = &elements[1..];
         }
         let mut salt_at = None;
         if i == 0 && starts_sequence {
