@@ -7,7 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use mooncake_conductor::events::{Holder, IndexBatch, IndexOp};
+use mooncake_conductor::events::{BlockContents, Holder, IndexBatch, IndexOp};
+use mooncake_conductor::hashing::derived;
 use mooncake_conductor::hashing::HashProfile;
 use mooncake_conductor::index::{ContextIndex, Watermark};
 use mooncake_conductor::model::{
@@ -53,16 +54,25 @@ fn block(i: u64) -> BlockHash {
 
 const SOURCES: u32 = 8;
 
+/// One engine event storing blocks `range` as one chain, as engines publish them: the index keys
+/// each block by its derived key and keeps the published hash as an alias, so every pair here
+/// also costs an alias on disk and at recovery (the worst case: one holder per block).
 fn store_batch(source: u32, range: std::ops::Range<u64>) -> IndexBatch {
+    let parent = range.start.checked_sub(1).map(block);
     IndexBatch {
         source: SubscriptionKey::new(&format!("engine-{source}"), "", 0),
-        ops: vec![IndexOp::Store {
+        ops: vec![IndexOp::StoreChained {
             holder: Holder::Engine {
                 instance_id: format!("engine-{source}"),
                 dp_rank: 0,
             },
             tier: Tier::Device,
-            hashes: range.map(block).collect(),
+            hashes: range.clone().map(block).collect(),
+            contents: BlockContents {
+                parent,
+                root: derived::ROOT,
+                digests: range.map(|i| block(!i).0).collect(),
+            },
         }],
     }
 }

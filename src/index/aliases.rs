@@ -10,13 +10,49 @@
 //! hashing. Aliases of blocks no holder keeps any more are swept once they outnumber the blocks.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::RwLock;
 
-use super::table::{read_lock, write_lock};
+use super::table::{mix64, random_seed, read_lock, write_lock};
+
+/// Engine hashes are 64-bit digests already: one seeded bijective mix spreads them (SipHash, the
+/// std default, cost a quarter of ingest time here). The seed is per process, so a publisher
+/// cannot aim hashes at one probe chain.
+#[derive(Clone, Copy)]
+struct SeededMix(u64);
+
+impl Default for SeededMix {
+    fn default() -> Self {
+        SeededMix(random_seed())
+    }
+}
+
+impl BuildHasher for SeededMix {
+    type Hasher = MixHasher;
+    fn build_hasher(&self) -> MixHasher {
+        MixHasher(self.0)
+    }
+}
+
+struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = mix64(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = mix64(self.0 ^ x);
+    }
+}
 
 #[derive(Default)]
 pub(crate) struct Aliases {
-    map: RwLock<HashMap<u64, u64>>,
+    map: RwLock<HashMap<u64, u64, SeededMix>>,
 }
 
 impl Aliases {

@@ -175,6 +175,19 @@ impl IndexReader {
         cache_salt: &str,
         instance_filter: Option<&str>,
     ) -> QueryHits {
+        let mut out = QueryHits::default();
+        self.query_tokens_into(tokens, cache_salt, instance_filter, &mut out);
+        out
+    }
+
+    /// [`Self::query_tokens`] written into `out` (see [`Self::query_into`]).
+    pub fn query_tokens_into<T: Token>(
+        &self,
+        tokens: &[T],
+        cache_salt: &str,
+        instance_filter: Option<&str>,
+        out: &mut QueryHits,
+    ) {
         let profile = &self.shared.profile;
         let hasher = profile.hasher(&self.shared.key.lora_name, cache_salt);
         let mut keys = TokenKeys::new(
@@ -184,7 +197,7 @@ impl IndexReader {
             tokens,
             cache_salt,
         );
-        query::walk(&self.shared, &mut keys, instance_filter)
+        query::walk_into(&self.shared, &mut keys, instance_filter, out)
     }
 
     /// Prefix hits for a prompt named by its blocks' published hashes (query by hash), each

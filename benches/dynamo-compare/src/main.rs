@@ -15,6 +15,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use measure::{micros, percentiles, proc_status_bytes};
+use mooncake_conductor::index::QueryHits;
 use workload::{BLOCK_SIZE, Event, PublisherBatch, Workload};
 
 const SEED: u64 = 0x5eed_2026;
@@ -270,6 +271,9 @@ fn latencies(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Latenc
     // Per way (ours keys, dynamo keys, ours tokens, dynamo tokens): sample of round r, query q
     // at `r * nq + q`.
     let mut s: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(nq * QUERY_ROUNDS));
+    // Ours writes into one reused answer (`query_into`); Dynamo's `find_matches` has no such
+    // form and returns a new map per query.
+    let mut answer = QueryHits::default();
     for round in 0..=QUERY_ROUNDS {
         // One pass over every query per way of asking, never the same query twice in a row:
         // a query right after another on the same prompt would find its blocks in the CPU
@@ -279,9 +283,9 @@ fn latencies(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Latenc
             for (q, tokens) in w.queries.iter().enumerate() {
                 // Time until the answer exists; freeing it is left out of the sample.
                 let d = match way {
-                    0 => timed(|| ours.query(&mut ours_keys[q])),
+                    0 => timed(|| ours.query_into(&mut ours_keys[q], &mut answer)),
                     1 => timed(|| dynamo.find_matches(&dyn_keys[q])),
-                    2 => timed(|| ours.query_tokens(tokens)),
+                    2 => timed(|| ours.query_tokens_into(tokens, &mut answer)),
                     _ => timed(|| dynamo.query_tokens(tokens)),
                 };
                 if round > 0 {

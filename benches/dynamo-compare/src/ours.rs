@@ -156,6 +156,16 @@ impl Ours {
         self.reader.query(&mut keys.0, None)
     }
 
+    /// [`Self::query`] into a reused answer, as a router's request loop would ask.
+    pub fn query_into(&self, keys: &mut QueryKeys, out: &mut QueryHits) {
+        self.reader.query_into(&mut keys.0, None, out)
+    }
+
+    /// [`Self::query_tokens`] into a reused answer.
+    pub fn query_tokens_into(&self, tokens: &[u32], out: &mut QueryHits) {
+        self.reader.query_tokens_into(tokens, "", None, out)
+    }
+
     /// The whole query from raw token ids: keys are computed (lazily, as the walk asks for them)
     /// inside the call.
     pub fn query_tokens(&self, tokens: &[u32]) -> QueryHits {
