@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use mooncake_conductor::events::{BlockContents, Holder, IndexBatch, IndexOp};
-use mooncake_conductor::hashing::derived;
 use mooncake_conductor::hashing::HashProfile;
+use mooncake_conductor::hashing::derived;
 use mooncake_conductor::index::{ContextIndex, Watermark};
 use mooncake_conductor::model::{
     BlockHash, ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier,

@@ -225,7 +225,7 @@ fn block_contents(rule: BlockRule, stored: &EngineStored) -> Option<BlockContent
             tokens
                 .chunks(size)
                 .enumerate()
-                .map(|(i, block)| derived::content(block.iter().copied(), block.len(), extra(i)))
+                .map(|(i, block)| derived::content_of(block, extra(i)))
                 .collect()
         }
         (BlockRule::Bigram, EventTokens::Bigram(pairs)) => {
