@@ -159,6 +159,30 @@
 //! and the checkpoint code as they are, and gets the same walk fast path from equal set ids. (The
 //! tree was not built: with the table's walk at 30-40 ns per unchanged block, what is left of a
 //! query is the probes themselves and the answer, which a tree would not remove.)
+//!
+//! # Next to Dynamo's radix tree (`benches/dynamo-compare`)
+//!
+//! One process, one seeded workload (64 instances x 2 ranks, 32 shared system prompts, 4,000
+//! prompts published as engines do, 15 % tail evictions, 2.7 M live pairs), both indexes checked
+//! to give the same per-holder overlap on 3,000 queries; ours keyed by derived keys with the
+//! published hashes as aliases, answering into a reused answer. Figures of one run on the shared
+//! 2-core machine (ours / Dynamo's `ConcurrentRadixTreeCompressed`):
+//!
+//! | figure | ours | Dynamo | ratio |
+//! |---|---|---|---|
+//! | apply, M block ops/s | 4.0 | 6.4 | 0.63 |
+//! | 2,048-token query by keys, p50 / p99 | 7.9 / 17.3 us | 3.0 / 6.1 us | 2.6 / 2.8 |
+//! | 2,048-token query from tokens, p50 / p99 | 11.4 / 30.4 us | 4.6 / 8.6 us | 2.5 / 3.5 |
+//! | 1M-token full hit from tokens | 3.4 ms | 0.33 ms | 10 |
+//! | RSS per (block, holder) | 12.3 B | 34.8 B | 0.35 |
+//!
+//! What bounds ours: each block of a walk is one shard read lock and one hash probe (about 30 ns
+//! on this machine, 1.8 ms of the 1M-token query), where the tree follows an edge it already
+//! holds; deriving a key costs about 25 ns per 16-token block; a 64 x 2 answer costs about 5 us
+//! even reused (Dynamo answers device overlap per worker only). On apply, half the time is the
+//! table's probes and a fifth the alias map. Closing the gap needs reads without a lock per
+//! block (an epoch- or seqlock-protected table, or edges that carry their successors), which is
+//! the next step for this module.
 
 pub mod actor;
 mod aliases;
