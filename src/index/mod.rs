@@ -179,8 +179,9 @@
 //! What bounds ours: each block of a walk is one shard read lock and one hash probe (about 30 ns
 //! on this machine, 1.8 ms of the 1M-token query), where the tree follows an edge it already
 //! holds; deriving a key costs about 25 ns per 16-token block; a 64 x 2 answer costs about 5 us
-//! even reused (Dynamo answers device overlap per worker only). On apply, half the time is the
-//! table's probes and a fifth the alias map. Closing the gap needs reads without a lock per
+//! even reused (Dynamo answers device overlap per worker only). On apply (a profile of the
+//! whole build, workload generation included), the table's probes take 31 % of the samples, the
+//! alias map's inserts 14 % and the grouped store 11 %. Closing the gap needs reads without a lock per
 //! block (an epoch- or seqlock-protected table, or edges that carry their successors), which is
 //! the next step for this module.
 
