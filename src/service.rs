@@ -139,9 +139,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     };
     let grpc_server = {
         let limit = config.rpc_message_limit_bytes as usize;
-        let service = pb::conductor_server::ConductorServer::new(GrpcService::new(ops.clone()))
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit);
+        let service = crate::gateway::pb_server::conductor_server::ConductorServer::new(
+            GrpcService::new(ops.clone()),
+        )
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .build_v1()

@@ -1,10 +1,11 @@
 //! The gateway: gRPC and HTTP adapters over one operation layer.
 //!
 //! Layout: [`ops`] transport-neutral operations; [`registration`] registration input and its
-//! validation; [`value`] JSON/msgpack request documents; [`grpc`] the tonic service; [`http`] the
-//! HTTP API.
+//! validation; [`value`] JSON/msgpack request documents; [`grpc`] the tonic service and
+//! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API.
 
 pub mod grpc;
+pub mod grpc_wire;
 pub mod http;
 mod http_body;
 pub mod ops;
@@ -18,4 +19,10 @@ pub mod pb {
     /// Descriptor set for gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("conductor_descriptor");
+}
+
+/// The generated gRPC server: [`pb`]'s messages, except the query path's, which are
+/// [`grpc_wire`]'s codecs (same bytes on the wire).
+pub mod pb_server {
+    include!(concat!(env!("OUT_DIR"), "/server/mooncake.conductor.v1.rs"));
 }
