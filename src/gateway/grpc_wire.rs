@@ -171,27 +171,13 @@ fn encode_count(tag: u32, v: u64, buf: &mut impl BufMut) {
     }
 }
 
-/// A rank as its map key: decimal digits, never empty.
-fn rank_key(rank: u32, digits: &mut [u8; 10]) -> &[u8] {
-    let mut at = digits.len();
-    let mut r = rank;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (r % 10) as u8;
-        r /= 10;
-        if r == 0 {
-            return &digits[at..];
-        }
-    }
-}
-
 fn rank_key_len(rank: u32) -> usize {
     len_field_len(rank.checked_ilog10().unwrap_or(0) as usize + 1)
 }
 
 fn encode_rank_key(rank: u32, buf: &mut impl BufMut) {
     let mut digits = [0; 10];
-    let key = rank_key(rank, &mut digits);
+    let key = super::rank_key(rank, &mut digits);
     encode_key(MAP_KEY, WireType::LengthDelimited, buf);
     encode_varint(key.len() as u64, buf);
     buf.put_slice(key);
@@ -262,7 +248,20 @@ fn encode_row(h: &InstanceHits, buf: &mut impl BufMut) {
 
 /// The varint at the start of `bytes` and its length, or `None` if it is truncated or longer
 /// than protobuf allows (ten bytes, the last at most 1), which prost then reports itself.
+/// Token ids below 2^21 take at most three bytes: those lengths are decoded without a loop.
+#[inline]
 fn varint(bytes: &[u8]) -> Option<(u64, usize)> {
+    let low = |b: u8| u64::from(b & 0x7f);
+    match *bytes {
+        [b0, ..] if b0 < 0x80 => Some((u64::from(b0), 1)),
+        [b0, b1, ..] if b1 < 0x80 => Some((low(b0) | u64::from(b1) << 7, 2)),
+        [b0, b1, b2, ..] if b2 < 0x80 => Some((low(b0) | low(b1) << 7 | u64::from(b2) << 14, 3)),
+        _ => long_varint(bytes),
+    }
+}
+
+#[cold]
+fn long_varint(bytes: &[u8]) -> Option<(u64, usize)> {
     let mut value = 0u64;
     for (i, b) in bytes.iter().take(10).enumerate() {
         if i == 9 && *b > 1 {

@@ -7,7 +7,7 @@
 pub mod grpc;
 pub mod grpc_wire;
 pub mod http;
-mod http_body;
+pub mod http_body;
 pub mod ops;
 pub mod registration;
 pub mod value;
@@ -25,4 +25,19 @@ pub mod pb {
 /// [`grpc_wire`]'s codecs (same bytes on the wire).
 pub mod pb_server {
     include!(concat!(env!("OUT_DIR"), "/server/mooncake.conductor.v1.rs"));
+}
+
+/// A rank as both transports key it: its decimal digits (never empty), written into `digits`
+/// so that an answer needs no string per rank.
+fn rank_key(rank: u32, digits: &mut [u8; 10]) -> &[u8] {
+    let mut at = digits.len();
+    let mut r = rank;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (r % 10) as u8;
+        r /= 10;
+        if r == 0 {
+            return &digits[at..];
+        }
+    }
 }
