@@ -1,7 +1,8 @@
 //! What the transports spend on one query besides the index: decoding a 2048-token request and
 //! encoding an answer of 32 instances x 2 ranks (the load tool's scenario), per wire format,
 //! next to the generic encoders they replace. Each pair must produce the same bytes (the unit
-//! tests of `gateway::grpc_wire` and `gateway::http_body` check that).
+//! tests of `gateway::grpc_wire` and `gateway::http_body` check that). The `client_` cases are
+//! what a router pays on its side: part of every latency the load tool reports.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -90,6 +91,15 @@ fn bench_answers(c: &mut Criterion) {
     g.bench_function("json_serde", |b| {
         b.iter(|| serde_json::to_vec(&HitsBody(black_box(&hits))).unwrap())
     });
+    // What a client then spends on the answer: the generated types, or a msgpack value tree.
+    let grpc_bytes = QueryReply::new(Ok(hits.clone())).encode_to_vec();
+    g.bench_function("grpc_client_decode_generated", |b| {
+        b.iter(|| pb::QueryResponse::decode(black_box(&grpc_bytes[..])).unwrap())
+    });
+    let msgpack_bytes = hits_msgpack(&hits);
+    g.bench_function("msgpack_client_decode_rmpv", |b| {
+        b.iter(|| rmpv::decode::read_value(&mut black_box(&msgpack_bytes[..])).unwrap())
+    });
     g.finish();
 }
 
@@ -102,6 +112,9 @@ fn bench_requests(c: &mut Criterion) {
     };
     let bytes = BytesMut::from(&request.encode_to_vec()[..]);
     let mut g = c.benchmark_group("request_2048_tokens");
+    g.bench_function("grpc_client_encode_generated", |b| {
+        b.iter(|| black_box(&request).clone().encode_to_vec())
+    });
     // tonic hands the decoder a length-limited view of its receive buffer, as `take` does.
     g.bench_function("grpc_generated_decode", |b| {
         b.iter(|| {

@@ -11,6 +11,7 @@ pub mod http_body;
 pub mod ops;
 pub mod registration;
 pub mod value;
+pub mod workers;
 
 /// Generated gRPC types (`proto/conductor.proto`).
 pub mod pb {
