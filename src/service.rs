@@ -1,6 +1,7 @@
 //! Wiring of the running service: the actix System on a multi-threaded tokio runtime, the
-//! registry and contexts, static registrations, the gRPC and HTTP servers, and the shutdown
-//! protocol (stop accepting, finish in-flight requests, stop subscriptions, exit 0).
+//! registry and contexts, static registrations, the gRPC and HTTP servers (on the gateway's
+//! own worker threads), and the shutdown protocol (stop accepting, finish in-flight requests,
+//! stop subscriptions, exit 0).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ use crate::gateway::ops::Ops;
 use crate::gateway::pb;
 use crate::gateway::registration::{HTTP_NAMES, RegistrationInput};
 use crate::gateway::value::Val;
+use crate::gateway::workers::{Routers, Workers};
 use crate::registry::{ArbiterPool, ContextDirectory, Register, Registry, ShutdownAll};
 use crate::storage::checkpoint::Checkpointer;
 use crate::subscription::socket::SocketTimings;
@@ -127,45 +129,29 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     ));
     ready.store(true, Ordering::Release);
 
-    let http_server = {
-        let router =
-            crate::gateway::http::router(ops.clone(), config.http_body_limit_bytes as usize);
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            axum::serve(http, router)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-        })
-    };
-    let grpc_server = {
+    let routers = {
         let limit = config.rpc_message_limit_bytes as usize;
-        let service = pb::conductor_server::ConductorServer::new(GrpcService::new(ops.clone()))
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit);
+        let service = crate::gateway::pb_server::conductor_server::ConductorServer::new(
+            GrpcService::new(ops.clone()),
+        )
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| ServiceError::Other(format!("gRPC reflection: {e}")))?;
-        let stop = shutdown.clone();
-        let incoming = tonic::transport::server::TcpIncoming::from(rpc).with_nodelay(Some(true));
-        tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .add_service(reflection)
-                .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await })
-                .await
-        })
+        Routers {
+            http: crate::gateway::http::router(ops.clone(), config.http_body_limit_bytes as usize),
+            grpc: tonic::service::Routes::new(service).add_service(reflection),
+        }
     };
+    let gateway = Workers::start(threads, http, rpc, routers, shutdown.clone())
+        .map_err(|e| ServiceError::Other(format!("gateway workers: {e}")))?;
     tracing::info!(http = %http_local, grpc = %rpc_local, "mooncake_conductor listening");
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new requests, finishing in-flight ones");
-    if let Ok(Err(e)) = http_server.await {
-        tracing::warn!("HTTP server ended with an error: {e}");
-    }
-    if let Ok(Err(e)) = grpc_server.await {
-        tracing::warn!("gRPC server ended with an error: {e}");
-    }
+    gateway.join().await;
     let _ = registry.send(ShutdownAll).await;
     // The last checkpoint runs after every subscription stopped, so it holds all they applied.
     checkpoint_stop.cancel();

@@ -5,11 +5,11 @@
 use tonic::{Request, Response, Status};
 
 use crate::error::{Code, OpError};
+use crate::gateway::grpc_wire::{QueryByHashRequestIn, QueryReply, QueryRequestIn};
 use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
 use crate::gateway::pb;
 use crate::gateway::registration::{PYTHON_NAMES, RegistrationInput};
 use crate::hashing::HashProfile;
-use crate::index::{QueryHits, TierCounts};
 use crate::metrics::Transport;
 
 pub struct GrpcService {
@@ -22,18 +22,18 @@ impl GrpcService {
     }
 }
 
-fn detail(e: &OpError) -> Option<pb::ErrorDetail> {
-    Some(pb::ErrorDetail {
+pub(super) fn error_detail(e: &OpError) -> pb::ErrorDetail {
+    pb::ErrorDetail {
         field: e.field.clone().unwrap_or_default(),
         reason: e.reason.to_owned(),
         message: e.message.clone(),
-    })
+    }
 }
 
 fn ret_of<T>(result: &Result<T, OpError>) -> (i32, Option<pb::ErrorDetail>) {
     match result {
         Ok(_) => (Code::Ok.value(), None),
-        Err(e) => (e.code.value(), detail(e)),
+        Err(e) => (e.code.value(), Some(error_detail(e))),
     }
 }
 
@@ -47,52 +47,8 @@ pub fn profile_pb(p: &HashProfile) -> pb::HashProfile {
     }
 }
 
-fn tiers_pb(t: TierCounts) -> pb::TierCounts {
-    pb::TierCounts {
-        device: t.device as i64,
-        cpu_local: t.cpu_local as i64,
-        cpu_share: t.cpu_share as i64,
-        disk: t.disk as i64,
-    }
-}
-
-fn hits_pb(hits: QueryHits) -> std::collections::HashMap<String, pb::InstanceHits> {
-    hits.hits
-        .into_iter()
-        .map(|(instance, h)| {
-            let row = pb::InstanceHits {
-                longest_matched: h.longest_matched as i64,
-                dp: h
-                    .dp
-                    .iter()
-                    .map(|(r, v)| (r.to_string(), *v as i64))
-                    .collect(),
-                rank_matches: h
-                    .rank_matches
-                    .iter()
-                    .map(|(r, t)| (r.to_string(), tiers_pb(*t)))
-                    .collect(),
-                device: h.device as i64,
-                cpu_local: h.cpu_local as i64,
-                cpu_share: h.cpu_share as i64,
-                disk: h.disk as i64,
-            };
-            (instance, row)
-        })
-        .collect()
-}
-
-fn query_response(result: Result<QueryHits, OpError>) -> pb::QueryResponse {
-    let (ret, error) = ret_of(&result);
-    pb::QueryResponse {
-        ret,
-        error,
-        hits: result.map(hits_pb).unwrap_or_default(),
-    }
-}
-
 #[tonic::async_trait]
-impl pb::conductor_server::Conductor for GrpcService {
+impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
     async fn register(
         &self,
         request: Request<pb::RegisterRequest>,
@@ -135,9 +91,9 @@ impl pb::conductor_server::Conductor for GrpcService {
 
     async fn query(
         &self,
-        request: Request<pb::QueryRequest>,
-    ) -> Result<Response<pb::QueryResponse>, Status> {
-        let r = request.into_inner();
+        request: Request<QueryRequestIn>,
+    ) -> Result<Response<QueryReply>, Status> {
+        let r = request.into_inner().0;
         let input = QueryInput {
             model_name: r.model_name,
             lora_name: r.lora_name,
@@ -147,16 +103,16 @@ impl pb::conductor_server::Conductor for GrpcService {
             cache_salt: r.cache_salt,
             instance_filter: r.instance_filter,
         };
-        Ok(Response::new(query_response(
+        Ok(Response::new(QueryReply::new(
             self.ops.query(&input, Transport::Grpc),
         )))
     }
 
     async fn query_by_hash(
         &self,
-        request: Request<pb::QueryByHashRequest>,
-    ) -> Result<Response<pb::QueryResponse>, Status> {
-        let r = request.into_inner();
+        request: Request<QueryByHashRequestIn>,
+    ) -> Result<Response<QueryReply>, Status> {
+        let r = request.into_inner().0;
         let input = QueryByHashInput {
             model_name: r.model_name,
             lora_name: r.lora_name,
@@ -165,7 +121,7 @@ impl pb::conductor_server::Conductor for GrpcService {
             block_hashes: r.block_hashes,
             instance_filter: r.instance_filter,
         };
-        Ok(Response::new(query_response(
+        Ok(Response::new(QueryReply::new(
             self.ops.query_by_hash(&input, Transport::Grpc),
         )))
     }

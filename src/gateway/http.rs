@@ -19,7 +19,7 @@ use crate::metrics::Transport;
 use crate::registry::ServiceInfo;
 use crate::subscription::status::HashCheckState;
 
-use super::http_body::{HitsBody, JsonVal};
+use super::http_body::{HitsBody, JsonVal, hits_msgpack};
 
 #[derive(Clone)]
 struct Http {
@@ -87,21 +87,32 @@ impl Format {
 }
 
 fn encode<T: serde::Serialize + ?Sized>(status: StatusCode, body: &T, format: Format) -> Response {
-    let (bytes, content_type) = match format {
-        Format::Json => (
-            serde_json::to_vec(body).unwrap_or_default(),
-            "application/json",
-        ),
-        Format::Msgpack => (
-            rmp_serde::to_vec_named(body).unwrap_or_default(),
-            "application/msgpack",
-        ),
+    let bytes = match format {
+        Format::Json => serde_json::to_vec(body).unwrap_or_default(),
+        Format::Msgpack => rmp_serde::to_vec_named(body).unwrap_or_default(),
+    };
+    with_body(status, bytes, format)
+}
+
+fn with_body(status: StatusCode, bytes: Vec<u8>, format: Format) -> Response {
+    let content_type = match format {
+        Format::Json => "application/json",
+        Format::Msgpack => "application/msgpack",
     };
     let mut response = (status, bytes).into_response();
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+/// A query answer: msgpack from the hand-written writer (the common router encoding), JSON
+/// through serde.
+fn hits_response(hits: &crate::index::QueryHits, format: Format) -> Response {
+    match format {
+        Format::Msgpack => with_body(StatusCode::OK, hits_msgpack(hits), format),
+        Format::Json => encode(StatusCode::OK, &HitsBody(hits), format),
+    }
 }
 
 fn plain_error(status: StatusCode, message: &str) -> Response {
@@ -371,7 +382,7 @@ async fn query(State(state): State<Http>, request: Request) -> Response {
         state.ops.query(&input, Transport::Http)
     })();
     match result {
-        Ok(hits) => encode(StatusCode::OK, &HitsBody(&hits), d.reply),
+        Ok(hits) => hits_response(&hits, d.reply),
         Err(e) => error_response(&e, d.reply),
     }
 }
@@ -436,7 +447,7 @@ async fn query_by_hash(State(state): State<Http>, request: Request) -> Response 
         state.ops.query_by_hash(&input, Transport::Http)
     })();
     match result {
-        Ok(hits) => encode(StatusCode::OK, &HitsBody(&hits), d.reply),
+        Ok(hits) => hits_response(&hits, d.reply),
         Err(e) => error_response(&e, d.reply),
     }
 }

@@ -1,15 +1,47 @@
 //! The gateway: gRPC and HTTP adapters over one operation layer.
 //!
 //! Layout: [`ops`] transport-neutral operations; [`registration`] registration input and its
-//! validation; [`value`] JSON/msgpack request documents; [`grpc`] the tonic service; [`http`] the
-//! HTTP API.
+//! validation; [`value`] JSON/msgpack request documents; [`grpc`] the tonic service and
+//! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API and [`http_body`] its
+//! answer shapes; [`workers`] the threads both servers run on.
+//!
+//! # Transport settings, and why
+//!
+//! A query is a few kilobytes each way (a 2048-token prompt is ~5 KB of protobuf or 8 KB of
+//! msgpack; an answer for 32 instances x 2 ranks is 2.4 KB of protobuf, 6 KB of msgpack) and
+//! tens of microseconds of CPU, so what costs is per-request work and thread hand-offs, not
+//! bandwidth:
+//!
+//! - TCP_NODELAY on every accepted connection, both transports.
+//! - Each connection lives on one gateway worker (a single-threaded runtime per core, see
+//!   [`workers`]): no request is handed to another thread, and no idle thread is woken to
+//!   look for work.
+//! - HTTP/2: hyper's windows (1 MiB per stream and per connection, received by the server),
+//!   far above one request, so flow control never waits; 16 KiB frames (a request of up to
+//!   ~6k tokens is one DATA frame); adaptive window off (its BDP pings would add frames to
+//!   every answer); no keepalive pings; no compression (it would cost more CPU than it saves
+//!   on such answers); no tower layers (timeout, concurrency limit, load shedding) and no
+//!   per-request tracing span.
+//! - The query messages bypass prost's generic code on the server: [`grpc_wire`] writes the
+//!   answer from the index's result without a message tree and reads packed prompts straight
+//!   from the receive buffer; [`http_body::hits_msgpack`] writes the msgpack answer by hand.
+//!
+//! What remains is hyper/h2/tonic's own: per call a client sends HEADERS, DATA and an empty
+//! END_STREAM DATA frame in three writes, and tonic's unary handler waits for that last one;
+//! the server answers in two writes (h2 flushes after a DATA frame larger than 256 bytes,
+//! before the trailers); tonic's client channel and hyper hand every call through two more
+//! tasks; the generated client spends ~11 us encoding a 2048-token request and ~21 us
+//! decoding an answer into its maps (`benches/answers.rs`). The HTTP/1.1 path has one write
+//! each way and no task hand-off. Measured effects are in the README's benchmark section.
 
 pub mod grpc;
+pub mod grpc_wire;
 pub mod http;
-mod http_body;
+pub mod http_body;
 pub mod ops;
 pub mod registration;
 pub mod value;
+pub mod workers;
 
 /// Generated gRPC types (`proto/conductor.proto`).
 pub mod pb {
@@ -18,4 +50,25 @@ pub mod pb {
     /// Descriptor set for gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("conductor_descriptor");
+}
+
+/// The generated gRPC server: [`pb`]'s messages, except the query path's, which are
+/// [`grpc_wire`]'s codecs (same bytes on the wire).
+pub mod pb_server {
+    include!(concat!(env!("OUT_DIR"), "/server/mooncake.conductor.v1.rs"));
+}
+
+/// A rank as both transports key it: its decimal digits (never empty), written into `digits`
+/// so that an answer needs no string per rank.
+fn rank_key(rank: u32, digits: &mut [u8; 10]) -> &[u8] {
+    let mut at = digits.len();
+    let mut r = rank;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (r % 10) as u8;
+        r /= 10;
+        if r == 0 {
+            return &digits[at..];
+        }
+    }
 }

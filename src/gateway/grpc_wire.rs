@@ -1,0 +1,387 @@
+//! Protobuf codecs of the gRPC query path, written by hand so that the server neither builds a
+//! message tree per answer nor decodes a prompt one varint at a time through `bytes`' layers.
+//! The bytes are the contract's (`proto/conductor.proto`); only the Rust types differ.
+//!
+//! - [`QueryReply`] encodes a `QueryResponse` straight from [`QueryHits`]. The generated
+//!   message holds a `HashMap<String, InstanceHits>` with two more maps per instance: about 200
+//!   allocations and SipHash runs per answer of 32 instances x 2 ranks, all freed right after
+//!   encoding, and prost measures every nested message once per enclosing level. Here each
+//!   row is measured once and written in one pass. Fields follow prost's rules exactly: in tag
+//!   order, default scalars omitted, a map entry's default key or value omitted; entries in the
+//!   index's order (instances sorted, ranks ascending), which is as valid as a `HashMap`'s.
+//! - [`QueryRequestIn`] and [`QueryByHashRequestIn`] decode the generated requests, except that
+//!   a packed `token_ids` / `block_hashes` field lying in one contiguous chunk is read straight
+//!   from the slice. Anything else (a field split over chunks, an unpacked encoding, a
+//!   malformed varint) goes to prost's own decoder, so results and errors are prost's.
+
+use prost::Message;
+use prost::bytes::{Buf, BufMut};
+use prost::encoding::{
+    DecodeContext, WireType, encode_key, encode_varint, encoded_len_varint, int32, key_len,
+    message, skip_field,
+};
+
+use crate::error::{Code, OpError};
+use crate::gateway::pb;
+use crate::index::{InstanceHits, QueryHits, TierCounts};
+
+/// `QueryResponse` field tags.
+const RET: u32 = 1;
+const ERROR: u32 = 2;
+const HITS: u32 = 3;
+/// Map entry field tags (protobuf maps are repeated entries `{key = 1; value = 2}`).
+const MAP_KEY: u32 = 1;
+const MAP_VALUE: u32 = 2;
+/// `InstanceHits` field tags.
+const LONGEST_MATCHED: u32 = 1;
+const DP: u32 = 2;
+const RANK_MATCHES: u32 = 3;
+const ROW_DEVICE: u32 = 4;
+/// `TierCounts` field tags start at 1 (device, cpu_local, cpu_share, disk).
+const TIER_DEVICE: u32 = 1;
+/// `QueryRequest.token_ids` and `QueryByHashRequest.block_hashes`.
+const TOKEN_IDS: u32 = 5;
+const BLOCK_HASHES: u32 = 5;
+
+/// A `QueryResponse` encoded from the operation's result. Encode-only: the server never
+/// decodes its own answers (decoding skips every field).
+#[derive(Debug, Default)]
+pub struct QueryReply {
+    ret: i32,
+    error: Option<pb::ErrorDetail>,
+    hits: QueryHits,
+    /// Encoded length of each instance's `InstanceHits`, in `hits` order; `None` for a row
+    /// equal to the default message (prost omits it). Computed once for both passes.
+    row_lens: Vec<Option<usize>>,
+}
+
+impl QueryReply {
+    pub fn new(result: Result<QueryHits, OpError>) -> QueryReply {
+        match result {
+            Ok(hits) => {
+                let row_lens = hits.hits.values().map(row_len).collect();
+                QueryReply {
+                    ret: Code::Ok.value(),
+                    error: None,
+                    hits,
+                    row_lens,
+                }
+            }
+            Err(e) => QueryReply {
+                ret: e.code.value(),
+                error: Some(super::grpc::error_detail(&e)),
+                ..QueryReply::default()
+            },
+        }
+    }
+
+    /// Length of one `hits` entry's body, given its row's length.
+    fn entry_len(id: &str, row_len: Option<usize>) -> usize {
+        string_field_len(id) + row_len.map_or(0, len_field_len)
+    }
+}
+
+impl Message for QueryReply {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        if self.ret != 0 {
+            int32::encode(RET, &self.ret, buf);
+        }
+        if let Some(error) = &self.error {
+            message::encode(ERROR, error, buf);
+        }
+        for ((id, row), row_len) in self.hits.hits.iter().zip(&self.row_lens) {
+            encode_key(HITS, WireType::LengthDelimited, buf);
+            encode_varint(QueryReply::entry_len(id, *row_len) as u64, buf);
+            encode_string_field(id, buf);
+            if let Some(n) = *row_len {
+                encode_key(MAP_VALUE, WireType::LengthDelimited, buf);
+                encode_varint(n as u64, buf);
+                encode_row(row, buf);
+            }
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        let ret = if self.ret != 0 {
+            int32::encoded_len(RET, &self.ret)
+        } else {
+            0
+        };
+        let error = self
+            .error
+            .as_ref()
+            .map_or(0, |e| message::encoded_len(ERROR, e));
+        let hits: usize = (self.hits.hits.keys().zip(&self.row_lens))
+            .map(|(id, row_len)| len_field_len(QueryReply::entry_len(id, *row_len)))
+            .sum();
+        ret + error + hits
+    }
+
+    fn clear(&mut self) {
+        *self = QueryReply::default();
+    }
+}
+
+/// A `key + length + body` field of `n` body bytes.
+fn len_field_len(n: usize) -> usize {
+    key_len(1) + encoded_len_varint(n as u64) + n
+}
+
+/// A string map key, omitted when empty (the default).
+fn string_field_len(s: &str) -> usize {
+    if s.is_empty() {
+        0
+    } else {
+        len_field_len(s.len())
+    }
+}
+
+fn encode_string_field(s: &str, buf: &mut impl BufMut) {
+    if !s.is_empty() {
+        encode_key(MAP_KEY, WireType::LengthDelimited, buf);
+        encode_varint(s.len() as u64, buf);
+        buf.put_slice(s.as_bytes());
+    }
+}
+
+/// An `int64` field holding a count, omitted when 0. Counts are `u64` in the index and
+/// `int64` on the wire: the varint of `v as i64` is the varint of `v`.
+fn count_len(v: u64) -> usize {
+    if v == 0 {
+        0
+    } else {
+        key_len(1) + encoded_len_varint(v)
+    }
+}
+
+fn encode_count(tag: u32, v: u64, buf: &mut impl BufMut) {
+    if v != 0 {
+        encode_key(tag, WireType::Varint, buf);
+        encode_varint(v, buf);
+    }
+}
+
+fn rank_key_len(rank: u32) -> usize {
+    len_field_len(rank.checked_ilog10().unwrap_or(0) as usize + 1)
+}
+
+fn encode_rank_key(rank: u32, buf: &mut impl BufMut) {
+    let mut digits = [0; 10];
+    let key = super::rank_key(rank, &mut digits);
+    encode_key(MAP_KEY, WireType::LengthDelimited, buf);
+    encode_varint(key.len() as u64, buf);
+    buf.put_slice(key);
+}
+
+fn tier_fields(t: &TierCounts) -> [u64; 4] {
+    [t.device, t.cpu_local, t.cpu_share, t.disk]
+}
+
+fn tiers_len(t: &TierCounts) -> usize {
+    tier_fields(t).into_iter().map(count_len).sum()
+}
+
+/// A `rank_matches` entry's body: the key, then the counts unless all are 0 (the default).
+fn rank_entry_len(rank: u32, t: &TierCounts) -> usize {
+    let n = tiers_len(t);
+    rank_key_len(rank) + if n == 0 { 0 } else { len_field_len(n) }
+}
+
+/// A `dp` entry's body: the key, then the count unless 0.
+fn dp_entry_len(rank: u32, v: u64) -> usize {
+    rank_key_len(rank) + count_len(v)
+}
+
+/// A row's per-tier maxima, tags 4 to 7 (after `longest_matched` and the two maps).
+fn row_counts(h: &InstanceHits) -> [u64; 4] {
+    [h.device, h.cpu_local, h.cpu_share, h.disk]
+}
+
+/// The encoded length of a row, or `None` when it equals the default `InstanceHits`.
+fn row_len(h: &InstanceHits) -> Option<usize> {
+    let dp: usize = (h.dp.iter())
+        .map(|(r, v)| len_field_len(dp_entry_len(*r, *v)))
+        .sum();
+    let ranks: usize = (h.rank_matches.iter())
+        .map(|(r, t)| len_field_len(rank_entry_len(*r, t)))
+        .sum();
+    let counts: usize = row_counts(h).into_iter().map(count_len).sum();
+    let n = count_len(h.longest_matched) + dp + ranks + counts;
+    (n != 0).then_some(n)
+}
+
+fn encode_row(h: &InstanceHits, buf: &mut impl BufMut) {
+    encode_count(LONGEST_MATCHED, h.longest_matched, buf);
+    for (rank, v) in &h.dp {
+        encode_key(DP, WireType::LengthDelimited, buf);
+        encode_varint(dp_entry_len(*rank, *v) as u64, buf);
+        encode_rank_key(*rank, buf);
+        encode_count(MAP_VALUE, *v, buf);
+    }
+    for (rank, t) in &h.rank_matches {
+        encode_key(RANK_MATCHES, WireType::LengthDelimited, buf);
+        encode_varint(rank_entry_len(*rank, t) as u64, buf);
+        encode_rank_key(*rank, buf);
+        let n = tiers_len(t);
+        if n != 0 {
+            encode_key(MAP_VALUE, WireType::LengthDelimited, buf);
+            encode_varint(n as u64, buf);
+            for (tag, v) in (TIER_DEVICE..).zip(tier_fields(t)) {
+                encode_count(tag, v, buf);
+            }
+        }
+    }
+    for (tag, v) in (ROW_DEVICE..).zip(row_counts(h)) {
+        encode_count(tag, v, buf);
+    }
+}
+
+/// The varint at the start of `bytes` and its length, or `None` if it is truncated or longer
+/// than protobuf allows (ten bytes, the last at most 1), which prost then reports itself.
+/// Token ids below 2^21 take at most three bytes: those lengths are decoded without a loop.
+#[inline]
+fn varint(bytes: &[u8]) -> Option<(u64, usize)> {
+    let low = |b: u8| u64::from(b & 0x7f);
+    match *bytes {
+        [b0, ..] if b0 < 0x80 => Some((u64::from(b0), 1)),
+        [b0, b1, ..] if b1 < 0x80 => Some((low(b0) | u64::from(b1) << 7, 2)),
+        [b0, b1, b2, ..] if b2 < 0x80 => Some((low(b0) | low(b1) << 7 | u64::from(b2) << 14, 3)),
+        _ => long_varint(bytes),
+    }
+}
+
+#[cold]
+fn long_varint(bytes: &[u8]) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    for (i, b) in bytes.iter().take(10).enumerate() {
+        if i == 9 && *b > 1 {
+            return None;
+        }
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if *b < 0x80 {
+            return Some((value, i + 1));
+        }
+    }
+    None
+}
+
+/// Append a packed repeated varint field (its length prefix is next in `buf`) to `out`, if the
+/// whole field lies in `buf`'s current chunk and is well-formed; otherwise leave `buf` and
+/// `out` as they were and return false.
+fn merge_packed<T>(buf: &mut impl Buf, out: &mut Vec<T>, convert: fn(u64) -> T) -> bool {
+    let chunk = buf.chunk();
+    let Some((len, header)) = varint(chunk) else {
+        return false;
+    };
+    let body = usize::try_from(len)
+        .ok()
+        .and_then(|len| chunk.get(header..header.checked_add(len)?));
+    let Some(mut rest) = body else {
+        return false;
+    };
+    let consumed = header + rest.len();
+    // Every varint ends in exactly one byte below 0x80.
+    out.reserve(rest.iter().filter(|b| **b < 0x80).count());
+    let start = out.len();
+    while !rest.is_empty() {
+        let Some((v, n)) = varint(rest) else {
+            out.truncate(start);
+            return false;
+        };
+        out.push(convert(v));
+        rest = &rest[n..];
+    }
+    buf.advance(consumed);
+    true
+}
+
+/// Truncation as prost decodes an `int32`.
+fn as_int32(v: u64) -> i32 {
+    v as i32
+}
+
+fn as_uint64(v: u64) -> u64 {
+    v
+}
+
+/// A `QueryRequest` decoded by prost, with the packed `token_ids` fast path.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct QueryRequestIn(pub pb::QueryRequest);
+
+impl Message for QueryRequestIn {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        self.0.encode_raw(buf)
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        if tag == TOKEN_IDS
+            && wire_type == WireType::LengthDelimited
+            && merge_packed(buf, &mut self.0.token_ids, as_int32)
+        {
+            return Ok(());
+        }
+        self.0.merge_field(tag, wire_type, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.encoded_len()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear()
+    }
+}
+
+/// A `QueryByHashRequest` decoded by prost, with the packed `block_hashes` fast path.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct QueryByHashRequestIn(pub pb::QueryByHashRequest);
+
+impl Message for QueryByHashRequestIn {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        self.0.encode_raw(buf)
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        if tag == BLOCK_HASHES
+            && wire_type == WireType::LengthDelimited
+            && merge_packed(buf, &mut self.0.block_hashes, as_uint64)
+        {
+            return Ok(());
+        }
+        self.0.merge_field(tag, wire_type, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.encoded_len()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear()
+    }
+}
+
+#[cfg(test)]
+#[path = "grpc_wire_tests.rs"]
+mod tests;
