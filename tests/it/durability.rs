@@ -186,6 +186,69 @@ async fn a_restart_keeps_registrations_and_the_index() {
     assert_eq!(services["count"], 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_and_translated_keys_survive_a_restart() {
+    // Registered with another seed than the engine's: the index derives keys from the tokens and
+    // keeps the engine's hashes as aliases, which must come back after a restart.
+    let mut server = Server::start().await;
+    let mut player = Player::start(true, 0).await;
+    let mut profile = vllm_cbor_profile();
+    profile["python_hash_seed"] = json!("7");
+    let reg = engine::registration(
+        "e",
+        (&player.endpoint, player.replay_endpoint.as_deref()),
+        "vLLM",
+        MODEL,
+        BS,
+        0,
+        profile,
+    );
+    let reply = server
+        .grpc()
+        .await
+        .register(crate::e2e_query::register_request(&reg))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    // Two identical prompts scheduled together: the engine announces the blocks twice.
+    handshake(&server, &mut player, "e|default|0", store(1, "GPU")).await;
+    player.publish(store(1, "GPU")).await;
+    deliver(&server, &mut player).await;
+    assert_eq!(answers(&server).await[1].0, 8);
+    assert_eq!(server.terminate(), Some(0));
+    let mut server = Server::start_in(server.into_dir(), json!({})).await;
+    assert_eq!(answers(&server).await[1].0, 8, "ready means recovered");
+    // One copy of block 1 evicted: the other stays, as before the restart.
+    player.publish(remove(1, 1, "GPU")).await;
+    deliver(&server, &mut player).await;
+    assert_eq!(
+        answers(&server).await[1].0,
+        8,
+        "one of two announcements removed"
+    );
+    player.publish(remove(1, 1, "GPU")).await;
+    deliver(&server, &mut player).await;
+    assert_eq!(answers(&server).await[1].0, 4, "both removed");
+    // A child of a recovered block links through the recovered alias.
+    let keys = engine::block_keys(&vllm_cbor_profile(), &prompt(1), BS, "");
+    let child = engine::batch(
+        vec![engine::vllm_stored(
+            &keys[1..2],
+            Some(keys[0]),
+            &prompt(1)[4..8],
+            BS,
+            "GPU",
+            None,
+        )],
+        0,
+    );
+    player.publish(child).await;
+    deliver(&server, &mut player).await;
+    assert_eq!(answers(&server).await[1].0, 8);
+    let _ = server.terminate();
+}
+
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
