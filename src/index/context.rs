@@ -91,6 +91,10 @@ pub struct ContextIndex {
     pub(super) watermarks: HashMap<SubscriptionKey, super::persist::Watermark>,
     /// Engine hashes whose alias was added, moved or dropped since the last checkpoint.
     pub(super) alias_dirty: Vec<u64>,
+    /// Alias count above which the next sweep runs (see `sweep_aliases`).
+    next_alias_sweep: usize,
+    /// Sweeps so far.
+    pub(super) alias_sweeps: u64,
 }
 
 impl ContextIndex {
@@ -116,6 +120,8 @@ impl ContextIndex {
             dirty: Vec::new(),
             watermarks: HashMap::new(),
             alias_dirty: Vec::new(),
+            next_alias_sweep: 0,
+            alias_sweeps: 0,
         }
     }
 
@@ -301,15 +307,23 @@ impl ContextIndex {
 
     /// Drop aliases whose block no holder keeps, once they outnumber the blocks (amortized O(1)
     /// per alias added).
+    ///
+    /// The next sweep waits until the aliases have doubled again, whatever the sweep left: many
+    /// published hashes can name one live block (hashes of one content under several recipes,
+    /// or a publisher that varies what it hashes), and a sweep that keeps them all must not run
+    /// again on the next batch.
     fn sweep_aliases(&mut self) {
         let blocks = self.shared.blocks.load(Ordering::Relaxed) as usize;
-        if self.shared.aliases.len() <= 2 * blocks + ALIAS_SLACK {
+        let aliases = self.shared.aliases.len();
+        if aliases <= self.next_alias_sweep.max(2 * blocks + ALIAS_SLACK) {
             return;
         }
         let table = &self.shared.table;
         self.shared
             .aliases
             .retain(|_, key| table.contains(key), &mut self.alias_dirty);
+        self.alias_sweeps += 1;
+        self.next_alias_sweep = 2 * self.shared.aliases.len() + ALIAS_SLACK;
     }
 
     /// List `(instance_id, dp_rank)` on behalf of `source` (a registration, or an engine source

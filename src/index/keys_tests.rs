@@ -398,3 +398,35 @@ fn translated_stores_answer_as_stores_of_the_derived_keys() {
         assert!(plain.stats().holder_blocks > 0, "the run kept some blocks");
     }
 }
+
+/// Many published hashes naming one live block (one content announced under ever new hashes)
+/// keep their aliases, and sweeping them stays amortized: a sweep runs only after the aliases
+/// doubled since the last one.
+#[test]
+fn alias_sweeps_stay_amortized_when_many_hashes_name_one_block() {
+    let mut ix = index();
+    let tokens = prompt(1);
+    let n = 20_000u64;
+    for i in 0..n {
+        let IndexOp::StoreChained { contents, .. } = chained(&tokens, 0, 1, "", Tier::Device)
+        else {
+            unreachable!()
+        };
+        ix.apply(&batch(vec![IndexOp::StoreChained {
+            holder: engine(),
+            tier: Tier::Device,
+            hashes: vec![BlockHash(0xaaaa_0000_0000 + i)],
+            contents,
+        }]));
+    }
+    assert_eq!(ix.stats().blocks, 1);
+    assert_eq!(
+        ix.shared.aliases.len() as u64,
+        n,
+        "every alias names a live block"
+    );
+    // 20k aliases from a 4096 start: at most log2(20k / 4096) + 1 sweeps (a sweep on every
+    // batch past the first threshold would be about 16k).
+    assert!(ix.alias_sweeps <= 4, "{} sweeps", ix.alias_sweeps);
+    assert!(ix.alias_sweeps >= 1);
+}
