@@ -157,8 +157,7 @@ impl ContextIndex {
                     else {
                         continue;
                     };
-                    let keys = hashes.iter().map(|h| (h.0, true));
-                    report.repeated += self.gather(&mut run, id, *tier, keys);
+                    report.repeated += self.gather(&mut run, id, *tier, raw_keys(hashes));
                     report.stored += hashes.len() as u64;
                 }
                 IndexOp::StoreChained {
@@ -184,8 +183,7 @@ impl ContextIndex {
                             // A parent never seen: the blocks stay keyed by their hashes, which
                             // only a matching registered profile reproduces.
                             report.unlinked += hashes.len() as u64;
-                            let keys = hashes.iter().map(|h| (h.0, true));
-                            report.repeated += self.gather(&mut run, id, *tier, keys);
+                            report.repeated += self.gather(&mut run, id, *tier, raw_keys(hashes));
                         }
                     }
                 }
@@ -594,6 +592,11 @@ const ALIAS_SLACK: usize = 4096;
 /// again appears twice).
 fn compact(table: &Table, id: u32, blocks: &mut RefList) {
     blocks.compact(|&r| table.held_key(r, id).is_some());
+}
+
+/// Published hashes used as table keys themselves (see "Keys" in the module doc).
+fn raw_keys(hashes: &[BlockHash]) -> impl ExactSizeIterator<Item = (u64, bool)> + '_ {
+    hashes.iter().map(|h| (h.0, true))
 }
 
 /// Engines hold device, cpu_local and rank-local disk; a store backend holds cpu_share and

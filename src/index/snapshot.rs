@@ -44,12 +44,24 @@ impl ContextSnapshot {
             });
         }
         let mut batches: HashMap<SubscriptionKey, Vec<IndexOp>> = HashMap::new();
-        for (state, tiers) in ix.holders.iter().zip(per_holder) {
-            for (tier, mut hashes) in Tier::ALL.into_iter().zip(tiers) {
+        for (state, mut tiers) in ix.holders.iter().zip(per_holder) {
+            tiers.iter_mut().for_each(|hashes| hashes.sort_unstable());
+            // Repeated announcements replay as the same store made again, after the first.
+            let mut repeats: Vec<(u8, u64, u32)> = state
+                .repeats
+                .iter()
+                .map(|(&(key, bit), &n)| (bit, key, n))
+                .collect();
+            repeats.sort_unstable();
+            for (bit, key, n) in repeats {
+                if let Some(tier) = Tier::ALL.into_iter().find(|&t| tier_bit(t) == bit) {
+                    tiers[tier.index()].extend(std::iter::repeat_n(BlockHash(key), n as usize));
+                }
+            }
+            for (tier, hashes) in Tier::ALL.into_iter().zip(tiers) {
                 if hashes.is_empty() {
                     continue;
                 }
-                hashes.sort_unstable();
                 let op = IndexOp::Store {
                     holder: state.key.holder.clone(),
                     tier,
@@ -59,31 +71,6 @@ impl ContextSnapshot {
                     .entry(state.key.source.clone())
                     .or_default()
                     .push(op);
-            }
-            // Repeated announcements replay as the same store made again.
-            let mut repeats: Vec<(u8, u64, u32)> = state
-                .repeats
-                .iter()
-                .map(|(&(key, bit), &n)| (bit, key, n))
-                .collect();
-            repeats.sort_unstable();
-            for tier in Tier::ALL {
-                let hashes: Vec<BlockHash> = repeats
-                    .iter()
-                    .filter(|r| r.0 == tier_bit(tier))
-                    .flat_map(|&(_, key, n)| std::iter::repeat_n(BlockHash(key), n as usize))
-                    .collect();
-                if !hashes.is_empty() {
-                    let op = IndexOp::Store {
-                        holder: state.key.holder.clone(),
-                        tier,
-                        hashes,
-                    };
-                    batches
-                        .entry(state.key.source.clone())
-                        .or_default()
-                        .push(op);
-                }
             }
         }
         let mut batches: Vec<IndexBatch> = batches
