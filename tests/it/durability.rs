@@ -211,24 +211,34 @@ async fn counts_and_translated_keys_survive_a_restart() {
         .unwrap()
         .into_inner();
     assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    // Batches apply in order: once a later store of prompt `p` answers, everything before it
+    // has been applied (the status's last seq is only what was received).
+    async fn applied_through(server: &Server, player: &mut Player, p: i32) {
+        player.publish(store(p, "GPU")).await;
+        deliver(server, player).await;
+        eventually("the marker prompt is indexed", WAIT, || async {
+            (answers(server).await[p as usize].0 == 8).then_some(())
+        })
+        .await;
+    }
     // Two identical prompts scheduled together: the engine announces the blocks twice.
     handshake(&server, &mut player, "e|default|0", store(1, "GPU")).await;
     player.publish(store(1, "GPU")).await;
-    deliver(&server, &mut player).await;
+    applied_through(&server, &mut player, 2).await;
     assert_eq!(answers(&server).await[1].0, 8);
     assert_eq!(server.terminate(), Some(0));
     let mut server = Server::start_in(server.into_dir(), json!({})).await;
     assert_eq!(answers(&server).await[1].0, 8, "ready means recovered");
     // One copy of block 1 evicted: the other stays, as before the restart.
     player.publish(remove(1, 1, "GPU")).await;
-    deliver(&server, &mut player).await;
+    applied_through(&server, &mut player, 3).await;
     assert_eq!(
         answers(&server).await[1].0,
         8,
         "one of two announcements removed"
     );
     player.publish(remove(1, 1, "GPU")).await;
-    deliver(&server, &mut player).await;
+    applied_through(&server, &mut player, 4).await;
     assert_eq!(answers(&server).await[1].0, 4, "both removed");
     // A child of a recovered block links through the recovered alias.
     let keys = engine::block_keys(&vllm_cbor_profile(), &prompt(1), BS, "");
@@ -244,7 +254,7 @@ async fn counts_and_translated_keys_survive_a_restart() {
         0,
     );
     player.publish(child).await;
-    deliver(&server, &mut player).await;
+    applied_through(&server, &mut player, 5).await;
     assert_eq!(answers(&server).await[1].0, 8);
     let _ = server.terminate();
 }
