@@ -132,6 +132,15 @@ pub enum BlockRule {
 }
 
 impl BlockRule {
+    /// The rule of a profile's strategy.
+    pub const fn of(strategy: super::Strategy) -> Self {
+        match strategy {
+            super::Strategy::VllmV1 => BlockRule::FullBlocks,
+            super::Strategy::Sglang => BlockRule::PartialFinal,
+            super::Strategy::SglangBigram => BlockRule::Bigram,
+        }
+    }
+
     /// Units of a prompt of `n_tokens`: tokens, or adjacent pairs.
     pub const fn units(self, n_tokens: usize) -> usize {
         match self {

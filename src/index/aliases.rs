@@ -62,8 +62,16 @@ impl Aliases {
 
     /// Each hash's derived key, under one read lock.
     pub fn resolve(&self, hashes: impl Iterator<Item = u64>) -> Vec<Option<u64>> {
+        let mut out = Vec::new();
+        self.resolve_into(hashes, &mut out);
+        out
+    }
+
+    /// [`Self::resolve`] into `out` (emptied first), so a caller can reuse one buffer.
+    pub fn resolve_into(&self, hashes: impl Iterator<Item = u64>, out: &mut Vec<Option<u64>>) {
+        out.clear();
         let map = read_lock(&self.map);
-        hashes.map(|h| map.get(&h).copied()).collect()
+        out.extend(hashes.map(|h| map.get(&h).copied()));
     }
 
     pub fn len(&self) -> usize {

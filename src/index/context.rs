@@ -146,6 +146,7 @@ impl ContextIndex {
         // Stores commute with each other (they only set bits), so consecutive Store ops are
         // gathered and applied grouped by shard; any other op first applies what was gathered.
         let mut run = StoreRun::default();
+        let mut scratch = RemovalScratch::default();
         for op in &batch.ops {
             match op {
                 IndexOp::Store {
@@ -220,8 +221,8 @@ impl ContextIndex {
                         holder: holder.clone(),
                     };
                     if let Some(&id) = self.holder_ids.get(&key) {
-                        let keys = self.removal_keys(id, tier_bit(*tier), hashes);
-                        report.repeated_removes += self.remove(id, tier_bit(*tier), &keys);
+                        self.removal_keys(id, tier_bit(*tier), hashes, &mut scratch);
+                        report.repeated_removes += self.remove(id, tier_bit(*tier), &scratch.1);
                     }
                 }
                 IndexOp::ClearHolder { holder } => {
@@ -495,22 +496,33 @@ impl ContextIndex {
     /// The table keys a removal of `hashes` from holder `id`'s tier `bit` names: the derived key
     /// an alias gives, unless the holder keeps the block by its hash (stored before the alias
     /// was known). Flagged raw where the hash itself is the key.
-    fn removal_keys(&self, id: u32, bit: u8, hashes: &[BlockHash]) -> Vec<(u64, bool)> {
-        let resolved = self.shared.aliases.resolve(hashes.iter().map(|h| h.0));
+    /// The buffers are the caller's (engines announce one removal per block: no allocation per
+    /// removal).
+    fn removal_keys(
+        &self,
+        id: u32,
+        bit: u8,
+        hashes: &[BlockHash],
+        (resolved, keys): &mut RemovalScratch,
+    ) {
+        let aliases = &self.shared.aliases;
+        aliases.resolve_into(hashes.iter().map(|h| h.0), resolved);
         let any_raw = self
             .holders
             .get(id as usize)
             .is_some_and(|s| s.raw_live > 0);
         let table = &self.shared.table;
-        hashes
-            .iter()
-            .zip(resolved)
-            .map(|(h, alias)| match alias {
-                Some(key) if !any_raw => (key, false),
-                Some(key) if table.read(key).holder_bits(key, id) & bit != 0 => (key, false),
-                _ => (h.0, true),
-            })
-            .collect()
+        keys.clear();
+        keys.extend(
+            hashes
+                .iter()
+                .zip(resolved.iter())
+                .map(|(h, alias)| match *alias {
+                    Some(key) if !any_raw => (key, false),
+                    Some(key) if table.read(key).holder_bits(key, id) & bit != 0 => (key, false),
+                    _ => (h.0, true),
+                }),
+        );
     }
 
     /// Take one announcement of tier `bit` of holder `id` away from each block; a block with
@@ -593,6 +605,9 @@ const ALIAS_SLACK: usize = 4096;
 fn compact(table: &Table, id: u32, blocks: &mut RefList) {
     blocks.compact(|&r| table.held_key(r, id).is_some());
 }
+
+/// Buffers of [`ContextIndex::removal_keys`]: the aliases found, and the keys to remove.
+type RemovalScratch = (Vec<Option<u64>>, Vec<(u64, bool)>);
 
 /// Published hashes used as table keys themselves (see "Keys" in the module doc).
 fn raw_keys(hashes: &[BlockHash]) -> impl ExactSizeIterator<Item = (u64, bool)> + '_ {

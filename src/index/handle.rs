@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::hashing::derived::{BlockRule, DerivedChain};
 use crate::hashing::{HashProfile, PrefixKeys, Token};
 use crate::model::{BlockHash, ContextKey, SubscriptionKey};
 
@@ -189,14 +190,20 @@ impl IndexReader {
         out: &mut QueryHits,
     ) {
         let profile = &self.shared.profile;
+        let block_size = self.shared.key.block_size;
+        if self.shared.raw_pairs.load(Ordering::Relaxed) == 0 {
+            // Nothing is held by published hash: the registered chain would never be asked for,
+            // so its per-request set-up is skipped too.
+            let mut keys = DerivedChain::new(
+                BlockRule::of(profile.strategy()),
+                block_size,
+                tokens,
+                cache_salt,
+            );
+            return query::walk_into(&self.shared, &mut keys, instance_filter, out);
+        }
         let hasher = profile.hasher(&self.shared.key.lora_name, cache_salt);
-        let mut keys = TokenKeys::new(
-            &hasher,
-            profile.strategy(),
-            self.shared.key.block_size,
-            tokens,
-            cache_salt,
-        );
+        let mut keys = TokenKeys::new(&hasher, profile.strategy(), block_size, tokens, cache_salt);
         query::walk_into(&self.shared, &mut keys, instance_filter, out)
     }
 

@@ -21,13 +21,8 @@ impl<'a, T: Token> TokenKeys<'a, T> {
         tokens: &'a [T],
         cache_salt: &str,
     ) -> Self {
-        let rule = match strategy {
-            Strategy::VllmV1 => BlockRule::FullBlocks,
-            Strategy::Sglang => BlockRule::PartialFinal,
-            Strategy::SglangBigram => BlockRule::Bigram,
-        };
         TokenKeys {
-            derived: DerivedChain::new(rule, block_size, tokens, cache_salt),
+            derived: DerivedChain::new(BlockRule::of(strategy), block_size, tokens, cache_salt),
             registered: hasher.chain(block_size, tokens),
         }
     }

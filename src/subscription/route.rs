@@ -53,11 +53,7 @@ impl Router {
             block_size: config.block_size,
             model_name: config.model_name.clone(),
             partial_pages: config.hash_profile.strategy() != Strategy::VllmV1,
-            rule: match config.hash_profile.strategy() {
-                Strategy::VllmV1 => BlockRule::FullBlocks,
-                Strategy::Sglang => BlockRule::PartialFinal,
-                Strategy::SglangBigram => BlockRule::Bigram,
-            },
+            rule: BlockRule::of(config.hash_profile.strategy()),
             fed,
         }
     }
