@@ -165,16 +165,16 @@
 //! One process, one seeded workload (64 instances x 2 ranks, 32 shared system prompts, 4,000
 //! prompts published as engines do, 15 % tail evictions, 2.7 M live pairs), both indexes checked
 //! to give the same per-holder overlap on 3,000 queries; ours keyed by derived keys with the
-//! published hashes as aliases, answering into a reused answer. Figures of one run on the shared
+//! published hashes as aliases, answering into a reused answer. Figures of two runs on the shared
 //! 2-core machine (ours / Dynamo's `ConcurrentRadixTreeCompressed`):
 //!
 //! | figure | ours | Dynamo | ratio |
 //! |---|---|---|---|
-//! | apply, M block ops/s | 4.0 | 6.4 | 0.63 |
-//! | 2,048-token query by keys, p50 / p99 | 7.9 / 17.3 us | 3.0 / 6.1 us | 2.6 / 2.8 |
-//! | 2,048-token query from tokens, p50 / p99 | 11.4 / 30.4 us | 4.6 / 8.6 us | 2.5 / 3.5 |
-//! | 1M-token full hit from tokens | 3.4 ms | 0.33 ms | 10 |
-//! | RSS per (block, holder) | 12.3 B | 34.8 B | 0.35 |
+//! | apply, M block ops/s | 3.6, 4.6 | 6.5, 7.2 | 0.56, 0.64 |
+//! | 2,048-token query by keys, p50 / p99 | 6.8-7.1 / 15-17 us | 2.9-3.4 / 5.5-7.0 us | 2.1-2.4 / 2.4-2.7 |
+//! | 2,048-token query from tokens, p50 / p99 | 9.6-10.9 / 26-34 us | 4.3-5.0 / 7.5-9.4 us | 2.2 / 3.4-3.6 |
+//! | 1M-token full hit from tokens | 3.2-3.3 ms | 0.33 ms | 10 |
+//! | RSS per (block, holder) | 12.2 B | 34.9 B | 0.35 |
 //!
 //! What bounds ours: each block of a walk is one shard read lock and one hash probe (about 30 ns
 //! on this machine, 1.8 ms of the 1M-token query), where the tree follows an edge it already
