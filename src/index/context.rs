@@ -147,6 +147,7 @@ impl ContextIndex {
         // gathered and applied grouped by shard; any other op first applies what was gathered.
         let mut run = StoreRun::default();
         let mut scratch = RemovalScratch::default();
+        let mut seen = SeenHolders::default();
         for op in &batch.ops {
             match op {
                 IndexOp::Store {
@@ -154,7 +155,8 @@ impl ContextIndex {
                     tier,
                     hashes,
                 } => {
-                    let Some(id) = self.store_holder(&batch.source, holder, *tier, &mut report)
+                    let Some(id) =
+                        self.store_holder(&batch.source, holder, *tier, &mut report, &mut seen)
                     else {
                         continue;
                     };
@@ -167,7 +169,8 @@ impl ContextIndex {
                     hashes,
                     contents,
                 } => {
-                    let Some(id) = self.store_holder(&batch.source, holder, *tier, &mut report)
+                    let Some(id) =
+                        self.store_holder(&batch.source, holder, *tier, &mut report, &mut seen)
                     else {
                         continue;
                     };
@@ -193,7 +196,8 @@ impl ContextIndex {
                     tier,
                     hashes,
                 } => {
-                    let Some(id) = self.store_holder(&batch.source, holder, *tier, &mut report)
+                    let Some(id) =
+                        self.store_holder(&batch.source, holder, *tier, &mut report, &mut seen)
                     else {
                         continue;
                     };
@@ -216,22 +220,14 @@ impl ContextIndex {
                     }
                     report.removed += hashes.len() as u64;
                     report.repeated += self.store_run(&mut run);
-                    let key = HolderKey {
-                        source: batch.source.clone(),
-                        holder: holder.clone(),
-                    };
-                    if let Some(&id) = self.holder_ids.get(&key) {
+                    if let Some(id) = self.known_holder(&batch.source, holder, &mut seen) {
                         self.removal_keys(id, tier_bit(*tier), hashes, &mut scratch);
                         report.repeated_removes += self.remove(id, tier_bit(*tier), &scratch.1);
                     }
                 }
                 IndexOp::ClearHolder { holder } => {
                     report.repeated += self.store_run(&mut run);
-                    let key = HolderKey {
-                        source: batch.source.clone(),
-                        holder: holder.clone(),
-                    };
-                    if let Some(&id) = self.holder_ids.get(&key) {
+                    if let Some(id) = self.known_holder(&batch.source, holder, &mut seen) {
                         report.cleared += self.clear_holder(id);
                     }
                 }
@@ -257,16 +253,21 @@ impl ContextIndex {
     /// The holder id a store op of `holder` into `tier` goes to, after the checks every store
     /// makes (tier allowed, holder table not full; an engine rank gets listed). `None` when the
     /// op is refused (counted in `report`).
-    fn store_holder(
+    fn store_holder<'b>(
         &mut self,
         source: &SubscriptionKey,
-        holder: &Holder,
+        holder: &'b Holder,
         tier: Tier,
         report: &mut ApplyReport,
+        seen: &mut SeenHolders<'b>,
     ) -> Option<u32> {
         if !tier_allowed(holder, tier) {
             report.invalid_ops += 1;
             return None;
+        }
+        if let Some(id) = SeenHolders::find(&seen.stored, holder) {
+            // Listed and interned by an earlier store of this batch.
+            return Some(id);
         }
         if let Holder::Engine {
             instance_id,
@@ -276,10 +277,33 @@ impl ContextIndex {
             self.attach_rank(source, instance_id, *dp_rank);
         }
         let id = self.intern(source, holder);
-        if id.is_none() {
-            report.invalid_ops += 1;
+        match id {
+            Some(id) => seen.stored.push((holder, id)),
+            None => report.invalid_ops += 1,
         }
         id
+    }
+
+    /// The id of a holder this context already knows, without cloning its key for holders an
+    /// earlier op of the batch named (engines send one removal per block).
+    fn known_holder<'b>(
+        &self,
+        source: &SubscriptionKey,
+        holder: &'b Holder,
+        seen: &mut SeenHolders<'b>,
+    ) -> Option<u32> {
+        if let Some(id) = SeenHolders::find(&seen.stored, holder)
+            .or_else(|| SeenHolders::find(&seen.known, holder))
+        {
+            return Some(id);
+        }
+        let key = HolderKey {
+            source: source.clone(),
+            holder: holder.clone(),
+        };
+        let id = self.holder_ids.get(&key).copied()?;
+        seen.known.push((holder, id));
+        Some(id)
     }
 
     /// Queue stores of `keys` (table key, whether it is a published hash) for holder `id`,
@@ -604,6 +628,21 @@ const ALIAS_SLACK: usize = 4096;
 /// again appears twice).
 fn compact(table: &Table, id: u32, blocks: &mut RefList) {
     blocks.compact(|&r| table.held_key(r, id).is_some());
+}
+
+/// Holder ids one batch (all of one source) already looked up: `stored`, holders a store of
+/// this batch listed and interned; `known`, holders a removal or clear found. Only the first
+/// spares a later store its listing (a holder can outlive its rank's listing).
+#[derive(Default)]
+struct SeenHolders<'b> {
+    stored: Vec<(&'b Holder, u32)>,
+    known: Vec<(&'b Holder, u32)>,
+}
+
+impl SeenHolders<'_> {
+    fn find(list: &[(&Holder, u32)], holder: &Holder) -> Option<u32> {
+        list.iter().find(|(h, _)| *h == holder).map(|&(_, id)| id)
+    }
 }
 
 /// Buffers of [`ContextIndex::removal_keys`]: the aliases found, and the keys to remove.

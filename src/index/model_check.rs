@@ -386,6 +386,27 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
                 }
             }
         };
+        // Some batches carry a second op of the same source, as engine batches do (several
+        // events per publisher step): per-batch state of the writer must not leak between ops.
+        let mut action = action;
+        if !action.ops.is_empty() && rng.below(3) == 0 {
+            let holder = random_holder(&mut rng, &source);
+            let tier = *rng.pick(&Tier::ALL);
+            let hashes = random_hashes(&mut rng);
+            action.ops.push(match rng.below(3) {
+                0 => IndexOp::Store {
+                    holder,
+                    tier,
+                    hashes,
+                },
+                1 => IndexOp::Remove {
+                    holder,
+                    tier,
+                    hashes,
+                },
+                _ => IndexOp::ClearHolder { holder },
+            });
+        }
         ix.apply(&action);
         model.apply(&action);
         let fail = |what: String| {
