@@ -88,6 +88,13 @@ impl Aliases {
         }
     }
 
+    /// Add persisted aliases in bulk (recovery): nothing is recorded as changed.
+    pub fn load(&self, all: Vec<(u64, u64)>) {
+        let mut map = write_lock(&self.map);
+        map.reserve(all.len());
+        map.extend(all);
+    }
+
     /// Keep the aliases `keep(hash, key)` accepts; pushes the dropped hashes onto `changed`.
     pub fn retain(&self, mut keep: impl FnMut(u64, u64) -> bool, changed: &mut Vec<u64>) {
         write_lock(&self.map).retain(|&h, &mut k| {

@@ -198,10 +198,12 @@ impl Restorer {
 
     /// One persisted alias.
     pub fn alias(&mut self, hash: u64, key: u64) {
-        self.index
-            .shared
-            .aliases
-            .insert(std::iter::once((hash, key)), &mut Vec::new());
+        self.aliases(vec![(hash, key)]);
+    }
+
+    /// Persisted aliases, all at once (one lock, one allocation).
+    pub fn aliases(&mut self, all: Vec<(u64, u64)>) {
+        self.index.shared.aliases.load(all);
     }
 
     pub fn attach(&mut self, source: &SubscriptionKey, instance_id: &str, dp_rank: u32) {

@@ -81,12 +81,25 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             restorer.watermark(source, mark);
             Ok(())
         })?;
-        store.scan_prefix(Cf::Aliases, &ctx, &mut |k, v| {
-            let (hash, key) = codec::decode_alias(k, v)?;
-            restorer.alias(hash, key);
-            Ok(())
-        })?;
-        pairs += load_pairs(store, &ctx, &mut restorer)?;
+        // The aliases are read in a thread of their own while the pairs load.
+        let (aliases, loaded) = std::thread::scope(|scope| {
+            let aliases = scope.spawn(|| {
+                let mut all = Vec::new();
+                store
+                    .scan_prefix(Cf::Aliases, &ctx, &mut |k, v| {
+                        all.push(codec::decode_alias(k, v)?);
+                        Ok(())
+                    })
+                    .map(|()| all)
+            });
+            let loaded = load_pairs(store, &ctx, &mut restorer);
+            let aliases = aliases
+                .join()
+                .unwrap_or_else(|_| Err(StorageError::Io("alias scanner panicked".into())));
+            (aliases, loaded)
+        });
+        restorer.aliases(aliases?);
+        pairs += loaded?;
         let mut index = restorer.finish();
         // Sources whose registration is gone: never keep what cannot be vouched for.
         let loaded = index.take_changes();
