@@ -8,6 +8,7 @@ use std::io::Write;
 use serde_json::json;
 
 use crate::events::{Holder, IndexOp};
+use crate::index::ContextSnapshot;
 use crate::storage::recovery::recover;
 use crate::storage::{KvStore, StorageError, migrations};
 
@@ -50,7 +51,7 @@ pub fn dump(store: &dyn KvStore, filter: &str, out: &mut dyn Write) -> Result<us
         if !key.contains(filter) {
             continue;
         }
-        let snapshot = index.snapshot();
+        let snapshot = ContextSnapshot::of(&index);
         let profile = &snapshot.profile;
         let header = json!({
             "context": key, "tenant_id": snapshot.key.tenant_id, "model_name": snapshot.key.model_name,

@@ -5,7 +5,7 @@
 use tonic::{Request, Response, Status};
 
 use crate::error::{Code, OpError};
-use crate::gateway::grpc_wire::{QueryByHashRequestIn, QueryReply, QueryRequestIn};
+use crate::gateway::grpc_wire::{QueryByHashRequestIn, QueryReply, QueryRequestIn, error_detail};
 use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
 use crate::gateway::pb;
 use crate::gateway::registration::{PYTHON_NAMES, RegistrationInput};
@@ -19,14 +19,6 @@ pub struct GrpcService {
 impl GrpcService {
     pub fn new(ops: Ops) -> Self {
         GrpcService { ops }
-    }
-}
-
-pub(super) fn error_detail(e: &OpError) -> pb::ErrorDetail {
-    pb::ErrorDetail {
-        field: e.field.clone().unwrap_or_default(),
-        reason: e.reason.to_owned(),
-        message: e.message.clone(),
     }
 }
 

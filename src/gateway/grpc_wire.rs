@@ -69,7 +69,7 @@ impl QueryReply {
             }
             Err(e) => QueryReply {
                 ret: e.code.value(),
-                error: Some(super::grpc::error_detail(&e)),
+                error: Some(error_detail(&e)),
                 ..QueryReply::default()
             },
         }
@@ -385,3 +385,12 @@ impl Message for QueryByHashRequestIn {
 #[cfg(test)]
 #[path = "grpc_wire_tests.rs"]
 mod tests;
+
+/// The gRPC error detail of an operation error (every answer's `error` field).
+pub(super) fn error_detail(e: &OpError) -> pb::ErrorDetail {
+    pb::ErrorDetail {
+        field: e.field.clone().unwrap_or_default(),
+        reason: e.reason.to_owned(),
+        message: e.message.clone(),
+    }
+}

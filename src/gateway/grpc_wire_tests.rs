@@ -39,7 +39,7 @@ fn reference(result: Result<QueryHits, OpError>) -> pb::QueryResponse {
         },
         Err(e) => pb::QueryResponse {
             ret: e.code.value(),
-            error: Some(crate::gateway::grpc::error_detail(&e)),
+            error: Some(super::error_detail(&e)),
             hits: HashMap::new(),
         },
     }

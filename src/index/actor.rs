@@ -154,7 +154,7 @@ impl Handler<GetStats> for ContextActor {
 impl Handler<Snapshot> for ContextActor {
     type Result = MessageResult<Snapshot>;
     fn handle(&mut self, _: Snapshot, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.index.snapshot())
+        MessageResult(ContextSnapshot::of(&self.index))
     }
 }
 

@@ -189,6 +189,7 @@ pub mod actor;
 mod aliases;
 pub mod context;
 pub mod handle;
+mod holder;
 mod keying;
 pub mod persist;
 mod plan;

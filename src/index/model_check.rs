@@ -8,7 +8,7 @@ use crate::events::{Holder, IndexBatch, IndexOp};
 use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
 use super::tests::{TestKeys, test_profile};
-use super::{ContextIndex, QueryHits, TierCounts};
+use super::{ContextIndex, ContextSnapshot, QueryHits, TierCounts};
 use crate::test_rng::Rng;
 
 /// How the reference model walks; everything but `Spec` is deliberately wrong, to show the
@@ -469,7 +469,7 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
             }
         }
         if step % 500 == 499 {
-            let copy = ix.snapshot().restore();
+            let copy = ContextSnapshot::of(ix).restore();
             let mut k1 = TestKeys::full(&(0..CHAIN_LEN).map(chain).collect::<Vec<_>>());
             let mut k2 = TestKeys::full(&(0..CHAIN_LEN).map(chain).collect::<Vec<_>>());
             if copy.query(&mut k1, None) != ix.query(&mut k2, None) || copy.view() != ix.view() {
@@ -486,7 +486,7 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
 /// Every (source, holder, tier) with its announced blocks, one entry per announcement, sorted.
 fn announcements(ix: &ContextIndex) -> BTreeMap<(SubscriptionKey, Holder, Tier), Vec<u64>> {
     let mut out: BTreeMap<_, Vec<u64>> = BTreeMap::new();
-    for batch in ix.snapshot().batches {
+    for batch in ContextSnapshot::of(ix).batches {
         for op in batch.ops {
             if let IndexOp::Store {
                 holder,

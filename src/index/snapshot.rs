@@ -27,7 +27,7 @@ pub struct ContextSnapshot {
 
 impl ContextSnapshot {
     /// The whole of `index` as replayable input.
-    pub(super) fn of(index: &ContextIndex) -> ContextSnapshot {
+    pub fn of(index: &ContextIndex) -> ContextSnapshot {
         let ix = index;
         let attachments = ix.attachments();
         let mut per_holder: Vec<[Vec<BlockHash>; 4]> =

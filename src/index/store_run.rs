@@ -5,7 +5,7 @@
 //! group under one write lock, with the groups' home slots read first so their cache misses
 //! overlap.
 
-use super::context::HolderState;
+use super::holder::HolderState;
 use super::table::{SHARDS, Table};
 
 /// What one run added.

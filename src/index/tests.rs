@@ -470,7 +470,7 @@ fn snapshot_restores_every_answer() {
     put(&mut ix, "b", 0, Tier::Disk, &P);
     put_shared(&mut ix, "b1", Tier::CpuShare, &P[..4]);
     ix.attach_rank(&src("c", 3), "c", 3);
-    let copy = ix.snapshot().restore();
+    let copy = ContextSnapshot::of(&ix).restore();
     for filter in [None, Some("a"), Some("c")] {
         assert_eq!(
             copy.query(&mut TestKeys::full(&P), filter),

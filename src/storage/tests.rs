@@ -112,7 +112,7 @@ fn recovered_context(store: &MemoryStore) -> Option<ContextIndex> {
 
 fn state(index: &ContextIndex) -> (ContextSnapshot, Vec<Option<Watermark>>) {
     (
-        index.snapshot(),
+        ContextSnapshot::of(index),
         (0..3).map(|s| index.watermark(&source(s))).collect(),
     )
 }
@@ -198,7 +198,7 @@ fn sources_without_a_registration_are_not_recovered() {
     checkpoint(&mut index, &store).unwrap();
     // Source 1 was unregistered but the crash came before the next checkpoint.
     let recovered = recovered_context(&store).expect("context");
-    let snapshot = recovered.snapshot();
+    let snapshot = ContextSnapshot::of(&recovered);
     assert!(
         snapshot.batches.iter().all(|b| b.source == source(0)),
         "no block of e1 survives"
