@@ -343,7 +343,7 @@ fn invalid_tiers_are_counted_and_ignored() {
 }
 
 #[test]
-fn stores_are_idempotent_and_removes_are_per_tier() {
+fn repeated_stores_need_as_many_removes_and_removes_are_per_tier() {
     let mut ix = new_index();
     put(&mut ix, "a", 0, Tier::Device, &P[..3]);
     put(&mut ix, "a", 0, Tier::Device, &P[..3]);
@@ -356,7 +356,16 @@ fn stores_are_idempotent_and_removes_are_per_tier() {
     };
     ix.apply(&IndexBatch {
         source: src("a", 0),
-        ops: vec![remove.clone(), remove],
+        ops: vec![remove.clone()],
+    });
+    assert_eq!(
+        rank_of(&ix, &P[..3], "a", 0),
+        counts(3, 3, 3, 3),
+        "one of two device announcements removed"
+    );
+    ix.apply(&IndexBatch {
+        source: src("a", 0),
+        ops: vec![remove],
     });
     assert_eq!(rank_of(&ix, &P[..3], "a", 0), counts(0, 3, 3, 3));
     let remove = IndexOp::Remove {
