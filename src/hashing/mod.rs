@@ -17,8 +17,9 @@
 //! * SGLang LoRA namespace: SGLang seeds it from `extra_key`, which carries an adapter uuid the
 //!   Conductor never sees; the seed here is SGLang's seed function applied to the LoRA name
 //!   instead (see [`sglang::lora_event_seed`]). Keys of a LoRA request therefore never collide
-//!   with the base model's or another adapter's, at the price of not matching live SGLang LoRA
-//!   events as published (a false miss, never a false hit).
+//!   with the base model's or another adapter's. They do not match live SGLang LoRA events as
+//!   published, which matters only for queries by hash and for blocks the index keeps under
+//!   published hashes: engine blocks are keyed by [`derived`] keys, which need no namespace.
 //! * SGLang negative token ids: widened to 64-bit two's complement, which makes the page wide
 //!   with a word SGLang refuses to hash, so it can only miss (see [`sglang`]).
 //!
