@@ -138,8 +138,8 @@
 //! template and writes the counts in order, and [`IndexReader::query_into`] writes them into the
 //! caller's previous answer, allocating nothing when the instances and ranks are the same.
 //!
-//! Measured on the same machine, before and after back to back (p50 of 20,000 queries, keys precomputed, two runs
-//! each, before → after): 2k-token query over 64 instances x 2 ranks with a 32-block system
+//! Measured on the same machine, before and after back to back (p50 of 20,000 queries, keys
+//! precomputed, two runs each, before → after): 2k-token query over 64 instances x 2 ranks with a 32-block system
 //! prompt on all 128 ranks and a disk backend holding the whole prompt (every cursor alive to the
 //! end): 81-82 us → 11.0 us, and 5.8 us with `query_into`; an empty prompt (plan and answer
 //! only): 16.1 us → 7.7 us; 64 x 2 ranks with staggered prefixes, where the holder set changes at
