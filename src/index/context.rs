@@ -424,6 +424,7 @@ impl ContextIndex {
         {
             let mut meta = self.shared.meta.write();
             meta.shared.push(matches!(holder, Holder::Shared { .. }));
+            meta.sources.insert(source.clone());
             if let Holder::Engine {
                 instance_id,
                 dp_rank,

@@ -76,6 +76,9 @@ pub(crate) struct Meta {
     /// Holder id → whether it is a shared (store backend) holder. Ids are never reused, so a
     /// plan built from this stays valid for the whole walk.
     pub shared: Vec<bool>,
+    /// Every source that has a holder here (kept for as long as its holders are: ids are never
+    /// reused), so a subscription that starts over recovered state knows which contexts it fed.
+    pub sources: BTreeSet<SubscriptionKey>,
     /// The query plan for the fields above; reset by every [`MetaLock::write`].
     plan: OnceLock<Arc<Plan>>,
 }
@@ -233,6 +236,11 @@ impl IndexReader {
     /// Distinct blocks held in any tier.
     pub fn prefix_count(&self) -> u64 {
         self.shared.blocks.load(Ordering::Relaxed)
+    }
+
+    /// Whether `source` reported blocks into this context (it has a holder here).
+    pub fn fed_by(&self, source: &SubscriptionKey) -> bool {
+        self.shared.meta.read().sources.contains(source)
     }
 
     /// Registered instances and their listed ranks.

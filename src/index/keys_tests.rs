@@ -288,6 +288,9 @@ fn counts_and_aliases_survive_a_checkpoint() {
     }
     let mut copy = restorer.finish();
     assert_eq!(device(&copy, &tokens, ""), 8);
+    // The restored context knows which source fed it (removals after a restart route by it).
+    assert!(copy.reader().fed_by(&source()));
+    assert!(!copy.reader().fed_by(&SubscriptionKey::new("other", "", 0)));
     assert!(!copy.has_changes());
     // One removal by hash leaves the second copy, exactly as before the restart.
     copy.apply(&batch(vec![IndexOp::Remove {

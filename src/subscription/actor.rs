@@ -61,9 +61,18 @@ impl SubscriptionActor {
         if let Some(mark) = resume_after {
             seq.resume_verified(mark.seq, mark.digest);
         }
+        let key = config.subscription_key();
+        let mut router = Router::new(&config);
+        // Contexts recovered from disk that this source fed: its removals and clears must still
+        // reach them (an adapter's context, a store's contexts), or their blocks would stay.
+        for handle in contexts.all() {
+            if handle.reader().fed_by(&key) {
+                router.feed(handle.reader().key().clone());
+            }
+        }
         SubscriptionActor {
-            key: config.subscription_key(),
-            router: Router::new(&config),
+            key,
+            router,
             hash_check: HashCheck::new(&config),
             seq,
             contexts,

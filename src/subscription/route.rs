@@ -58,6 +58,11 @@ impl Router {
         }
     }
 
+    /// Route this source's removals and clears to `context` too: one it fed before a restart.
+    pub fn feed(&mut self, context: ContextKey) {
+        self.fed.insert(context);
+    }
+
     pub fn fed_contexts(&self) -> impl Iterator<Item = &ContextKey> {
         self.fed.iter()
     }

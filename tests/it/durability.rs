@@ -259,6 +259,80 @@ async fn counts_and_translated_keys_survive_a_restart() {
     let _ = server.terminate();
 }
 
+/// Device tokens instance `e` holds of prompt `p` in the adapter context `lora`.
+async fn adapter_hits(server: &Server, lora: &str, p: i32) -> i64 {
+    let request = pb::QueryRequest {
+        model_name: MODEL.into(),
+        lora_name: lora.into(),
+        block_size: BS.into(),
+        token_ids: prompt(p),
+        ..Default::default()
+    };
+    let r = server
+        .grpc()
+        .await
+        .query(request)
+        .await
+        .unwrap()
+        .into_inner();
+    r.hits.get("e").map_or(-1, |h| h.device)
+}
+
+fn adapter_store(p: i32, lora: &str) -> Vec<u8> {
+    let keys = engine::block_keys(&vllm_cbor_profile(), &prompt(p), BS, lora);
+    engine::batch(
+        vec![engine::vllm_stored(
+            &keys,
+            None,
+            &prompt(p),
+            BS,
+            "GPU",
+            Some(lora),
+        )],
+        0,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removals_reach_a_recovered_adapter_context() {
+    // A base registration indexes the adapter blocks its engine reports in the adapter's own
+    // context; removals name no adapter, so they go to every context the source fed, including
+    // the ones recovered from disk.
+    let mut server = Server::start().await;
+    let mut player = Player::start(true, 0).await;
+    register(&server, "e", &player).await;
+    handshake(&server, &mut player, "e|default|0", adapter_store(1, "ad")).await;
+    eventually("adapter blocks indexed", WAIT, || async {
+        (adapter_hits(&server, "ad", 1).await == 8).then_some(())
+    })
+    .await;
+    assert_eq!(server.terminate(), Some(0));
+    let mut server = Server::start_in(server.into_dir(), json!({})).await;
+    assert_eq!(
+        adapter_hits(&server, "ad", 1).await,
+        8,
+        "ready means recovered"
+    );
+    let keys = engine::block_keys(&vllm_cbor_profile(), &prompt(1), BS, "ad");
+    let evict = engine::batch(vec![engine::vllm_removed(&keys[1..], "GPU")], 0);
+    player.publish(evict).await;
+    deliver(&server, &mut player).await;
+    // A later store into the adapter context: once it answers, that context's mailbox is past
+    // the removal.
+    player.publish(adapter_store(2, "ad")).await;
+    deliver(&server, &mut player).await;
+    eventually("the later adapter store is indexed", WAIT, || async {
+        (adapter_hits(&server, "ad", 2).await == 8).then_some(())
+    })
+    .await;
+    assert_eq!(
+        adapter_hits(&server, "ad", 1).await,
+        4,
+        "the engine evicted block 1 of the adapter prompt"
+    );
+    let _ = server.terminate();
+}
+
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
