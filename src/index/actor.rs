@@ -88,6 +88,8 @@ pub struct TakeChanges;
 pub struct MarkDirty {
     pub pairs: Vec<(u32, u64)>,
     pub aliases: Vec<u64>,
+    /// The failed write was the context's first (see [`ContextChanges::fresh`]).
+    pub fresh: bool,
 }
 
 impl Handler<ApplySequenced> for ContextActor {
@@ -107,7 +109,7 @@ impl Handler<TakeChanges> for ContextActor {
 impl Handler<MarkDirty> for ContextActor {
     type Result = ();
     fn handle(&mut self, msg: MarkDirty, _: &mut Self::Context) {
-        self.index.mark_dirty(msg.pairs, msg.aliases);
+        self.index.mark_dirty(msg.pairs, msg.aliases, msg.fresh);
     }
 }
 

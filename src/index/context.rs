@@ -64,6 +64,9 @@ pub struct ContextIndex {
     next_alias_sweep: usize,
     /// Sweeps so far.
     pub(super) alias_sweeps: u64,
+    /// A checkpoint took this context's changes before, or it was recovered (see
+    /// `ContextChanges::fresh`).
+    pub(super) persisted: bool,
 }
 
 impl ContextIndex {
@@ -91,6 +94,7 @@ impl ContextIndex {
             alias_dirty: Vec::new(),
             next_alias_sweep: 0,
             alias_sweeps: 0,
+            persisted: false,
         }
     }
 

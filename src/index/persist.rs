@@ -54,6 +54,9 @@ pub struct ContextChanges {
     /// Aliases changed since the last checkpoint: (engine hash, derived key now, `None` when
     /// dropped), sorted by hash.
     pub aliases: Vec<(u64, Option<u64>)>,
+    /// The first changes of a context this process created (not recovered): the write must
+    /// first delete whatever the store holds under the context's id.
+    pub fresh: bool,
 }
 
 impl ContextIndex {
@@ -147,6 +150,7 @@ impl ContextIndex {
             attachments,
             watermarks,
             aliases,
+            fresh: !std::mem::replace(&mut self.persisted, true),
         }
     }
 
@@ -155,9 +159,13 @@ impl ContextIndex {
         &mut self,
         pairs: impl IntoIterator<Item = (u32, u64)>,
         aliases: impl IntoIterator<Item = u64>,
+        fresh: bool,
     ) {
         self.dirty.extend(pairs);
         self.alias_dirty.extend(aliases);
+        if fresh {
+            self.persisted = false;
+        }
     }
 
     /// Whether anything changed since the last [`ContextIndex::take_changes`].
@@ -255,6 +263,7 @@ impl Restorer {
     pub fn finish(mut self) -> ContextIndex {
         self.flush();
         self.index.dirty.clear();
+        self.index.persisted = true;
         let mut raw_total = 0;
         for (id, state) in self.index.holders.iter_mut().enumerate() {
             state.checkpointed = state.blocks.len();

@@ -20,6 +20,12 @@ use super::{Cf, KvOp, KvStore, StorageError, prefix_end};
 pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
     let ctx = context_id(&changes.key);
     let mut ops = Vec::with_capacity(changes.pairs.len() + changes.holders.len() + 8);
+    if changes.fresh {
+        // A context created in this process (not recovered): whatever the store still holds
+        // under its id is an earlier incarnation's (unregistered and registered again between
+        // two checkpoints), whose holder ids the new one reuses. It must not come back.
+        ops.extend(clear_context_ops(&ctx));
+    }
     ops.push(KvOp::Put {
         cf: Cf::Contexts,
         key: ctx.to_vec(),
@@ -105,14 +111,25 @@ pub fn forget_context_ops(key: &ContextKey) -> Vec<KvOp> {
         cf: Cf::Contexts,
         key: ctx.to_vec(),
     }];
-    for cf in [Cf::Holders, Cf::Attachments, Cf::Watermarks, Cf::Pairs] {
-        ops.push(KvOp::DeleteRange {
-            cf,
-            from: ctx.to_vec(),
-            to: prefix_end(&ctx),
-        });
-    }
+    ops.extend(clear_context_ops(&ctx));
     ops
+}
+
+/// Delete everything stored under context id `ctx` but its header.
+fn clear_context_ops(ctx: &[u8; 8]) -> impl Iterator<Item = KvOp> + '_ {
+    [
+        Cf::Holders,
+        Cf::Attachments,
+        Cf::Watermarks,
+        Cf::Pairs,
+        Cf::Aliases,
+    ]
+    .into_iter()
+    .map(|cf| KvOp::DeleteRange {
+        cf,
+        from: ctx.to_vec(),
+        to: prefix_end(ctx),
+    })
 }
 
 /// What one checkpoint round did.
@@ -167,6 +184,7 @@ impl Checkpointer {
                     handle.addr().do_send(MarkDirty {
                         pairs: changes.pairs.iter().map(|&(h, b, _)| (h, b)).collect(),
                         aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
+                        fresh: changes.fresh,
                     });
                 }
             }

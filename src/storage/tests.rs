@@ -101,6 +101,7 @@ fn checkpoint(index: &mut ContextIndex, store: &dyn KvStore) -> Result<(), super
         index.mark_dirty(
             changes.pairs.iter().map(|&(h, b, _)| (h, b)),
             changes.aliases.iter().map(|&(h, _)| h),
+            changes.fresh,
         );
     }
     result

@@ -333,6 +333,52 @@ async fn removals_reach_a_recovered_adapter_context() {
     let _ = server.terminate();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_unregistered_and_registered_again_does_not_bring_back_its_old_blocks() {
+    // Checkpoints only at shutdown: the unregistration and the new registration fall between
+    // two checkpoints, so the context's key is live again when the next one runs.
+    let slow = json!({"checkpoint_interval_ms": 3_600_000});
+    let mut server = Server::start_with(slow.clone()).await;
+    let mut player = Player::start(true, 0).await;
+    register(&server, "e", &player).await;
+    handshake(&server, &mut player, "e|default|0", store(1, "GPU")).await;
+    eventually("indexed", WAIT, || async {
+        (answers(&server).await[1].0 == 8).then_some(())
+    })
+    .await;
+    assert_eq!(server.terminate(), Some(0));
+    let mut server = Server::start_in(server.into_dir(), slow.clone()).await;
+    assert_eq!(answers(&server).await[1].0, 8, "recovered");
+    // The engine moves: unregister (the context goes with its last source) and register the
+    // new endpoint, whose engine holds nothing yet.
+    let reply = server
+        .grpc()
+        .await
+        .unregister(pb::UnregisterRequest {
+            instance_id: "e".into(),
+            tenant_id: String::new(),
+            dp_rank: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    let moved = Player::start(true, 0).await;
+    register(&server, "e", &moved).await;
+    assert_eq!(
+        answers(&server).await[1].0,
+        0,
+        "the new registration holds nothing"
+    );
+    assert_eq!(server.terminate(), Some(0));
+    let server = Server::start_in(server.into_dir(), slow).await;
+    assert_eq!(
+        answers(&server).await[1].0,
+        0,
+        "the old incarnation's blocks stay gone after a restart"
+    );
+}
+
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
