@@ -127,44 +127,14 @@ impl ContextIndex {
                     holder,
                     tier,
                     hashes,
-                } => {
-                    let Some(id) =
-                        self.store_holder(&batch.source, holder, *tier, &mut report, &mut seen)
-                    else {
-                        continue;
-                    };
-                    report.repeated += self.gather(&mut run, id, *tier, raw_keys(hashes));
-                    report.stored += hashes.len() as u64;
                 }
-                IndexOp::StoreChained {
+                | IndexOp::StoreChained {
                     holder,
                     tier,
                     hashes,
-                    contents,
-                } => {
-                    let Some(id) =
-                        self.store_holder(&batch.source, holder, *tier, &mut report, &mut seen)
-                    else {
-                        continue;
-                    };
-                    report.stored += hashes.len() as u64;
-                    match keying::chain(&self.shared.aliases, hashes, contents) {
-                        Some(keys) => {
-                            let pairs = hashes.iter().map(|h| h.0).zip(keys.iter().copied());
-                            self.shared.aliases.insert(pairs, &mut self.alias_dirty);
-                            report.translated += keys.len() as u64;
-                            let keys = keys.into_iter().map(|k| (k, false));
-                            report.repeated += self.gather(&mut run, id, *tier, keys);
-                        }
-                        None => {
-                            // A parent never seen: the blocks stay keyed by their hashes, which
-                            // only a matching registered profile reproduces.
-                            report.unlinked += hashes.len() as u64;
-                            report.repeated += self.gather(&mut run, id, *tier, raw_keys(hashes));
-                        }
-                    }
+                    ..
                 }
-                IndexOp::StoreAliased {
+                | IndexOp::StoreAliased {
                     holder,
                     tier,
                     hashes,
@@ -175,12 +145,8 @@ impl ContextIndex {
                         continue;
                     };
                     report.stored += hashes.len() as u64;
-                    let resolved = self.shared.aliases.resolve(hashes.iter().map(|h| h.0));
-                    let keys = hashes
-                        .iter()
-                        .zip(resolved)
-                        .map(|(h, alias)| alias.map_or((h.0, true), |k| (k, false)));
-                    report.repeated += self.gather(&mut run, id, *tier, keys);
+                    let keys = self.store_keys(op, &mut report);
+                    report.repeated += self.gather(&mut run, id, *tier, keys.into_iter());
                 }
                 IndexOp::Remove {
                     holder,
@@ -277,6 +243,14 @@ impl ContextIndex {
         let id = self.holder_ids.get(&key).copied()?;
         seen.known.push((holder, id));
         Some(id)
+    }
+
+    /// The table keys of a store op's blocks (see [`keying::store_keys`]), counted in `report`.
+    fn store_keys(&mut self, op: &IndexOp, report: &mut ApplyReport) -> Vec<(u64, bool)> {
+        let keyed = keying::store_keys(&self.shared.aliases, op, &mut self.alias_dirty);
+        report.translated += keyed.translated;
+        report.unlinked += keyed.unlinked;
+        keyed.keys
     }
 
     /// Queue stores of `keys` (table key, whether it is a published hash) for holder `id`,
@@ -616,11 +590,6 @@ impl SeenHolders<'_> {
 
 /// Buffers of [`ContextIndex::removal_keys`]: the aliases found, and the keys to remove.
 type RemovalScratch = (Vec<Option<u64>>, Vec<(u64, bool)>);
-
-/// Published hashes used as table keys themselves (see "Keys" in the module doc).
-fn raw_keys(hashes: &[BlockHash]) -> impl ExactSizeIterator<Item = (u64, bool)> + '_ {
-    hashes.iter().map(|h| (h.0, true))
-}
 
 /// Engines hold device, cpu_local and rank-local disk; a store backend holds cpu_share and
 /// shared disk.

@@ -1,6 +1,6 @@
 //! The derived keys of a chained store (see "Keys" in the module doc of [`super`]).
 
-use crate::events::BlockContents;
+use crate::events::{BlockContents, IndexOp};
 use crate::hashing::derived;
 use crate::model::BlockHash;
 
@@ -32,6 +32,60 @@ pub(super) fn chain(
             })
             .collect(),
     )
+}
+
+/// The table keys of one store op's blocks.
+pub(super) struct Keyed {
+    /// Per block: its table key, and whether that key is the published hash itself.
+    pub keys: Vec<(u64, bool)>,
+    /// Blocks keyed by derived keys whose hashes became aliases.
+    pub translated: u64,
+    /// Blocks of a chained store whose parent the context never saw.
+    pub unlinked: u64,
+}
+
+/// The table keys of a store op's blocks, each flagged when it is a published hash (see "Keys"
+/// in the module doc of [`super`]): derived keys for a chained store whose parent is known (its
+/// hashes become aliases, recorded in `changed`), an alias's key or the hash itself for an
+/// aliased store, the hashes themselves for a plain store. Other ops have no keys.
+pub(super) fn store_keys(aliases: &Aliases, op: &IndexOp, changed: &mut Vec<u64>) -> Keyed {
+    let raw = |hashes: &[BlockHash]| hashes.iter().map(|h| (h.0, true)).collect();
+    let mut out = Keyed {
+        keys: Vec::new(),
+        translated: 0,
+        unlinked: 0,
+    };
+    out.keys = match op {
+        IndexOp::StoreChained {
+            hashes, contents, ..
+        } => match chain(aliases, hashes, contents) {
+            Some(keys) => {
+                aliases.insert(
+                    hashes.iter().map(|h| h.0).zip(keys.iter().copied()),
+                    changed,
+                );
+                out.translated = keys.len() as u64;
+                keys.into_iter().map(|k| (k, false)).collect()
+            }
+            None => {
+                // A parent never seen: the blocks stay keyed by their hashes, which only a
+                // matching registered profile reproduces.
+                out.unlinked = hashes.len() as u64;
+                raw(hashes)
+            }
+        },
+        IndexOp::StoreAliased { hashes, .. } => {
+            let resolved = aliases.resolve(hashes.iter().map(|h| h.0));
+            hashes
+                .iter()
+                .zip(resolved)
+                .map(|(h, alias)| alias.map_or((h.0, true), |k| (k, false)))
+                .collect()
+        }
+        IndexOp::Store { hashes, .. } => raw(hashes),
+        IndexOp::Remove { .. } | IndexOp::ClearHolder { .. } => Vec::new(),
+    };
+    out
 }
 
 #[cfg(test)]

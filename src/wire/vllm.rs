@@ -193,9 +193,10 @@ fn read_value<'a>(
         }
         Key::GroupIdx => raw.group_idx = nullable_int(r, field)?,
         Key::SlidingWindow => raw.sliding_window = nullable_int(r, field)?,
-        Key::ExtraKeys => raw.extra_keys = read_extra_keys(r, field)?,
+        Key::ExtraKeys => raw.extra_keys = read_entry_arrays(r, field)?,
+        // Read for its shape only: the hash's lookahead tokens never reach the index.
         Key::LookaheadTokenIds => {
-            nullable_array_of_arrays(r, field)?;
+            read_entry_arrays(r, field)?;
         }
     }
     Ok(())
@@ -283,8 +284,9 @@ fn nullable_int(r: &mut Reader<'_>, field: &'static str) -> EventResult<Option<i
         .or_else(|_| invalid(field, Problem::Invalid("outside int64")))
 }
 
-/// `extra_keys`: `nil`, or one entry per block, each `nil` or an array of elements.
-fn read_extra_keys<'a>(
+/// `nil`, or one entry per block, each `nil` or an array of elements (`extra_keys`,
+/// `lookahead_token_ids`).
+fn read_entry_arrays<'a>(
     r: &mut Reader<'a>,
     field: &'static str,
 ) -> EventResult<Option<Vec<RawExtra<'a>>>> {
@@ -366,29 +368,6 @@ fn split_extras(
         }
     }
     (digests, salt)
-}
-
-/// `nil` or an array whose entries are each `nil` or an array (contents unchecked); the count.
-fn nullable_array_of_arrays(r: &mut Reader<'_>, field: &'static str) -> EventResult<Option<u32>> {
-    if structural(r.nil())? {
-        return Ok(None);
-    }
-    let n = typed(r.array_len(), field, "array or nil")?;
-    for _ in 0..n {
-        match structural(r.peek())? {
-            Kind::Nil | Kind::Array => structural(r.skip())?,
-            other => {
-                return invalid(
-                    field,
-                    Problem::WrongType {
-                        expected: "array or nil entry",
-                        got: other.name(),
-                    },
-                );
-            }
-        }
-    }
-    Ok(Some(n))
 }
 
 fn project(
