@@ -160,7 +160,9 @@ pub(crate) async fn scenario() {
 /// BlockStored of new blocks plus, once warm, a BlockRemoved of the oldest live ones per batch.
 /// The target follows the clock, so a late tick catches up (by at most a few ticks' worth).
 async fn churn(mut pubs: Vec<Publisher>, rate: f64, stop: CancellationToken) -> u64 {
-    let tokens = prompt(EVENT_BLOCKS * BS as usize);
+    // Unrelated blocks have their own token ids too: the index keys blocks by their contents,
+    // so blocks that differ only in their published hashes would be one block under many names.
+    let mut tokens = prompt(EVENT_BLOCKS * BS as usize);
     let mut live: Vec<VecDeque<Vec<u64>>> = pubs.iter().map(|_| VecDeque::new()).collect();
     let tick = Duration::from_millis(5);
     let mut interval = tokio::time::interval(tick);
@@ -186,6 +188,9 @@ async fn churn(mut pubs: Vec<Publisher>, rate: f64, stop: CancellationToken) -> 
             } else {
                 None
             };
+            tokens
+                .iter_mut()
+                .for_each(|t| *t = (*t + 7919) % 32000);
             let mut events = vec![stored(&hashes, parent, &tokens, "GPU")];
             events.extend(old.as_deref().map(|old| removed(old, "GPU")));
             let n = (events.len() * EVENT_BLOCKS) as u64;
