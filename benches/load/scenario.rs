@@ -188,9 +188,7 @@ async fn churn(mut pubs: Vec<Publisher>, rate: f64, stop: CancellationToken) -> 
             } else {
                 None
             };
-            tokens
-                .iter_mut()
-                .for_each(|t| *t = (*t + 7919) % 32000);
+            tokens.iter_mut().for_each(|t| *t = (*t + 7919) % 32000);
             let mut events = vec![stored(&hashes, parent, &tokens, "GPU")];
             events.extend(old.as_deref().map(|old| removed(old, "GPU")));
             let n = (events.len() * EVENT_BLOCKS) as u64;
