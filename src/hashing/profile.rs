@@ -312,6 +312,18 @@ impl HashProfile {
     }
 }
 
+/// The profile unit tests register most: `vllm_v1`, `sha256_cbor`, seed "0".
+#[cfg(test)]
+pub(crate) fn test_vllm_cbor() -> HashProfile {
+    HashProfile::resolve(
+        Some("vllm_v1"),
+        Some("sha256_cbor"),
+        Some("0"),
+        Some("low64_be"),
+    )
+    .expect("the vllm_v1 / sha256_cbor profile is valid")
+}
+
 /// The text vLLM hashes its root from when `PYTHONHASHSEED` is unset (sha256 and sha256_cbor),
 /// which no registered `python_hash_seed` can name.
 pub const VLLM_UNSET_SEED: &str = "vllm-none-hash";

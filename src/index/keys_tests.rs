@@ -12,13 +12,7 @@ use super::*;
 const BS: u32 = 4;
 
 fn vllm_profile() -> HashProfile {
-    HashProfile::resolve(
-        Some("vllm_v1"),
-        Some("sha256_cbor"),
-        Some("0"),
-        Some("low64_be"),
-    )
-    .unwrap()
+    crate::hashing::profile::test_vllm_cbor()
 }
 
 fn index() -> ContextIndex {

@@ -13,13 +13,7 @@ use super::{Cf, KvStore};
 use crate::test_rng::Rng;
 
 fn profile() -> HashProfile {
-    HashProfile::resolve(
-        Some("vllm_v1"),
-        Some("sha256_cbor"),
-        Some("0"),
-        Some("low64_be"),
-    )
-    .unwrap()
+    crate::hashing::profile::test_vllm_cbor()
 }
 
 fn key() -> ContextKey {

@@ -267,13 +267,7 @@ mod tests {
     use crate::model::{BlockHash, PublisherType, Tier};
 
     fn config(lora: &str, kind: PublisherType) -> PublisherConfig {
-        let profile = HashProfile::resolve(
-            Some("vllm_v1"),
-            Some("sha256_cbor"),
-            Some("0"),
-            Some("low64_be"),
-        )
-        .unwrap();
+        let profile = crate::hashing::profile::test_vllm_cbor();
         PublisherConfig {
             instance_id: "i".into(),
             endpoint: "tcp://127.0.0.1:1".into(),
