@@ -314,77 +314,61 @@ fn as_uint64(v: u64) -> u64 {
     v
 }
 
-/// A `QueryRequest` decoded by prost, with the packed `token_ids` fast path.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct QueryRequestIn(pub pb::QueryRequest);
+/// A request message decoded by prost, except for one packed repeated field that is read
+/// straight from the buffer when it arrives in one piece (see `merge_packed`).
+macro_rules! packed_fast_path {
+    ($(#[$doc:meta])* $name:ident($inner:ty), $tag:expr, $field:ident, $convert:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Default, Clone, PartialEq)]
+        pub struct $name(pub $inner);
 
-impl Message for QueryRequestIn {
-    fn encode_raw(&self, buf: &mut impl BufMut) {
-        self.0.encode_raw(buf)
-    }
+        impl Message for $name {
+            fn encode_raw(&self, buf: &mut impl BufMut) {
+                self.0.encode_raw(buf)
+            }
 
-    fn merge_field(
-        &mut self,
-        tag: u32,
-        wire_type: WireType,
-        buf: &mut impl Buf,
-        ctx: DecodeContext,
-    ) -> Result<(), prost::DecodeError> {
-        if tag == TOKEN_IDS
-            && wire_type == WireType::LengthDelimited
-            && merge_packed(buf, &mut self.0.token_ids, as_int32)
-        {
-            return Ok(());
+            fn merge_field(
+                &mut self,
+                tag: u32,
+                wire_type: WireType,
+                buf: &mut impl Buf,
+                ctx: DecodeContext,
+            ) -> Result<(), prost::DecodeError> {
+                if tag == $tag
+                    && wire_type == WireType::LengthDelimited
+                    && merge_packed(buf, &mut self.0.$field, $convert)
+                {
+                    return Ok(());
+                }
+                self.0.merge_field(tag, wire_type, buf, ctx)
+            }
+
+            fn encoded_len(&self) -> usize {
+                self.0.encoded_len()
+            }
+
+            fn clear(&mut self) {
+                self.0.clear()
+            }
         }
-        self.0.merge_field(tag, wire_type, buf, ctx)
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.0.encoded_len()
-    }
-
-    fn clear(&mut self) {
-        self.0.clear()
-    }
+    };
 }
 
-/// A `QueryByHashRequest` decoded by prost, with the packed `block_hashes` fast path.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct QueryByHashRequestIn(pub pb::QueryByHashRequest);
+packed_fast_path!(
+    /// A `QueryRequest` decoded by prost, with the packed `token_ids` fast path.
+    QueryRequestIn(pb::QueryRequest),
+    TOKEN_IDS,
+    token_ids,
+    as_int32
+);
 
-impl Message for QueryByHashRequestIn {
-    fn encode_raw(&self, buf: &mut impl BufMut) {
-        self.0.encode_raw(buf)
-    }
-
-    fn merge_field(
-        &mut self,
-        tag: u32,
-        wire_type: WireType,
-        buf: &mut impl Buf,
-        ctx: DecodeContext,
-    ) -> Result<(), prost::DecodeError> {
-        if tag == BLOCK_HASHES
-            && wire_type == WireType::LengthDelimited
-            && merge_packed(buf, &mut self.0.block_hashes, as_uint64)
-        {
-            return Ok(());
-        }
-        self.0.merge_field(tag, wire_type, buf, ctx)
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.0.encoded_len()
-    }
-
-    fn clear(&mut self) {
-        self.0.clear()
-    }
-}
-
-#[cfg(test)]
-#[path = "grpc_wire_tests.rs"]
-mod tests;
+packed_fast_path!(
+    /// A `QueryByHashRequest` decoded by prost, with the packed `block_hashes` fast path.
+    QueryByHashRequestIn(pb::QueryByHashRequest),
+    BLOCK_HASHES,
+    block_hashes,
+    as_uint64
+);
 
 /// The gRPC error detail of an operation error (every answer's `error` field).
 pub(super) fn error_detail(e: &OpError) -> pb::ErrorDetail {
@@ -394,3 +378,7 @@ pub(super) fn error_detail(e: &OpError) -> pb::ErrorDetail {
         message: e.message.clone(),
     }
 }
+
+#[cfg(test)]
+#[path = "grpc_wire_tests.rs"]
+mod tests;
