@@ -4,7 +4,6 @@
 //! tests of `gateway::grpc_wire` and `gateway::http_body` check that). The `client_` cases are
 //! what a router pays on its side: part of every latency the load tool reports.
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use bytes::{Buf, BytesMut};
@@ -12,7 +11,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use mooncake_conductor::gateway::grpc_wire::{QueryReply, QueryRequestIn};
 use mooncake_conductor::gateway::http_body::{HitsBody, hits_msgpack};
 use mooncake_conductor::gateway::pb;
-use mooncake_conductor::index::{InstanceHits, QueryHits, TierCounts};
+use mooncake_conductor::index::{InstanceHits, QueryHits, SortedMap, TierCounts};
 use prost::Message;
 
 /// The load tool's answer: instance `i` holds a prefix growing with `i` on rank 0's GPU, half
@@ -29,8 +28,8 @@ fn answer() -> QueryHits {
         };
         let row = InstanceHits {
             longest_matched: gpu,
-            dp: BTreeMap::from([(0, gpu), (1, 0)]),
-            rank_matches: BTreeMap::from([(0, t(gpu, gpu)), (1, t(0, cpu))]),
+            dp: SortedMap::from_iter([(0, gpu), (1, 0)]),
+            rank_matches: SortedMap::from_iter([(0, t(gpu, gpu)), (1, t(0, cpu))]),
             device: gpu,
             cpu_local: gpu,
             cpu_share: gpu,

@@ -1,4 +1,4 @@
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use prost::Message;
 use prost::bytes::Buf;
@@ -109,7 +109,8 @@ fn default_rows_and_entries_are_omitted_as_prost_omits_them() {
     hits.hits.insert(String::new(), InstanceHits::default());
     for (id, row) in &hits.hits {
         let one = QueryHits {
-            hits: BTreeMap::from([(id.clone(), row.clone())]),
+            hits: [(id.clone(), row.clone())].into_iter().collect(),
+            ..QueryHits::default()
         };
         let expected = reference(Ok(one.clone())).encode_to_vec();
         assert_eq!(encoded(&QueryReply::new(Ok(one))), expected, "{id:?}");

@@ -3,7 +3,7 @@
 //! bytes the reference layout gives, built without a `serde_json::Value` per number).
 
 use crate::gateway::value::Val;
-use crate::index::{InstanceHits, QueryHits, TierCounts};
+use crate::index::{InstanceHits, QueryHits, SortedMap, TierCounts};
 
 /// A JSON request document decoded straight into a [`Val`], without a `serde_json::Value` tree
 /// in between (a 2k-token prompt was 2k `Value`s, then 2k `Val`s). Same result as
@@ -74,7 +74,7 @@ pub struct HitsBody<'a>(pub &'a QueryHits);
 impl serde::Serialize for HitsBody<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        struct Instances<'a>(&'a std::collections::BTreeMap<String, InstanceHits>);
+        struct Instances<'a>(&'a SortedMap<String, InstanceHits>);
         impl serde::Serialize for Instances<'_> {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.collect_map(self.0.iter().map(|(id, h)| (id, Row(h))))
@@ -120,7 +120,7 @@ impl serde::Serialize for TierCountsBody<'_> {
 struct TierCountsBody<'a>(&'a TierCounts);
 
 /// A rank-keyed map with decimal string keys in string order, values mapped by `.1`.
-struct ByRank<'a, V, W>(&'a std::collections::BTreeMap<u32, V>, fn(&'a V) -> W);
+struct ByRank<'a, V, W>(&'a SortedMap<u32, V>, fn(&'a V) -> W);
 
 impl<'a, V, W: serde::Serialize> serde::Serialize for ByRank<'a, V, W> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -173,11 +173,7 @@ fn tier_fields(out: &mut Vec<u8>, t: &TierCounts) {
 }
 
 /// A rank-keyed map in [`ByRank`]'s order: decimal keys in string order.
-fn by_rank<V>(
-    out: &mut Vec<u8>,
-    ranks: &std::collections::BTreeMap<u32, V>,
-    value: impl Fn(&mut Vec<u8>, &V),
-) {
+fn by_rank<V>(out: &mut Vec<u8>, ranks: &SortedMap<u32, V>, value: impl Fn(&mut Vec<u8>, &V)) {
     map_len(out, ranks.len());
     let mut digits = [0; 10];
     if ranks.keys().next_back().is_some_and(|r| *r >= 10) {

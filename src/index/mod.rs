@@ -197,6 +197,7 @@ mod prompt_keys;
 pub mod query;
 mod refs;
 mod snapshot;
+pub mod sorted_map;
 mod store_run;
 mod table;
 
@@ -216,3 +217,4 @@ pub use handle::{ContextView, IndexReader, IndexStats};
 pub use persist::{ContextChanges, HolderRecord, Restorer, Watermark};
 pub use query::{HashList, InstanceHits, QueryHits, TierCounts};
 pub use snapshot::ContextSnapshot;
+pub use sorted_map::SortedMap;

@@ -198,7 +198,7 @@ impl Model {
             if filter.is_some_and(|f| f != instance) {
                 continue;
             }
-            let row = hits.hits.entry(instance.clone()).or_default();
+            let row = hits.hits.get_or_insert_default(instance.clone());
             for rank in ranks {
                 let (c, stop) = self.walk_rank(keys, &instance, rank, walk);
                 needed = needed.max((stop + 1).min(keys.hashes.len()));
@@ -460,9 +460,10 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
                         .zip(grew)
                         .for_each(|(n, g)| *n += u64::from(g));
                 }
-                if keys.asked != (0..needed).collect::<Vec<_>>() {
+                let hashed = super::query::keys_hashed(needed, keys.hashes.len());
+                if keys.first_asks() != (0..hashed).collect::<Vec<_>>() {
                     return Err(fail(format!(
-                        "hashed blocks {:?}, walk needs 0..{needed}",
+                        "hashed blocks {:?}, walk looks up 0..{needed} and hashes 0..{hashed}",
                         keys.asked
                     )));
                 }

@@ -9,10 +9,13 @@
 //! through [`super::IndexReader::query_into`], writes them into the caller's previous answer
 //! without allocating at all.
 
-use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::handle::Meta;
-use super::query::{InstanceHits, QueryHits, TierCounts};
+use super::query::{InstanceHits, QueryHits, Shape, TierCounts};
+
+/// Plan ids, unique in the process, so an answer names the plan that shaped it.
+static NEXT_PLAN: AtomicU64 = AtomicU64::new(1);
 
 /// `route` value of a holder that feeds no cursor (not listed, or not selected).
 pub(crate) const NOT_SELECTED: u32 = u32::MAX;
@@ -20,6 +23,7 @@ pub(crate) const NOT_SELECTED: u32 = u32::MAX;
 pub(crate) const SHARED_HOLDER: u32 = u32::MAX - 1;
 
 pub(crate) struct Plan {
+    id: u64,
     /// Listed instances in answer order (sorted by id) and, per instance, its first cursor;
     /// cursors of one instance are consecutive, one per listed rank in rank order.
     rows: Vec<(String, u32)>,
@@ -37,7 +41,7 @@ impl Plan {
             .iter()
             .map(|&s| if s { SHARED_HOLDER } else { NOT_SELECTED })
             .collect();
-        let (mut rows, mut template) = (Vec::new(), BTreeMap::new());
+        let (mut rows, mut template) = (Vec::new(), Vec::new());
         let mut cursor = 0u32;
         for (instance, ranks) in &meta.ranks {
             let first = cursor;
@@ -54,14 +58,16 @@ impl Plan {
             }
             if cursor > first {
                 rows.push((instance.clone(), first));
-                template.insert(instance.clone(), row);
+                template.push((instance.clone(), row));
             }
         }
         Plan {
+            id: NEXT_PLAN.fetch_add(1, Ordering::Relaxed),
             rows,
             route,
             cursors: cursor as usize,
-            template: QueryHits { hits: template },
+            // `meta.ranks` iterates in instance order, so this is already sorted.
+            template: QueryHits::new(template.into_iter().collect()),
         }
     }
 
@@ -86,57 +92,60 @@ impl Plan {
     pub(crate) fn answer(&self, filter: Option<&str>, counts: &[[u64; 4]]) -> QueryHits {
         let mut out = match filter {
             None => self.template.clone(),
-            Some(f) => QueryHits {
-                hits: self
-                    .template
+            Some(f) => QueryHits::new(
+                self.template
                     .hits
                     .get_key_value(f)
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .into_iter()
                     .collect(),
-            },
+            ),
         };
+        out.shape = self.shape(filter);
         self.fill(filter, counts, &mut out);
         out
     }
 
-    /// [`Self::answer`] written into `out`, reusing its maps when it already has this answer's
-    /// instances and ranks (a previous answer of the same query shape): no allocation then.
+    fn shape(&self, filter: Option<&str>) -> Shape {
+        let sel = self.selected(filter);
+        Shape {
+            plan: self.id,
+            cursors: (sel.start, sel.end),
+        }
+    }
+
+    /// [`Self::answer`] written into `out`, reusing its maps when this plan shaped it for the
+    /// same selection (a previous answer of the same query shape): no allocation then. An
+    /// answer whose rows or ranks a caller added or removed since is rebuilt.
     pub(crate) fn answer_into(
         &self,
         filter: Option<&str>,
         counts: &[[u64; 4]],
         out: &mut QueryHits,
     ) {
-        if !self.same_shape(filter, out) {
+        if out.shape != self.shape(filter) || !self.same_lengths(filter, out) {
             *out = self.answer(filter, counts);
             return;
         }
         self.fill(filter, counts, out);
     }
 
-    fn same_shape(&self, filter: Option<&str>, out: &QueryHits) -> bool {
-        let same_row = |(a, ra): (&String, &InstanceHits), (b, rb): (&String, &InstanceHits)| {
-            a == b
-                && ra.rank_matches.len() == rb.rank_matches.len()
-                && ra.rank_matches.keys().eq(rb.rank_matches.keys())
-                && ra.dp.keys().eq(rb.dp.keys())
-        };
-        match filter {
-            None => {
-                out.hits.len() == self.template.hits.len()
-                    && out
-                        .hits
-                        .iter()
-                        .zip(&self.template.hits)
-                        .all(|(o, t)| same_row(o, t))
-            }
-            Some(f) => match (self.template.hits.get_key_value(f), out.hits.len()) {
-                (Some(t), 1) => out.hits.iter().next().is_some_and(|o| same_row(o, t)),
-                (None, 0) => true,
-                _ => false,
-            },
-        }
+    /// Rows and ranks per row as this plan would build them: the check that the caller did not
+    /// change the answer's layout (the stamp says the rest).
+    fn same_lengths(&self, filter: Option<&str>, out: &QueryHits) -> bool {
+        let sel = self.selected(filter);
+        let ranks: usize = out.hits.values().map(|r| r.rank_matches.len()).sum();
+        ranks == sel.len()
+            && out
+                .hits
+                .values()
+                .all(|r| r.dp.len() == r.rank_matches.len())
+            && out.hits.len()
+                == if filter.is_some() {
+                    usize::from(!sel.is_empty())
+                } else {
+                    self.rows.len()
+                }
     }
 
     /// Write the counts into `out`, which has this answer's shape.

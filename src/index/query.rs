@@ -2,7 +2,6 @@
 //! device → cpu_local → cpu_share → disk and never back. See the module doc of [`super`] for the
 //! exact semantics and why hashing never runs under a lock.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use crate::hashing::PrefixKeys;
@@ -10,6 +9,7 @@ use crate::model::BlockHash;
 
 use super::handle::Shared;
 use super::plan::{NOT_SELECTED, Plan, SHARED_HOLDER};
+use super::sorted_map::SortedMap;
 use super::table::{CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id, is_inline};
 
 /// Cumulative prefix token counts of one rank (or instance): `device <= cpu_local <= cpu_share
@@ -49,9 +49,9 @@ pub struct InstanceHits {
     /// Equals `disk`.
     pub longest_matched: u64,
     /// Rank → that rank's `device` count.
-    pub dp: BTreeMap<u32, u64>,
+    pub dp: SortedMap<u32, u64>,
     /// Rank → its four cumulative counts. Same keys as `dp`, zero-hit ranks included.
-    pub rank_matches: BTreeMap<u32, TierCounts>,
+    pub rank_matches: SortedMap<u32, TierCounts>,
     /// Max over ranks, per tier.
     pub device: u64,
     pub cpu_local: u64,
@@ -72,10 +72,37 @@ impl InstanceHits {
 
 /// Query answer: instance id → its row. Empty for an unknown instance filter or a context with
 /// no registered instance; registered instances without any match appear with zeros.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct QueryHits {
-    pub hits: BTreeMap<String, InstanceHits>,
+    pub hits: SortedMap<String, InstanceHits>,
+    /// Which plan and selection wrote this answer's shape (see [`super::plan::Plan::answer_into`]);
+    /// not part of the answer's value.
+    pub(crate) shape: Shape,
 }
+
+/// The plan (by its process-unique id, 0 for none) and the cursor range an answer was built for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub(crate) plan: u64,
+    pub(crate) cursors: (u32, u32),
+}
+
+impl QueryHits {
+    pub fn new(hits: SortedMap<String, InstanceHits>) -> Self {
+        QueryHits {
+            hits,
+            shape: Shape::default(),
+        }
+    }
+}
+
+impl PartialEq for QueryHits {
+    fn eq(&self, other: &Self) -> bool {
+        self.hits == other.hits
+    }
+}
+
+impl Eq for QueryHits {}
 
 /// Query by hash: the already-projected keys of a prompt's blocks. Every block is complete, so
 /// `covered(n) = n * block_size`.
@@ -242,6 +269,32 @@ impl Cursors {
     }
 }
 
+/// How many blocks ahead of the one it looks up the walk prefetches a block's slot line, and
+/// (under the shard lock, once that line is in) its record line: with the shard lock's atomics
+/// ordering every load, the cache misses of consecutive blocks would otherwise never overlap
+/// (see `table::prefetch`). It is also how far the lazy chain hashes past the walk: a query that
+/// misses at block `m` hashes up to `min(m + 2, PREFETCH_AHEAD)` blocks it did not need.
+const PREFETCH_AHEAD: usize = 8;
+const RECORD_AHEAD: usize = 4;
+
+/// How many blocks (from block 0, in order) a walk over `n` blocks that looked up its first
+/// `looked_up` blocks asked the keys of: the lookahead window of its last step.
+#[cfg(test)]
+pub(crate) fn keys_hashed(looked_up: usize, n: usize) -> usize {
+    match looked_up.checked_sub(1) {
+        None => 0,
+        Some(last) => prefetch_window(last, n),
+    }
+}
+
+/// Blocks below this have their keys asked for (and their slots prefetched) at walk step `c`:
+/// the window starts at 2 and grows by one per block to [`PREFETCH_AHEAD`], so a walk that stops
+/// early wastes little hashing.
+#[inline]
+fn prefetch_window(c: usize, n: usize) -> usize {
+    (c + PREFETCH_AHEAD.min(c + 2)).min(n)
+}
+
 /// Run the walk for the cursors `filter` selects and hand each cursor's counts to `answer`.
 /// Locks: the meta lock once to fetch the plan, then one shard read lock per block lookup;
 /// `keys.key(i)` is always called with no lock held.
@@ -271,8 +324,20 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
     // second key (see "Keys" in the module doc).
     let with_raw = shared.raw_pairs.load(Ordering::Relaxed) > 0;
     let mut alt_entries = Vec::new();
+    // Blocks below this have had their slot line prefetched.
+    let mut ahead = 0usize;
     while c < n && cur.live > 0 {
-        // Hash outside any lock: this is where the lazy chain pays for block c.
+        // Hash outside any lock: this is where the lazy chain pays for the blocks up to
+        // `c + PREFETCH_AHEAD` (see `PREFETCH_AHEAD` for the waste past a miss).
+        let window = prefetch_window(c, n);
+        while ahead < window {
+            shared.table.prefetch(keys.key(ahead).0);
+            ahead += 1;
+        }
+        if c + RECORD_AHEAD < ahead {
+            let later = keys.key(c + RECORD_AHEAD).0;
+            shared.table.read(later).prefetch_record(later);
+        }
         let key = keys.key(c).0;
         let alt = if with_raw {
             keys.alt_key(c).map(|k| k.0).filter(|&k| k != key)

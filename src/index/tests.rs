@@ -28,6 +28,17 @@ pub(super) struct TestKeys {
 }
 
 impl TestKeys {
+    /// The blocks asked for, each once, in the order first asked (the walk asks for a key again
+    /// when it reaches a block it prefetched; a real chain caches it).
+    pub fn first_asks(&self) -> Vec<usize> {
+        let mut seen = std::collections::HashSet::new();
+        self.asked
+            .iter()
+            .copied()
+            .filter(|&i| seen.insert(i))
+            .collect()
+    }
+
     pub fn full(hashes: &[u64]) -> Self {
         Self::with_tokens(hashes, hashes.len() as u64 * BS)
     }
@@ -243,7 +254,7 @@ fn instance_figures_are_the_max_over_ranks_and_ranks_never_concatenate() {
     assert_eq!(row.rank_matches[&0], counts(1, 1, 1, 1));
     assert_eq!(row.rank_matches[&1], counts(0, 3, 3, 3));
     assert_eq!(row.rank_matches[&2], counts(0, 0, 0, 0));
-    assert_eq!(row.dp, BTreeMap::from([(0, BS), (1, 0), (2, 0)]));
+    assert_eq!(row.dp, SortedMap::from_iter([(0, BS), (1, 0), (2, 0)]));
     assert_eq!(row.tiers(), counts(1, 3, 3, 3));
     assert_eq!(row.longest_matched, row.disk);
 }
@@ -322,11 +333,19 @@ fn the_walk_hashes_only_what_it_needs_and_never_under_a_lock() {
     keys.probe = Some(ix.reader());
     let hits = ix.query(&mut keys, None).hits;
     assert_eq!(hits["b"].disk, 3 * BS);
-    // Block 3 is where the last cursor stopped; blocks 4 and 5 were never hashed.
-    assert_eq!(keys.asked, vec![0, 1, 2, 3]);
-    let mut keys = TestKeys::full(&P);
+    // Block 3 is where the last cursor stopped: 4 blocks looked up, 2 more hashed ahead.
+    assert_eq!(query::keys_hashed(4, P.len()), 6);
+    assert_eq!(keys.first_asks(), (0..6).collect::<Vec<_>>());
+    // A long prompt: the lookahead is bounded, the tail is never hashed.
+    let long: Vec<u64> = P.iter().copied().chain(100..200).collect();
+    let mut keys = TestKeys::full(&long);
+    keys.probe = Some(ix.reader());
     ix.query(&mut keys, Some("a"));
-    assert_eq!(keys.asked, vec![0, 1, 2]);
+    assert_eq!(query::keys_hashed(3, long.len()), 6);
+    assert_eq!(keys.first_asks(), (0..6).collect::<Vec<_>>());
+    let mut keys = TestKeys::full(&long);
+    ix.query(&mut keys, None);
+    assert_eq!(keys.first_asks(), (0..8).collect::<Vec<_>>());
 }
 
 #[test]

@@ -35,12 +35,67 @@ fn main() -> ExitCode {
             }
             _ => usage(),
         },
+        Some("--profile") => match args.get(2).map(String::as_str) {
+            Some(way @ ("keys" | "tokens" | "dynamo-keys" | "dynamo-tokens" | "apply" | "long")) => {
+                profile(way);
+                ExitCode::SUCCESS
+            }
+            _ => usage(),
+        },
         Some(_) => usage(),
     }
 }
 
+/// Build both indexes, then run one way of asking (or the apply alone) for a few seconds, so
+/// that a profiler attached to the process sees that path and little else.
+fn profile(way: &str) {
+    if way == "long" {
+        for _ in 0..3 {
+            black_box(long_query().is_ok());
+        }
+        return;
+    }
+    let w = workload::generate(SEED);
+    let mut ours = ours::Ours::new();
+    let prompts: Vec<_> = w.prompts.iter().map(|p| ours.prompt(&p.tokens)).collect();
+    let batches: Vec<_> = w.batches.iter().map(|b| ours.batch(b, &prompts)).collect();
+    if way == "apply" {
+        for _ in 0..5 {
+            let mut fresh = ours::Ours::new();
+            batches.iter().for_each(|b| fresh.apply(b));
+            black_box(fresh.pairs());
+        }
+        return;
+    }
+    batches.iter().for_each(|b| ours.apply(b));
+    let dynamo = dynamo::Dynamo::new(None);
+    if way.starts_with("dynamo") {
+        let dyn_prompts: Vec<_> = w.prompts.iter().map(|p| dynamo::prompt(&p.tokens)).collect();
+        let mut builder = dynamo::EventBuilder::new();
+        for b in &w.batches {
+            builder.events(b, &dyn_prompts).into_iter().for_each(|ev| dynamo.send(ev));
+        }
+        dynamo.flush();
+    }
+    let mut keys: Vec<ours::QueryKeys> = w.queries.iter().map(|t| ours.query_keys(t)).collect();
+    let dyn_keys: Vec<_> = w.queries.iter().map(|t| dynamo::local_hashes(t)).collect();
+    let mut answer = QueryHits::default();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(8) {
+        for (q, tokens) in w.queries.iter().enumerate() {
+            match way {
+                "keys" => ours.query_into(&mut keys[q], &mut answer),
+                "tokens" => ours.query_tokens_into(tokens, &mut answer),
+                "dynamo-keys" => drop(black_box(dynamo.find_matches(&dyn_keys[q]))),
+                _ => drop(black_box(dynamo.query_tokens(tokens))),
+            }
+        }
+    }
+    black_box(&answer);
+}
+
 fn usage() -> ExitCode {
-    eprintln!("usage: dynamo-compare [--rss-child ours|dynamo]");
+    eprintln!("usage: dynamo-compare [--rss-child ours|dynamo | --profile keys|tokens|dynamo-keys|dynamo-tokens|apply|long]");
     ExitCode::from(2)
 }
 

@@ -70,6 +70,20 @@ pub(super) struct Blocks {
     seed: u64,
 }
 
+/// The hash that places `key` in a shard's slots, `seed` being the table's slot seed.
+#[inline]
+pub(super) const fn slot_hash(key: u64, seed: u64) -> u64 {
+    mix64(key ^ seed)
+}
+
+/// Home slot of hash `h` among `len` slots: the hash's high bits scaled to the slot count, so any
+/// count works (growing by half rather than doubling keeps the load, and so the bytes per block,
+/// in a narrow band).
+#[inline]
+pub(super) const fn home_of(h: u64, len: usize) -> usize {
+    ((h as u128 * len as u128) >> 64) as usize
+}
+
 #[inline]
 const fn pack(idx1: u32, dist: usize, tag: u32) -> u32 {
     let d = if dist < DIST_SAT as usize {
@@ -103,14 +117,27 @@ impl Blocks {
 
     #[inline]
     fn hash(&self, key: u64) -> u64 {
-        mix64(key ^ self.seed)
+        slot_hash(key, self.seed)
     }
 
-    /// Home slot: the hash's high bits scaled to the slot count, so any count works (growing by
-    /// half rather than doubling keeps the load, and so the bytes per block, in a narrow band).
     #[inline]
     fn home(&self, h: u64) -> usize {
-        ((u128::from(h) * self.slots.len() as u128) >> 64) as usize
+        home_of(h, self.slots.len())
+    }
+
+    /// The slot array's address and length (for [`super::prefetch::SlotView`]).
+    pub(super) fn slots_view(&self) -> (*const u32, usize) {
+        (self.slots.as_ptr(), self.slots.len())
+    }
+
+    /// Prefetch the record `key`'s home slot names (usually `key`'s own record).
+    #[inline]
+    pub(super) fn prefetch_record(&self, key: u64) {
+        if let Some(&s) = self.slots.get(self.home(self.hash(key)))
+            && s != 0
+        {
+            super::prefetch::prefetch(self.records.as_ptr().wrapping_add(Self::record_of(s)));
+        }
     }
 
     #[inline]

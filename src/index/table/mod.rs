@@ -22,6 +22,7 @@
 
 mod arena;
 mod blocks;
+mod prefetch;
 #[cfg(test)]
 mod ref_tests;
 mod set_index;
@@ -35,6 +36,7 @@ use std::sync::{MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGua
 use crate::model::Tier;
 
 use blocks::{Blocks, IDX_BITS, Probe};
+use prefetch::SlotView;
 pub(crate) use sets::is_inline;
 use sets::{SetWriter, Sets};
 
@@ -299,6 +301,13 @@ impl ShardRead<'_> {
             .map_or(0, |(_, idx)| self.shard.blocks.val(idx))
     }
 
+    /// Bring the cache line of `key`'s record in (its slot should be cached already, see
+    /// [`Table::prefetch`]).
+    #[inline]
+    pub fn prefetch_record(&self, key: u64) {
+        self.shard.blocks.prefetch_record(key);
+    }
+
     /// How often a freed set value was given to other entries so far; read it after
     /// [`Self::value`], under the same lock.
     #[inline]
@@ -366,6 +375,9 @@ impl ShardRead<'_> {
 /// The shards of one context.
 pub(crate) struct Table {
     shards: Box<[RwLock<Shard>]>,
+    /// Per shard, where its slots live (see [`prefetch`]).
+    views: Box<[SlotView]>,
+    slot_seed: u64,
     shard_seed: u64,
     sets: Sets,
 }
@@ -380,6 +392,8 @@ impl Table {
         // from the top bits of its hash; the two must not be the same bits of the same hash.
         Table {
             shards,
+            views: (0..1u32 << SHARD_BITS).map(|_| SlotView::new()).collect(),
+            slot_seed,
             shard_seed: mix64(slot_seed ^ 0x5bd1_e995),
             sets: Sets::new(mix64(slot_seed ^ 0x2545_f491)),
         }
@@ -401,6 +415,16 @@ impl Table {
     fn resolve(&self, r: BlockRef) -> (&RwLock<Shard>, u32) {
         let shard = (r >> IDX_BITS) as usize & ((1 << SHARD_BITS) - 1);
         (&self.shards[shard], r & ((1 << IDX_BITS) - 1))
+    }
+
+    /// Bring the cache line of `key`'s home slot in, without a lock (see [`prefetch`]): for a
+    /// walk that will look `key` up a few blocks later.
+    #[inline]
+    pub fn prefetch(&self, key: u64) {
+        let h = blocks::slot_hash(key, self.slot_seed);
+        if let Some(view) = self.views.get(self.shard_no(key)) {
+            view.prefetch_slot(|len| blocks::home_of(h, len));
+        }
     }
 
     #[inline]
@@ -440,6 +464,9 @@ impl Table {
                 .filter(|_| added.new_holder)
                 .map(|idx| (shard as u32) << IDX_BITS | idx);
             f(item, added, r);
+        }
+        if let Some(view) = self.views.get(shard) {
+            view.publish(guard.blocks.slots_view());
         }
     }
 

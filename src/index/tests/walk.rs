@@ -28,7 +28,7 @@ fn a_shared_system_prompt_then_one_continuation() {
     put_shared(&mut ix, "b0", Tier::Disk, &prompt);
     let mut keys = TestKeys::full(&prompt);
     let hits = ix.query(&mut keys, None);
-    assert_eq!(keys.asked, (0..prompt.len()).collect::<Vec<_>>());
+    assert_eq!(keys.first_asks(), (0..prompt.len()).collect::<Vec<_>>());
     assert_eq!(hits.hits.len(), 16);
     for (inst, row) in &hits.hits {
         for (&rank, &t) in &row.rank_matches {
@@ -48,12 +48,15 @@ fn a_shared_system_prompt_then_one_continuation() {
     let mut ix = new_index();
     let own = system_prompt(&mut ix, &system, 32, 24);
     let mut prompt: Vec<u64> = system.iter().chain(&own[..10]).copied().collect();
-    prompt.extend([7_777_001, 7_777_002]);
+    prompt.extend(7_777_001..7_777_013);
     let mut keys = TestKeys::full(&prompt);
     let hits = ix.query(&mut keys, None);
+    // 19 blocks looked up (the first block nobody holds is the 19th), 7 more hashed by the
+    // lookahead, and the last 4 of the prompt's 30 never.
+    assert_eq!(super::query::keys_hashed(19, prompt.len()), 26);
     assert_eq!(
-        keys.asked.len(),
-        19,
+        keys.first_asks(),
+        (0..26).collect::<Vec<_>>(),
         "stops at the first block nobody holds"
     );
     assert_eq!(hits.hits["i0"].rank_matches[&0], counts(18, 18, 18, 18));
