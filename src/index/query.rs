@@ -326,17 +326,20 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
     let mut alt_entries = Vec::new();
     // Blocks below this have had their slot line prefetched.
     let mut ahead = 0usize;
+    // Registered for the whole walk: table reads take no lock (see `table::view`).
+    let reading = shared.table.reading();
     while c < n && cur.live > 0 {
         // Hash outside any lock: this is where the lazy chain pays for the blocks up to
         // `c + PREFETCH_AHEAD` (see `PREFETCH_AHEAD` for the waste past a miss).
         let window = prefetch_window(c, n);
         while ahead < window {
-            shared.table.prefetch(keys.key(ahead).0);
+            shared.table.prefetch(&reading, keys.key(ahead).0);
             ahead += 1;
         }
         if c + RECORD_AHEAD < ahead {
-            let later = keys.key(c + RECORD_AHEAD).0;
-            shared.table.read(later).prefetch_record(later);
+            shared
+                .table
+                .prefetch_record(&reading, keys.key(c + RECORD_AHEAD).0);
         }
         let key = keys.key(c).0;
         let alt = if with_raw {
@@ -345,32 +348,38 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
             None
         };
         let alt_val = alt.map_or(0, |alt| {
-            let shard = shared.table.read(alt);
-            let val = shard.value(alt);
-            alt_entries.clear();
-            shard.entries_into(val, &mut alt_entries);
-            val
+            shared
+                .table
+                .lookup(&reading, alt, |_, _| true, &mut alt_entries)
+                .0
         });
-        {
-            let shard = shared.table.read(key);
-            let val = shard.value(key);
-            let reused = shard.sets_reused();
-            if val == 0 && alt_val == 0 {
-                break;
-            }
-            if alt_val == 0 && val == last_val && (is_inline(val) || reused == last_reused) {
-                c += 1;
-                continue;
-            }
+        // Same value as the previous block (and no set value reused meanwhile): every holder
+        // holds this block as it held that one.
+        let unchanged = |val: u32, reused: u64| {
+            alt_val == 0 && val == last_val && (is_inline(val) || reused == last_reused)
+        };
+        let (val, reused) = shared.table.lookup(
+            &reading,
+            key,
+            |val, reused| val != 0 && !unchanged(val, reused),
+            &mut next,
+        );
+        if val == 0 && alt_val == 0 {
+            break;
+        }
+        if unchanged(val, reused) {
+            c += 1;
+            continue;
+        }
+        if val == 0 {
             next.clear();
-            shard.entries_into(val, &mut next);
-            if alt_val == 0 {
-                (last_val, last_reused) = (val, reused);
-            } else {
-                // A union of two blocks is no one value: the next block takes the slow path.
-                last_val = 0;
-                union_into(&mut next, &alt_entries);
-            }
+        }
+        if alt_val == 0 {
+            (last_val, last_reused) = (val, reused);
+        } else {
+            // A union of two blocks is no one value: the next block takes the slow path.
+            last_val = 0;
+            union_into(&mut next, &alt_entries);
         }
         merge(&prev, &next, |id, old, new| cur.change(route, id, old, new));
         cur.step(c == 0, keys.covered(c));

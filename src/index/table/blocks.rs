@@ -16,8 +16,19 @@
 //!
 //! A free record has value 0 (a live block's value never is) and links the free list through its
 //! key.
+//!
+//! # Read without the shard lock
+//!
+//! The slots and records live in [`Arrays`] of atomic cells (plain loads and stores on x86), so
+//! the query walk can read them while the shard's single writer changes them, validating each
+//! read with the shard's version (`table::view`). Growing either array builds a new
+//! [`Arrays`]; the old one is kept (`retired`) until no such reader can still be in it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use super::mix64;
+use super::prefetch::prefetch;
 
 /// Bits of a slot holding `record + 1`.
 pub(super) const IDX_BITS: u32 = 25;
@@ -33,6 +44,7 @@ const TAG_SHIFT: u32 = IDX_BITS + 4;
 const LOAD_NUM: usize = 7;
 const LOAD_DEN: usize = 8;
 const MIN_SLOTS: usize = 8;
+const MIN_RECORDS: usize = 8;
 /// Below this many slots (16 KiB) a shard doubles: its bytes hardly matter and every growth
 /// rehashes it. Larger shards grow by half, so the load after growing is 58 %, not 44 %.
 const DOUBLE_BELOW: usize = 4096;
@@ -46,7 +58,7 @@ pub(super) enum Probe {
     Vacant { pos: usize, dist: usize, hash: u64 },
 }
 
-/// 12 bytes, 4-byte aligned: a record's key and value share a cache line on almost every lookup.
+/// A record as read: a block's key and value.
 #[derive(Clone, Copy, Default)]
 struct Record {
     key_lo: u32,
@@ -61,27 +73,19 @@ impl Record {
     }
 }
 
-pub(super) struct Blocks {
-    slots: Vec<u32>,
-    records: Vec<Record>,
-    /// `record + 1` of the first free record, 0 when none.
-    free_head: u32,
-    len: usize,
-    seed: u64,
+/// 12 bytes, 4-byte aligned: a record's key and value share a cache line on almost every lookup.
+#[derive(Default)]
+struct Cell {
+    key_lo: AtomicU32,
+    key_hi: AtomicU32,
+    val: AtomicU32,
 }
 
-/// The hash that places `key` in a shard's slots, `seed` being the table's slot seed.
-#[inline]
-pub(super) const fn slot_hash(key: u64, seed: u64) -> u64 {
-    mix64(key ^ seed)
-}
-
-/// Home slot of hash `h` among `len` slots: the hash's high bits scaled to the slot count, so any
-/// count works (growing by half rather than doubling keeps the load, and so the bytes per block,
-/// in a narrow band).
-#[inline]
-pub(super) const fn home_of(h: u64, len: usize) -> usize {
-    ((h as u128 * len as u128) >> 64) as usize
+/// A shard's slots and records. Every access is an atomic load or store, so a lock-free reader
+/// may look while the writer writes; such a read means something only once validated.
+pub(super) struct Arrays {
+    slots: Box<[AtomicU32]>,
+    records: Box<[Cell]>,
 }
 
 #[inline]
@@ -99,97 +103,103 @@ const fn stored_dist(slot: u32) -> u32 {
     (slot >> DIST_SHIFT) & DIST_SAT
 }
 
-impl Blocks {
-    pub(super) fn new(seed: u64) -> Self {
-        Blocks {
-            slots: Vec::new(),
-            records: Vec::new(),
-            free_head: 0,
-            len: 0,
-            seed,
-        }
-    }
+/// The hash that places `key` in a shard's slots, `seed` being the table's slot seed.
+#[inline]
+pub(super) const fn slot_hash(key: u64, seed: u64) -> u64 {
+    mix64(key ^ seed)
+}
 
-    #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
-        self.len
-    }
+/// Home slot of hash `h` among `len` slots: the hash's high bits scaled to the slot count, so any
+/// count works (growing by half rather than doubling keeps the load, and so the bytes per block,
+/// in a narrow band).
+#[inline]
+pub(super) const fn home_of(h: u64, len: usize) -> usize {
+    ((h as u128 * len as u128) >> 64) as usize
+}
 
-    #[inline]
-    fn hash(&self, key: u64) -> u64 {
-        slot_hash(key, self.seed)
-    }
+#[inline]
+const fn tag(h: u64) -> u32 {
+    (h & 7) as u32
+}
 
-    #[inline]
-    fn home(&self, h: u64) -> usize {
-        home_of(h, self.slots.len())
-    }
+#[inline]
+fn record_of(slot: u32) -> usize {
+    (slot & IDX_MASK) as usize - 1
+}
 
-    /// The slot array's address and length (for [`super::prefetch::SlotView`]).
-    pub(super) fn slots_view(&self) -> (*const u32, usize) {
-        (self.slots.as_ptr(), self.slots.len())
-    }
+fn zeroed(n: usize) -> Box<[AtomicU32]> {
+    (0..n).map(|_| AtomicU32::new(0)).collect()
+}
 
-    /// Prefetch the record `key`'s home slot names (usually `key`'s own record).
-    #[inline]
-    pub(super) fn prefetch_record(&self, key: u64) {
-        if let Some(&s) = self.slots.get(self.home(self.hash(key)))
-            && s != 0
-        {
-            super::prefetch::prefetch(self.records.as_ptr().wrapping_add(Self::record_of(s)));
+impl Arrays {
+    fn new(slots: usize, records: usize) -> Self {
+        Arrays {
+            slots: zeroed(slots),
+            records: (0..records).map(|_| Cell::default()).collect(),
         }
     }
 
     #[inline]
-    const fn tag(h: u64) -> u32 {
-        (h & 7) as u32
+    fn slot(&self, pos: usize) -> u32 {
+        self.slots.get(pos).map_or(0, |s| s.load(Relaxed))
+    }
+
+    #[inline]
+    fn set_slot(&self, pos: usize, v: u32) {
+        if let Some(s) = self.slots.get(pos) {
+            s.store(v, Relaxed);
+        }
+    }
+
+    #[inline]
+    fn rec(&self, i: usize) -> Record {
+        self.records.get(i).map_or(Record::default(), |c| Record {
+            key_lo: c.key_lo.load(Relaxed),
+            key_hi: c.key_hi.load(Relaxed),
+            val: c.val.load(Relaxed),
+        })
+    }
+
+    #[inline]
+    fn set_rec(&self, i: usize, r: Record) {
+        if let Some(c) = self.records.get(i) {
+            c.key_lo.store(r.key_lo, Relaxed);
+            c.key_hi.store(r.key_hi, Relaxed);
+            c.val.store(r.val, Relaxed);
+        }
     }
 
     #[inline]
     fn next(&self, pos: usize) -> usize {
-        if pos + 1 == self.slots.len() {
+        if pos + 1 >= self.slots.len() {
             0
         } else {
             pos + 1
         }
     }
 
-    #[inline]
-    fn record_of(slot: u32) -> usize {
-        (slot & IDX_MASK) as usize - 1
-    }
-
     /// Exact distance of the entry `slot` at `pos` from its home.
-    fn dist(&self, pos: usize, slot: u32) -> usize {
+    fn dist(&self, seed: u64, pos: usize, slot: u32) -> usize {
         let d = stored_dist(slot);
         if d < DIST_SAT {
             return d as usize;
         }
-        let home = self.home(self.hash(self.records[Self::record_of(slot)].key()));
-        (pos + self.slots.len() - home) % self.slots.len()
+        let len = self.slots.len();
+        let home = home_of(slot_hash(self.rec(record_of(slot)).key(), seed), len);
+        (pos + len - home) % len
     }
 
-    /// Slot position and record index of `key`.
+    /// Look `key` up. Ends within one pass over the slots and never panics, whatever a writer
+    /// does meanwhile; without the shard lock, only a validated answer counts.
     #[inline]
-    pub(super) fn find(&self, key: u64) -> Option<(usize, u32)> {
-        if self.slots.is_empty() {
-            return None;
-        }
-        match self.probe(key) {
-            Probe::Found(pos, idx) => Some((pos, idx)),
-            Probe::Vacant { .. } => None,
-        }
-    }
-
-    /// Look `key` up; the slots must not be empty (see [`Self::reserve_one`]).
-    #[inline]
-    pub(super) fn probe(&self, key: u64) -> Probe {
-        let h = self.hash(key);
-        let tag = Self::tag(h);
-        let mut pos = self.home(h);
+    pub(super) fn probe(&self, seed: u64, key: u64) -> Probe {
+        let len = self.slots.len();
+        let h = slot_hash(key, seed);
+        let tag = tag(h);
+        let mut pos = home_of(h, len);
         let mut d = 0usize;
-        loop {
-            let s = self.slots[pos];
+        while d < len {
+            let s = self.slot(pos);
             if s == 0 {
                 break;
             }
@@ -201,11 +211,11 @@ impl Blocks {
                 break;
             }
             if sd == dd && (dd == DIST_SAT || s >> TAG_SHIFT == tag) {
-                let r = Self::record_of(s);
-                if self.records[r].key() == key {
+                let r = record_of(s);
+                if self.rec(r).key() == key {
                     return Probe::Found(pos, r as u32);
                 }
-                if dd == DIST_SAT && self.dist(pos, s) < d {
+                if dd == DIST_SAT && self.dist(seed, pos, s) < d {
                     break;
                 }
             }
@@ -219,9 +229,131 @@ impl Blocks {
         }
     }
 
+    /// The value of `key`, 0 when absent (see [`Self::probe`] on reading without the lock).
+    #[inline]
+    pub(super) fn value(&self, seed: u64, key: u64) -> u32 {
+        match self.probe(seed, key) {
+            Probe::Found(_, idx) => self.rec(idx as usize).val,
+            Probe::Vacant { .. } => 0,
+        }
+    }
+
+    /// Bring in the cache line of `key`'s home slot.
+    #[inline]
+    pub(super) fn prefetch_slot(&self, seed: u64, key: u64) {
+        let len = self.slots.len();
+        if len > 0 {
+            prefetch(
+                self.slots
+                    .as_ptr()
+                    .wrapping_add(home_of(slot_hash(key, seed), len)),
+            );
+        }
+    }
+
+    /// Bring in the cache line of the record of the first slot that may be `key`'s (right
+    /// distance from `key`'s home and matching tag), looking at a few slots (one cache line,
+    /// brought in by [`Self::prefetch_slot`]) and no record.
+    #[inline]
+    pub(super) fn prefetch_record(&self, seed: u64, key: u64) {
+        let len = self.slots.len();
+        let h = slot_hash(key, seed);
+        let mut pos = home_of(h, len);
+        for d in 0..8u32.min(len as u32) {
+            let s = self.slot(pos);
+            if s == 0 || stored_dist(s) < d {
+                return;
+            }
+            if stored_dist(s) == d && s >> TAG_SHIFT == tag(h) {
+                prefetch(self.records.as_ptr().wrapping_add(record_of(s)));
+                return;
+            }
+            pos = self.next(pos);
+        }
+    }
+}
+
+pub(super) struct Blocks {
+    arrays: Arc<Arrays>,
+    /// Arrays replaced by larger ones, kept while a lock-free reader may still read them.
+    retired: Vec<Arc<Arrays>>,
+    /// Records handed out so far (live or free); the rest of `arrays.records` is spare.
+    used: usize,
+    /// `record + 1` of the first free record, 0 when none.
+    free_head: u32,
+    len: usize,
+    seed: u64,
+}
+
+impl Blocks {
+    pub(super) fn new(seed: u64) -> Self {
+        Blocks {
+            arrays: Arc::new(Arrays::new(0, 0)),
+            retired: Vec::new(),
+            used: 0,
+            free_head: 0,
+            len: 0,
+            seed,
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The arrays lock-free readers should read from now on.
+    pub(super) fn arrays_ptr(&self) -> *const Arrays {
+        Arc::as_ptr(&self.arrays)
+    }
+
+    pub(super) fn has_retired(&self) -> bool {
+        !self.retired.is_empty()
+    }
+
+    /// Free the replaced arrays: only once no lock-free reader can still hold them.
+    pub(super) fn drop_retired(&mut self) {
+        self.retired.clear();
+    }
+
+    fn replace_arrays(&mut self, new: Arrays) {
+        let old = std::mem::replace(&mut self.arrays, Arc::new(new));
+        self.retired.push(old);
+    }
+
+    #[inline]
+    fn a(&self) -> &Arrays {
+        &self.arrays
+    }
+
+    #[inline]
+    fn hash(&self, key: u64) -> u64 {
+        slot_hash(key, self.seed)
+    }
+
+    #[inline]
+    fn home(&self, h: u64) -> usize {
+        home_of(h, self.a().slots.len())
+    }
+
+    /// Slot position and record index of `key`.
+    #[inline]
+    pub(super) fn find(&self, key: u64) -> Option<(usize, u32)> {
+        match self.a().probe(self.seed, key) {
+            Probe::Found(pos, idx) => Some((pos, idx)),
+            Probe::Vacant { .. } => None,
+        }
+    }
+
+    /// Look `key` up; the slots must not be empty (see [`Self::reserve_one`]).
+    #[inline]
+    pub(super) fn probe(&self, key: u64) -> Probe {
+        self.a().probe(self.seed, key)
+    }
+
     /// Make room for `n` more blocks without growing in between.
     pub(super) fn reserve(&mut self, n: usize) {
-        if (self.len + n) * LOAD_DEN > self.slots.len() * LOAD_NUM {
+        if (self.len + n) * LOAD_DEN > self.a().slots.len() * LOAD_NUM {
             self.grow_for(n);
         }
     }
@@ -229,37 +361,69 @@ impl Blocks {
     /// The content of `key`'s home slot (to bring its cache line in early).
     #[inline]
     pub(super) fn home_slot(&self, key: u64) -> u32 {
-        let pos = self.home(self.hash(key));
-        self.slots.get(pos).copied().unwrap_or(0)
+        self.a().slot(self.home(self.hash(key)))
     }
 
     /// Make room for one more block, so that a following [`Self::probe`] can be followed by
     /// [`Self::insert`] at the position it found.
     #[inline]
     pub(super) fn reserve_one(&mut self) {
-        if (self.len + 1) * LOAD_DEN > self.slots.len() * LOAD_NUM {
+        if (self.len + 1) * LOAD_DEN > self.a().slots.len() * LOAD_NUM {
             self.grow_for(1);
         }
     }
 
     #[inline]
     pub(super) fn val(&self, idx: u32) -> u32 {
-        self.records.get(idx as usize).map_or(0, |r| r.val)
+        self.a().rec(idx as usize).val
     }
 
     /// The key of live record `idx`.
     pub(super) fn key(&self, idx: u32) -> Option<u64> {
-        self.records
-            .get(idx as usize)
-            .filter(|r| r.val != 0)
-            .map(|r| r.key())
+        let r = self.a().rec(idx as usize);
+        (r.val != 0).then(|| r.key())
     }
 
     #[inline]
     pub(super) fn set_val(&mut self, idx: u32, val: u32) {
         debug_assert!(val != 0, "a live block's value is never 0");
-        if let Some(r) = self.records.get_mut(idx as usize) {
-            r.val = val;
+        if let Some(c) = self.a().records.get(idx as usize) {
+            c.val.store(val, Relaxed);
+        }
+    }
+
+    /// A record index for a new block: a free one, else the next unused one (growing the
+    /// records when full); `None` at [`MAX_RECORDS`].
+    fn take_record(&mut self) -> Option<u32> {
+        if self.free_head != 0 {
+            let idx = self.free_head - 1;
+            self.free_head = self.a().rec(idx as usize).key_lo;
+            return Some(idx);
+        }
+        if self.used >= MAX_RECORDS {
+            return None;
+        }
+        if self.used == self.a().records.len() {
+            let cap = (self.used * 2).clamp(MIN_RECORDS, MAX_RECORDS);
+            let new = Arrays {
+                slots: self
+                    .a()
+                    .slots
+                    .iter()
+                    .map(|s| AtomicU32::new(s.load(Relaxed)))
+                    .collect(),
+                records: (0..cap).map(|_| Cell::default()).collect(),
+            };
+            self.copy_records_into(&new);
+            self.replace_arrays(new);
+        }
+        self.used += 1;
+        Some((self.used - 1) as u32)
+    }
+
+    fn copy_records_into(&self, new: &Arrays) {
+        for i in 0..self.used {
+            new.set_rec(i, self.a().rec(i));
         }
     }
 
@@ -271,24 +435,16 @@ impl Blocks {
             return None;
         };
         debug_assert!(val != 0 && self.find(key).is_none());
-        if self.free_head == 0 && self.records.len() >= MAX_RECORDS {
-            return None;
-        }
-        let record = Record {
-            key_lo: key as u32,
-            key_hi: (key >> 32) as u32,
-            val,
-        };
-        let idx = if self.free_head != 0 {
-            let idx = self.free_head - 1;
-            self.free_head = self.records[idx as usize].key_lo;
-            self.records[idx as usize] = record;
-            idx
-        } else {
-            self.records.push(record);
-            (self.records.len() - 1) as u32
-        };
-        self.place_from(pos, dist, (idx + 1, Self::tag(hash)));
+        let idx = self.take_record()?;
+        self.a().set_rec(
+            idx as usize,
+            Record {
+                key_lo: key as u32,
+                key_hi: (key >> 32) as u32,
+                val,
+            },
+        );
+        self.place_from(pos, dist, (idx + 1, tag(hash)));
         self.len += 1;
         Some(idx)
     }
@@ -296,25 +452,26 @@ impl Blocks {
     /// Robin Hood insertion of slot `carry` (`record + 1`, tag) at `pos`, `d` slots from its
     /// home: walk on and hand each slot to whichever entry is farther from its own home.
     fn place_from(&mut self, mut pos: usize, mut d: usize, mut carry: (u32, u32)) {
+        let a = &*self.arrays;
         loop {
-            let s = self.slots[pos];
+            let s = a.slot(pos);
             if s == 0 {
-                self.slots[pos] = pack(carry.0, d, carry.1);
+                a.set_slot(pos, pack(carry.0, d, carry.1));
                 return;
             }
             let sd = stored_dist(s);
             let poorer = if sd < DIST_SAT {
                 (sd as usize) < d
             } else {
-                d > DIST_SAT as usize && self.dist(pos, s) < d
+                d > DIST_SAT as usize && a.dist(self.seed, pos, s) < d
             };
             if poorer {
-                let exact = self.dist(pos, s);
-                self.slots[pos] = pack(carry.0, d, carry.1);
+                let exact = a.dist(self.seed, pos, s);
+                a.set_slot(pos, pack(carry.0, d, carry.1));
                 carry = (s & IDX_MASK, s >> TAG_SHIFT);
                 d = exact;
             }
-            pos = self.next(pos);
+            pos = a.next(pos);
             d += 1;
         }
     }
@@ -322,48 +479,60 @@ impl Blocks {
     /// Remove the block at slot `pos` (record `idx`, from [`Self::find`]): shift the following
     /// entries of its cluster one slot back, then free the record.
     pub(super) fn remove(&mut self, pos: usize, idx: u32) {
+        let a = &*self.arrays;
         let mut hole = pos;
         loop {
-            let nxt = self.next(hole);
-            let s = self.slots[nxt];
+            let nxt = a.next(hole);
+            let s = a.slot(nxt);
             if s == 0 || stored_dist(s) == 0 {
                 break;
             }
-            let d = self.dist(nxt, s);
-            self.slots[hole] = pack(s & IDX_MASK, d - 1, s >> TAG_SHIFT);
+            let d = a.dist(self.seed, nxt, s);
+            a.set_slot(hole, pack(s & IDX_MASK, d - 1, s >> TAG_SHIFT));
             hole = nxt;
         }
-        self.slots[hole] = 0;
-        self.records[idx as usize] = Record {
-            key_lo: self.free_head,
-            key_hi: 0,
-            val: 0,
-        };
+        a.set_slot(hole, 0);
+        a.set_rec(
+            idx as usize,
+            Record {
+                key_lo: self.free_head,
+                key_hi: 0,
+                val: 0,
+            },
+        );
         self.free_head = idx + 1;
         self.len -= 1;
     }
 
     /// Grow so that `n` more blocks fit.
     fn grow_for(&mut self, n: usize) {
-        let old = self.slots.len();
+        let old = self.a().slots.len();
         let step = if old < DOUBLE_BELOW { old } else { old / 2 };
         let mut cap = (old + step).max(MIN_SLOTS);
         while (self.len + n) * LOAD_DEN > cap * LOAD_NUM {
             cap += cap / 2;
         }
-        self.slots = vec![0; cap];
-        for i in 0..self.records.len() {
-            let r = self.records[i];
+        let new = Arrays {
+            slots: zeroed(cap),
+            records: (0..self.a().records.len())
+                .map(|_| Cell::default())
+                .collect(),
+        };
+        self.copy_records_into(&new);
+        self.replace_arrays(new);
+        for i in 0..self.used {
+            let r = self.a().rec(i);
             if r.val != 0 {
                 let h = self.hash(r.key());
-                self.place_from(self.home(h), 0, (i as u32 + 1, Self::tag(h)));
+                self.place_from(self.home(h), 0, (i as u32 + 1, tag(h)));
             }
         }
     }
 
     /// Every live (key, value), in record order.
     pub(super) fn for_each(&self, mut f: impl FnMut(u64, u32)) {
-        for r in &self.records {
+        for i in 0..self.used {
+            let r = self.a().rec(i);
             if r.val != 0 {
                 f(r.key(), r.val);
             }
@@ -374,7 +543,7 @@ impl Blocks {
     #[cfg(test)]
     pub(super) fn with_slots(seed: u64, slots: usize) -> Self {
         let mut b = Blocks::new(seed);
-        b.slots = vec![0; slots];
+        b.arrays = Arc::new(Arrays::new(slots, 0));
         b
     }
 
@@ -386,35 +555,43 @@ impl Blocks {
 
     #[cfg(test)]
     pub(super) fn slot_count(&self) -> usize {
-        self.slots.len()
+        self.a().slots.len()
+    }
+
+    #[cfg(test)]
+    fn slot_values(&self) -> Vec<u32> {
+        (0..self.slot_count()).map(|p| self.a().slot(p)).collect()
     }
 
     /// Test support: every slot holds an entry at its true distance, in Robin Hood order, and
     /// each live record is found at its slot.
     #[cfg(test)]
     pub(super) fn check(&self) {
+        let slots = self.slot_values();
+        let n = slots.len();
         let mut live = 0;
-        for (pos, &s) in self.slots.iter().enumerate() {
+        for (pos, &s) in slots.iter().enumerate() {
             if s == 0 {
                 continue;
             }
             live += 1;
-            let r = self.records[Self::record_of(s)];
+            let r = self.a().rec(record_of(s));
             assert_ne!(r.val, 0, "slot {pos} names a free record");
             let h = self.hash(r.key());
-            assert_eq!(s >> TAG_SHIFT, Self::tag(h));
-            let d = (pos + self.slots.len() - self.home(h)) % self.slots.len();
+            assert_eq!(s >> TAG_SHIFT, tag(h));
+            let d = (pos + n - self.home(h)) % n;
             assert_eq!(stored_dist(s) as usize, d.min(DIST_SAT as usize));
-            let prev = self.slots[(pos + self.slots.len() - 1) % self.slots.len()];
+            let prev = slots[(pos + n - 1) % n];
             if d > 0 {
                 assert_ne!(prev, 0, "a gap before displaced slot {pos}");
-                let pd = self.dist((pos + self.slots.len() - 1) % self.slots.len(), prev);
+                let pd = self.a().dist(self.seed, (pos + n - 1) % n, prev);
                 assert!(pd + 1 >= d, "Robin Hood order broken at {pos}");
             }
             assert_eq!(self.find(r.key()).map(|f| f.0), Some(pos));
         }
         assert_eq!(live, self.len);
-        assert_eq!(self.records.iter().filter(|r| r.val != 0).count(), self.len);
+        let live_records = (0..self.used).filter(|&i| self.a().rec(i).val != 0).count();
+        assert_eq!(live_records, self.len);
     }
 }
 
@@ -478,7 +655,7 @@ mod tests {
             b.check();
         }
         assert_eq!(b.len(), 0);
-        assert!(b.slots.iter().all(|&s| s == 0), "no tombstones");
+        assert!(b.slot_values().iter().all(|&s| s == 0), "no tombstones");
     }
 
     #[test]

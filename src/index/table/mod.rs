@@ -29,16 +29,18 @@ mod set_index;
 #[cfg(test)]
 mod set_tests;
 mod sets;
+mod view;
 
 use std::hash::BuildHasher;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::model::Tier;
 
 use blocks::{Blocks, IDX_BITS, Probe};
-use prefetch::SlotView;
 pub(crate) use sets::is_inline;
 use sets::{SetWriter, Sets};
+use view::{Reading, ShardView};
 
 pub(crate) const DEVICE: u8 = 1;
 pub(crate) const CPU_LOCAL: u8 = 2;
@@ -284,6 +286,37 @@ impl Shard {
     }
 }
 
+/// A shard under its write lock, inside a write section of its view: ending the section (also
+/// on unwind) publishes the shard's arrays and frees replaced ones when no lock-free reader can
+/// hold them.
+struct ShardWrite<'a> {
+    guard: RwLockWriteGuard<'a, Shard>,
+    view: &'a ShardView,
+    readers: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for ShardWrite<'_> {
+    type Target = Shard;
+    fn deref(&self) -> &Shard {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for ShardWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Shard {
+        &mut self.guard
+    }
+}
+
+impl Drop for ShardWrite<'_> {
+    fn drop(&mut self) {
+        self.view.end_write(self.guard.blocks.arrays_ptr());
+        if self.guard.blocks.has_retired() && view::no_readers(self.readers) {
+            self.guard.blocks.drop_retired();
+        }
+    }
+}
+
 /// A shard under its read lock, with the context's sets to look its multi-holder blocks up in.
 pub(crate) struct ShardRead<'a> {
     shard: RwLockReadGuard<'a, Shard>,
@@ -299,31 +332,6 @@ impl ShardRead<'_> {
             .blocks
             .find(key)
             .map_or(0, |(_, idx)| self.shard.blocks.val(idx))
-    }
-
-    /// Bring the cache line of `key`'s record in (its slot should be cached already, see
-    /// [`Table::prefetch`]).
-    #[inline]
-    pub fn prefetch_record(&self, key: u64) {
-        self.shard.blocks.prefetch_record(key);
-    }
-
-    /// How often a freed set value was given to other entries so far; read it after
-    /// [`Self::value`], under the same lock.
-    #[inline]
-    pub fn sets_reused(&self) -> u64 {
-        self.sets.reused()
-    }
-
-    /// Append the entries of block value `val` (from [`Self::value`] under this lock) to `out`,
-    /// sorted by holder id.
-    #[inline]
-    pub fn entries_into(&self, val: u32, out: &mut Vec<u32>) {
-        if is_inline(val) {
-            out.push(val);
-        } else if val != 0 {
-            out.extend_from_slice(self.sets.lists().entries(val));
-        }
     }
 
     /// Call `f` with every entry of block value `val` (from [`Self::value`] under this lock).
@@ -375,8 +383,10 @@ impl ShardRead<'_> {
 /// The shards of one context.
 pub(crate) struct Table {
     shards: Box<[RwLock<Shard>]>,
-    /// Per shard, where its slots live (see [`prefetch`]).
-    views: Box<[SlotView]>,
+    /// Per shard, its version and arrays for lock-free readers (see [`view`]).
+    views: Box<[ShardView]>,
+    /// Lock-free readers in flight (see [`view`]).
+    readers: AtomicUsize,
     slot_seed: u64,
     shard_seed: u64,
     sets: Sets,
@@ -385,14 +395,19 @@ pub(crate) struct Table {
 impl Table {
     pub fn new() -> Self {
         let slot_seed = random_seed();
-        let shards = (0..1u32 << SHARD_BITS)
+        let shards: Box<[RwLock<Shard>]> = (0..1u32 << SHARD_BITS)
             .map(|_| RwLock::new(Shard::new(slot_seed)))
+            .collect();
+        let views = shards
+            .iter()
+            .map(|s| ShardView::new(read_lock(s).blocks.arrays_ptr()))
             .collect();
         // A second seed: the shard is picked from the top bits, and a shard's home slot also comes
         // from the top bits of its hash; the two must not be the same bits of the same hash.
         Table {
             shards,
-            views: (0..1u32 << SHARD_BITS).map(|_| SlotView::new()).collect(),
+            views,
+            readers: AtomicUsize::new(0),
             slot_seed,
             shard_seed: mix64(slot_seed ^ 0x5bd1_e995),
             sets: Sets::new(mix64(slot_seed ^ 0x2545_f491)),
@@ -410,20 +425,77 @@ impl Table {
         &self.shards[self.shard_no(key)]
     }
 
-    /// The shard lock and record index behind `r`.
+    /// The shard number and record index behind `r`.
     #[inline]
-    fn resolve(&self, r: BlockRef) -> (&RwLock<Shard>, u32) {
+    fn resolve(&self, r: BlockRef) -> (usize, u32) {
         let shard = (r >> IDX_BITS) as usize & ((1 << SHARD_BITS) - 1);
-        (&self.shards[shard], r & ((1 << IDX_BITS) - 1))
+        (shard, r & ((1 << IDX_BITS) - 1))
     }
 
-    /// Bring the cache line of `key`'s home slot in, without a lock (see [`prefetch`]): for a
-    /// walk that will look `key` up a few blocks later.
+    /// Register a lock-free reader (the query walk) for the lifetime of the guard: the
+    /// [`Self::lookup`] family needs one.
     #[inline]
-    pub fn prefetch(&self, key: u64) {
-        let h = blocks::slot_hash(key, self.slot_seed);
+    pub fn reading(&self) -> Reading<'_> {
+        Reading::new(&self.readers)
+    }
+
+    /// Without a lock (see [`view`]): the value of block `key` (0 when absent) and the sets'
+    /// reuse count read with it, as one consistent read. When `wants(value, reused)` says so,
+    /// `out` is cleared and given the value's entries sorted by holder id, in the same read.
+    #[inline]
+    pub fn lookup(
+        &self,
+        reading: &Reading<'_>,
+        key: u64,
+        mut wants: impl FnMut(u32, u64) -> bool,
+        out: &mut Vec<u32>,
+    ) -> (u32, u64) {
+        let Some(view) = self.views.get(self.shard_no(key)) else {
+            return (0, 0);
+        };
+        view.read(reading, |arrays| {
+            let val = arrays.value(self.slot_seed, key);
+            let reused = self.sets.reused();
+            if wants(val, reused) {
+                out.clear();
+                // Inside the validated read: while the block keeps this value, its set cannot
+                // be freed, so the entries are the value's.
+                if is_inline(val) {
+                    out.push(val);
+                } else if val != 0 {
+                    out.extend_from_slice(self.sets.lists().entries(val));
+                }
+            }
+            (val, reused)
+        })
+    }
+
+    /// Bring the cache line of `key`'s home slot in (see [`prefetch`]): for a walk that looks
+    /// `key` up a few blocks later.
+    #[inline]
+    pub fn prefetch(&self, reading: &Reading<'_>, key: u64) {
         if let Some(view) = self.views.get(self.shard_no(key)) {
-            view.prefetch_slot(|len| blocks::home_of(h, len));
+            view.arrays(reading).prefetch_slot(self.slot_seed, key);
+        }
+    }
+
+    /// Bring the cache line of `key`'s record in, once its slot line is (see [`prefetch`]).
+    #[inline]
+    pub fn prefetch_record(&self, reading: &Reading<'_>, key: u64) {
+        if let Some(view) = self.views.get(self.shard_no(key)) {
+            view.arrays(reading).prefetch_record(self.slot_seed, key);
+        }
+    }
+
+    /// Shard `shard` under its write lock, inside a write section of its view.
+    fn write(&self, shard: usize) -> ShardWrite<'_> {
+        let guard = write_lock(&self.shards[shard]);
+        let view = &self.views[shard];
+        view.begin_write();
+        ShardWrite {
+            guard,
+            view,
+            readers: &self.readers,
         }
     }
 
@@ -444,10 +516,10 @@ impl Table {
         items: &[(u64, u32, u8)],
         mut f: impl FnMut((u64, u32, u8), Added, Option<BlockRef>),
     ) {
-        let Some(lock) = self.shards.get(shard) else {
+        if shard >= self.shards.len() {
             return;
-        };
-        let mut guard = write_lock(lock);
+        }
+        let mut guard = self.write(shard);
         let mut w = WriterSlot::new(&self.sets);
         if items.len() > 1 {
             guard.blocks.reserve(items.len());
@@ -465,9 +537,6 @@ impl Table {
                 .map(|idx| (shard as u32) << IDX_BITS | idx);
             f(item, added, r);
         }
-        if let Some(view) = self.views.get(shard) {
-            view.publish(guard.blocks.slots_view());
-        }
     }
 
     /// Whether any holder keeps block `key`.
@@ -480,20 +549,20 @@ impl Table {
     #[inline]
     pub fn remove(&self, key: u64, id: u32, bits: u8) -> Removed {
         let mut w = WriterSlot::new(&self.sets);
-        write_lock(self.shard_of(key)).remove(&mut w, key, id, bits)
+        self.write(self.shard_no(key)).remove(&mut w, key, id, bits)
     }
 
     /// The key of the block behind `r` when holder `id` has an entry there.
     pub fn held_key(&self, r: BlockRef, id: u32) -> Option<u64> {
         let (shard, idx) = self.resolve(r);
-        read_lock(shard).held_key(&self.sets, idx, id)
+        read_lock(&self.shards[shard]).held_key(&self.sets, idx, id)
     }
 
     /// Remove every tier of holder `id` from the block behind `r`; the block's key and what
     /// changed, or `None` when the holder has no entry there (a stale reference).
     pub fn clear_at(&self, r: BlockRef, id: u32) -> Option<(u64, Removed)> {
         let (shard, idx) = self.resolve(r);
-        let mut shard = write_lock(shard);
+        let mut shard = self.write(shard);
         let key = shard.held_key(&self.sets, idx, id)?;
         let (pos, found) = shard.blocks.find(key)?;
         debug_assert_eq!(found, idx);

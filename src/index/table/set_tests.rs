@@ -214,14 +214,16 @@ fn freed_set_ids_are_reused_and_counted() {
         t.remove(10, id, DEVICE);
     }
     assert_eq!(t.sets.live(), 0);
-    let reused = t.read(10).sets_reused();
+    let reading = t.reading();
+    let mut out = Vec::new();
+    let (_, reused) = t.lookup(&reading, 10, |_, _| false, &mut out);
     // Other entries on another block take the freed ids again.
     for id in 10..14 {
         add(&t, 11, id, DISK);
     }
     assert_eq!(t.sets.ids(), ids, "no new ids while freed ones exist");
     assert!(
-        t.read(11).sets_reused() > reused,
+        t.lookup(&reading, 11, |_, _| false, &mut out).1 > reused,
         "reuse is visible to readers"
     );
     assert_eq!(
@@ -315,4 +317,74 @@ fn random_ops_match_a_model_and_equal_entries_share_a_value() {
         }
     }
     check_refs(&t);
+}
+
+#[test]
+fn lock_free_reads_stay_exact_while_shards_grow_shift_and_reuse_records() {
+    // Stable blocks: one holder each (inline values), and 4 holders on every 8th (a set). The
+    // writer then grows every shard many times over, shifts clusters by removing, and reuses
+    // records and set ids, while readers check that every stable block reads exactly and
+    // that blocks never stored read as absent.
+    let t = std::sync::Arc::new(Table::new());
+    let stable: Vec<u64> = (0..2_000u64).map(|i| mix64(i | 1 << 40)).collect();
+    for (i, &k) in stable.iter().enumerate() {
+        add(&t, k, 1, DEVICE);
+        if i % 8 == 0 {
+            (2..5).for_each(|id| {
+                add(&t, k, id, DISK);
+            });
+        }
+    }
+    let want: Vec<Vec<(u32, u8)>> = stable.iter().map(|&k| entries(&t, k)).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (t, stop) = (t.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut x = 7u64;
+            for round in 0..200u64 {
+                let keys: Vec<u64> = (0..5_000u64).map(|i| mix64(i + (round << 20))).collect();
+                for &k in &keys {
+                    x = mix64(x);
+                    add(&t, k, (x % 6) as u32 + 10, DEVICE);
+                }
+                for &k in &keys {
+                    t.remove(k, (mix64(k) % 6) as u32 + 10, DEVICE);
+                    (10..16).for_each(|id| {
+                        t.remove(k, id, DEVICE);
+                    });
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (t, stop, stable, want) = (t.clone(), stop.clone(), stable.clone(), want.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0u64;
+                let mut out = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads < 10_000 {
+                    let reading = t.reading();
+                    for (i, &k) in stable.iter().enumerate().skip(r).step_by(7) {
+                        t.lookup(&reading, k, |_, _| true, &mut out);
+                        let got: Vec<(u32, u8)> =
+                            out.iter().map(|&e| (entry_id(e), entry_bits(e))).collect();
+                        assert_eq!(got, want[i], "stable block {i}");
+                        // Keys of this form are never stored.
+                        let absent = mix64(k) | 1 << 63;
+                        assert_eq!(t.lookup(&reading, absent, |_, _| false, &mut out).0, 0);
+                        reads += 2;
+                    }
+                }
+                reads
+            })
+        })
+        .collect();
+    writer.join().expect("writer");
+    for r in readers {
+        assert!(r.join().expect("reader") >= 10_000);
+    }
+    for (i, &k) in stable.iter().enumerate() {
+        assert_eq!(entries(&t, k), want[i]);
+    }
 }
