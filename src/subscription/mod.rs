@@ -11,6 +11,7 @@ pub mod route;
 pub mod socket;
 pub mod state;
 pub mod status;
+pub mod zmtp;
 
 #[cfg(test)]
 mod state_tests;
