@@ -21,7 +21,7 @@ use crate::gateway::value::Val;
 use crate::gateway::workers::{Routers, Workers};
 use crate::registry::{ArbiterPool, ContextDirectory, Register, Registry, ShutdownAll};
 use crate::storage::checkpoint::Checkpointer;
-use crate::subscription::socket::SocketTimings;
+use crate::subscription::settings::SubscriptionSettings;
 
 /// A start-up failure of the service.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +97,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     }
     let registry = Registry::new(
         contexts.clone(),
-        SocketTimings::default(),
+        SubscriptionSettings::from_config(&config),
         loaded.store.clone(),
     )
     .start();

@@ -1,0 +1,126 @@
+//! Hostile and careless peers: one bad publisher must never take the service down, neither while
+//! it runs nor at the next start from the persisted registration.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::e2e_query::{grpc_query, handshake, register_request};
+use crate::ingest::{BS, MODEL, register};
+use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::player::Player;
+use crate::support::raw_zmtp::{HostilePub, long_frame_header};
+use crate::support::server::Server;
+use crate::support::{WAIT, eventually, http};
+
+fn prompt(p: i32) -> Vec<i32> {
+    (0..8).map(|i| p * 100 + i).collect()
+}
+
+fn store(p: i32) -> Vec<u8> {
+    engine::vllm_store_prompt(&vllm_cbor_profile(), &prompt(p), BS, "GPU", 0)
+}
+
+async fn register_endpoint(server: &Server, instance: &str, endpoint: &str) {
+    let r = engine::registration(
+        instance,
+        (endpoint, None),
+        "vLLM",
+        MODEL,
+        BS,
+        0,
+        vllm_cbor_profile(),
+    );
+    let reply = server
+        .grpc()
+        .await
+        .register(register_request(&r))
+        .await
+        .expect("register")
+        .into_inner();
+    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+}
+
+async fn service_status(server: &Server, service: &str) -> serde_json::Value {
+    let s = http::get(server.http_port, "/services/status").await.json();
+    s["services"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["service"] == service).cloned())
+        .unwrap_or(json!(null))
+}
+
+/// Wait until `service` has dropped at least `n` oversized messages; returns its status.
+async fn oversized_at_least(server: &Server, service: &str, n: u64) -> serde_json::Value {
+    eventually("oversized messages counted", WAIT, || async {
+        let st = service_status(server, service).await;
+        (st["oversized_messages"].as_u64() >= Some(n)).then_some(st)
+    })
+    .await
+}
+
+async fn device_hits(server: &Server, instance: &str, p: i32) -> i64 {
+    let r = grpc_query(server, MODEL, prompt(p), BS as i64).await;
+    r.hits.get(instance).map_or(-1, |h| h.device)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2_pow_62_frame_header_drops_that_connection_and_nothing_else() {
+    // A small bound, so the test also shows the limit is the configured one.
+    let config = json!({ "max_publisher_message_bytes": 1 << 20 });
+    let server = Server::start_with(config.clone()).await;
+    let mut good = Player::start(false, 0).await;
+    register(&server, "good", &good).await;
+    handshake(&server, &mut good, "good|default|0", store(1)).await;
+
+    let evil = HostilePub::start(long_frame_header(1 << 62)).await;
+    register_endpoint(&server, "evil", &evil.endpoint).await;
+    let st = oversized_at_least(&server, "evil|default|0", 1).await;
+    assert_eq!(st["last_seq"], json!(null), "nothing was applied: {st}");
+    assert_eq!(
+        http::get(server.http_port, "/health").await.status,
+        200,
+        "the service is alive:\n{}",
+        server.log()
+    );
+    // The subscription reconnects (with backoff) and drops the next connection the same way.
+    eventually("a reconnect", WAIT, || async {
+        (evil.handshakes() >= 2).then_some(())
+    })
+    .await;
+    oversized_at_least(&server, "evil|default|0", 2).await;
+    let metrics = http::get(server.http_port, "/metrics").await.text();
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("conductor_oversized_messages_total{service=\"evil|default|0\"}")
+            && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+
+    // The good publisher on the same service is unaffected.
+    good.publish(store(2)).await;
+    eventually("the good publisher's next batch", WAIT, || async {
+        (device_hits(&server, "good", 2).await == 8).then_some(())
+    })
+    .await;
+    assert_eq!(device_hits(&server, "good", 1).await, 8);
+
+    // Restart with the hostile registration persisted: the service comes up and serves.
+    let mut server = server;
+    assert_eq!(server.terminate(), Some(0));
+    let dir = server.into_dir();
+    let before = evil.handshakes();
+    let server = Server::start_in(dir, config).await;
+    let services = http::get(server.http_port, "/services").await.json();
+    assert!(
+        services.to_string().contains(&evil.endpoint),
+        "the hostile registration is still there: {services}"
+    );
+    oversized_at_least(&server, "evil|default|0", 1).await;
+    assert!(evil.handshakes() > before);
+    eventually("recovered good blocks", WAIT, || async {
+        (device_hits(&server, "good", 2).await == 8).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(http::get(server.http_port, "/health").await.status, 200);
+}
