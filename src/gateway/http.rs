@@ -544,12 +544,14 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
 }
 
 async fn health(State(state): State<Http>, headers: HeaderMap) -> Response {
-    let (status, text) = if state.ops.is_ready() {
-        (StatusCode::OK, "ready")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "recovering")
+    let (status, body) = match state.ops.not_ready_reason() {
+        None => (StatusCode::OK, json!({ "status": "ready" })),
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "status": "starting", "reason": reason }),
+        ),
     };
-    encode(status, &json!({ "status": text }), get_format(&headers))
+    encode(status, &body, get_format(&headers))
 }
 
 async fn metrics(State(state): State<Http>) -> Response {

@@ -124,3 +124,70 @@ async fn a_2_pow_62_frame_header_drops_that_connection_and_nothing_else() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(http::get(server.http_port, "/health").await.status, 200);
 }
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_unregister_removes_a_registration_from_a_stopped_service() {
+    let mut server = Server::start().await;
+    let mut a = Player::start(false, 0).await;
+    register(&server, "a", &a).await;
+    handshake(&server, &mut a, "a|default|0", store(1)).await;
+    let b = Player::start(false, 0).await;
+    let mut r = engine::registration(
+        "b",
+        (&b.endpoint, None),
+        "vLLM",
+        MODEL,
+        BS,
+        1,
+        vllm_cbor_profile(),
+    );
+    r["tenant_id"] = json!("t1");
+    let reply = server.grpc().await.register(register_request(&r)).await;
+    assert_eq!(reply.expect("register").into_inner().ret, 0);
+
+    let out = server.offline(&["unregister", "a"]);
+    assert!(
+        !out.status.success() && text(&out).contains("still running"),
+        "RocksDB allows one process: {}",
+        text(&out)
+    );
+    assert_eq!(server.terminate(), Some(0));
+
+    let out = server.offline(&["unregister", "a"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        r#"{"unregistered":"a|default|0"}"#
+    );
+    let out = server.offline(&["unregister", "a"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("no registration a|default|0") && text(&out).contains("b|t1|1"),
+        "{}",
+        text(&out)
+    );
+    let out = server.offline(&["unregister", "b", "--tenant", "t1"]);
+    assert!(!out.status.success(), "rank 0 is not b's: {}", text(&out));
+    let out = server.offline(&["unregister"]);
+    assert!(
+        !out.status.success() && text(&out).contains("usage"),
+        "{}",
+        text(&out)
+    );
+    let out = server.offline(&["unregister", "b", "--tenant", "t1", "--dp-rank", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // Started again, the service has neither registration, and a's blocks are gone.
+    let server = Server::start_in(server.into_dir(), json!({})).await;
+    let services = http::get(server.http_port, "/services").await.json();
+    assert_eq!(services["count"], json!(0), "{services}");
+    assert_eq!(device_hits(&server, "a", 1).await, -1);
+}
