@@ -88,6 +88,12 @@ async fn a_2_pow_62_frame_header_drops_that_connection_and_nothing_else() {
     })
     .await;
     oversized_at_least(&server, "evil|default|0", 2).await;
+    let log = plain_log(&server);
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("publisher connection dropped") && l.contains("evil|default|0"))
+        .count();
+    assert_eq!(warnings, 1, "one warning per interval:\n{log}");
     let metrics = http::get(server.http_port, "/metrics").await.text();
     assert!(
         metrics.lines().any(|l| l
@@ -190,4 +196,65 @@ async fn an_offline_unregister_removes_a_registration_from_a_stopped_service() {
     let services = http::get(server.http_port, "/services").await.json();
     assert_eq!(services["count"], json!(0), "{services}");
     assert_eq!(device_hits(&server, "a", 1).await, -1);
+}
+
+/// The server log without ANSI colour codes.
+fn plain_log(server: &Server) -> String {
+    let log = server.log();
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // Skip to the end of the escape sequence (`ESC [ ... m`).
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_repeating_bad_batches_gets_one_warning_per_interval_with_a_suppressed_count() {
+    let server = Server::start_with(json!({ "warning_interval_ms": 2000 })).await;
+    let mut player = Player::start(false, 0).await;
+    register(&server, "a", &player).await;
+    handshake(&server, &mut player, "a|default|0", store(1)).await;
+    let undecodable = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("undecodable batch dropped"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let decode_errors = |n: u64| {
+        let server = &server;
+        async move {
+            let st = service_status(server, "a|default|0").await;
+            (st["decode_errors"].as_u64() == Some(n)).then_some(())
+        }
+    };
+    for _ in 0..30 {
+        player.publish(b"\xc1 not msgpack".to_vec()).await;
+    }
+    eventually("30 counted decode errors", WAIT, || decode_errors(30)).await;
+    let lines = undecodable(&plain_log(&server));
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("suppressed=0"), "{}", lines[0]);
+
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    player.publish(b"\xc1 still not msgpack".to_vec()).await;
+    eventually("31 counted decode errors", WAIT, || decode_errors(31)).await;
+    let lines = undecodable(&plain_log(&server));
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(lines[1].contains("suppressed=29"), "{}", lines[1]);
+    // Counting is not rate-limited, and good batches still apply.
+    player.publish(store(2)).await;
+    eventually("the next good batch", WAIT, || async {
+        (device_hits(&server, "a", 2).await == 8).then_some(())
+    })
+    .await;
 }
