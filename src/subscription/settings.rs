@@ -17,12 +17,6 @@ pub struct SubscriptionSettings {
     pub warn_interval: Duration,
 }
 
-impl Default for SubscriptionSettings {
-    fn default() -> Self {
-        SubscriptionSettings::from_config(&Config::embedded_default())
-    }
-}
-
 impl SubscriptionSettings {
     pub fn from_config(config: &Config) -> Self {
         SubscriptionSettings {

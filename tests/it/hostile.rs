@@ -131,6 +131,37 @@ async fn a_2_pow_62_frame_header_drops_that_connection_and_nothing_else() {
     assert_eq!(http::get(server.http_port, "/health").await.status, 200);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_replay_answer_fails_that_replay_only() {
+    let server = Server::start_with(json!({ "max_publisher_message_bytes": 1 << 20 })).await;
+    let mut live = Player::start(false, 0).await;
+    let replay = HostilePub::start_as("ROUTER", long_frame_header(1 << 62)).await;
+    let r = engine::registration(
+        "a",
+        (&live.endpoint, Some(&replay.endpoint)),
+        "vLLM",
+        MODEL,
+        BS,
+        0,
+        vllm_cbor_profile(),
+    );
+    let reply = server.grpc().await.register(register_request(&r)).await;
+    assert_eq!(reply.expect("register").into_inner().ret, 0);
+    handshake(&server, &mut live, "a|default|0", store(1)).await;
+    live.publish_lost(store(2));
+    live.publish(store(3)).await;
+    // The gap asks the replay socket, whose answer announces 2^62 bytes: the replay fails, the
+    // source is resynchronised from the live stream, and the service carries on.
+    let st = oversized_at_least(&server, "a|default|0", 1).await;
+    assert!(replay.handshakes() >= 1);
+    assert_eq!(st["replays_failed"], json!(1), "{st}");
+    eventually("the live batch after the gap", WAIT, || async {
+        (device_hits(&server, "a", 3).await == 8).then_some(())
+    })
+    .await;
+    assert_eq!(http::get(server.http_port, "/health").await.status, 200);
+}
+
 fn text(out: &std::process::Output) -> String {
     format!(
         "{}{}",

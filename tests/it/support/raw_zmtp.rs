@@ -52,8 +52,9 @@ async fn skip_frame(stream: &mut TcpStream) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Listens on 127.0.0.1; on every connection it greets as a PUB, reads the peer's greeting and
-/// READY, sends `after_handshake`, and then holds the connection open without a further byte.
+/// Listens on 127.0.0.1; on every connection it greets (as a PUB, or the socket type given), reads
+/// the peer's greeting and READY, sends `after_handshake`, and then holds the connection open
+/// without a further byte.
 pub struct HostilePub {
     pub endpoint: String,
     connections: Arc<AtomicUsize>,
@@ -62,6 +63,11 @@ pub struct HostilePub {
 
 impl HostilePub {
     pub async fn start(after_handshake: Vec<u8>) -> HostilePub {
+        HostilePub::start_as("PUB", after_handshake).await
+    }
+
+    /// The same as another socket type (`ROUTER` for a replay endpoint).
+    pub async fn start_as(socket_type: &'static str, after_handshake: Vec<u8>) -> HostilePub {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let endpoint = format!("tcp://{}", listener.local_addr().expect("addr"));
         let connections = Arc::new(AtomicUsize::new(0));
@@ -83,7 +89,7 @@ impl HostilePub {
                         stream.write_all(&greeting()).await?;
                         let mut peer = [0u8; 64];
                         stream.read_exact(&mut peer).await?;
-                        stream.write_all(&ready("PUB")).await?;
+                        stream.write_all(&ready(socket_type)).await?;
                         skip_frame(&mut stream).await?;
                         count.fetch_add(1, Ordering::SeqCst);
                         stream.write_all(&bytes).await?;
