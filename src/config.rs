@@ -25,6 +25,12 @@ const DEFAULT_DATA_DIR: &str = "./conductor-data";
 const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 1000;
 const DEFAULT_HTTP_BODY_LIMIT: u64 = 64 * 1024 * 1024;
 const DEFAULT_RPC_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
+/// The largest real vLLM batch is about 10 MB (a 1 M-token prefill step stored at once, see
+/// `docs/zmtp.md`); 64 MiB leaves room for larger engines and equals the HTTP body limit.
+const DEFAULT_PUBLISHER_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
+/// Four largest messages: a replay of 30 s at most rarely holds more than a few batches.
+const DEFAULT_REPLAY_HELD_LIMIT: u64 = 256 * 1024 * 1024;
+const DEFAULT_WARNING_INTERVAL_MS: u64 = 10_000;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,6 +50,12 @@ pub struct Config {
     /// What to do when the data directory cannot be opened or read: stop (default), or move it
     /// aside and start empty.
     pub move_corrupt_data_aside: bool,
+    /// The most one publisher or replay message may take; a larger one drops that connection.
+    pub max_publisher_message_bytes: u64,
+    /// The most live batches held during a replay may take; beyond it the replay is abandoned.
+    pub max_replay_held_bytes: u64,
+    /// Each kind of per-subscription warning is logged at most once per interval.
+    pub warning_interval_ms: u64,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -129,6 +141,9 @@ impl Config {
             http_body_limit_bytes: DEFAULT_HTTP_BODY_LIMIT,
             rpc_message_limit_bytes: DEFAULT_RPC_MESSAGE_LIMIT,
             move_corrupt_data_aside: false,
+            max_publisher_message_bytes: DEFAULT_PUBLISHER_MESSAGE_LIMIT,
+            max_replay_held_bytes: DEFAULT_REPLAY_HELD_LIMIT,
+            warning_interval_ms: DEFAULT_WARNING_INTERVAL_MS,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -181,6 +196,18 @@ impl Config {
                 "rpc_message_limit_bytes" => {
                     config.rpc_message_limit_bytes =
                         positive(value, 1 << 31).map_err(|m| err(field, m))?
+                }
+                "max_publisher_message_bytes" => {
+                    config.max_publisher_message_bytes =
+                        positive(value, 1 << 32).map_err(|m| err(field, m))?
+                }
+                "max_replay_held_bytes" => {
+                    config.max_replay_held_bytes =
+                        positive(value, 1 << 40).map_err(|m| err(field, m))?
+                }
+                "warning_interval_ms" => {
+                    config.warning_interval_ms =
+                        positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {
@@ -256,6 +283,9 @@ mod tests {
         assert!(c.kvevent_instance.is_empty());
         assert_eq!(c.data_dir, PathBuf::from("./conductor-data"));
         assert_eq!(c.checkpoint_interval_ms, 1000);
+        assert_eq!(c.max_publisher_message_bytes, 64 << 20);
+        assert_eq!(c.max_replay_held_bytes, 256 << 20);
+        assert_eq!(c.warning_interval_ms, 10_000);
     }
 
     #[test]
@@ -283,6 +313,8 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("kvevent_instance.a"));
         let e = Config::parse(r#"{"checkpoint_interval_ms": 0}"#, "c").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("checkpoint_interval_ms"));
+        let e = Config::parse(r#"{"max_publisher_message_bytes": 0}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("max_publisher_message_bytes"));
         let e = Config::parse("[1]", "c").unwrap_err();
         assert_eq!(e.field, None);
         let e = Config::parse("{", "broken.json").unwrap_err();

@@ -1,6 +1,7 @@
 //! `mooncake_conductor`: load the configuration, run the service until SIGINT/SIGTERM, exit 0.
 //! Operational commands on the configured data directory (with the service stopped):
-//! `mooncake_conductor dump [FILTER]`, `mooncake_conductor verify`, `mooncake_conductor compact`.
+//! `mooncake_conductor dump [FILTER]`, `mooncake_conductor verify`, `mooncake_conductor compact`,
+//! `mooncake_conductor unregister INSTANCE [--tenant T] [--dp-rank R]`.
 
 use std::process::ExitCode;
 
@@ -9,7 +10,7 @@ use mooncake_conductor::storage::KvStore;
 use mooncake_conductor::storage::rocks::RocksStore;
 use mooncake_conductor::{admin, service};
 
-const USAGE: &str = "usage: mooncake_conductor [dump [FILTER] | verify | compact]";
+const USAGE: &str = "usage: mooncake_conductor [dump [FILTER] | verify | compact | unregister INSTANCE [--tenant T] [--dp-rank R]]";
 
 fn main() -> ExitCode {
     let level = LogLevel::parse(std::env::var(LOG_LEVEL_ENV).ok().as_deref());
@@ -34,6 +35,9 @@ fn main() -> ExitCode {
         Some(command @ ("dump" | "verify" | "compact")) => {
             admin_command(command, args.get(1), &config)
         }
+        Some("unregister") => admin::parse_unregister_args(&args[1..])
+            .map_err(|e| format!("{e}\n{USAGE}"))
+            .and_then(|key| unregister_command(&key, &config)),
         Some(_) => Err(USAGE.to_owned()),
     };
     match result {
@@ -73,4 +77,30 @@ fn admin_command(command: &str, arg: Option<&String>, config: &Config) -> Result
         }
     }
     Ok(())
+}
+
+fn unregister_command(
+    key: &mooncake_conductor::model::SubscriptionKey,
+    config: &Config,
+) -> Result<(), String> {
+    let store = RocksStore::open(&config.data_dir)
+        .map_err(|e| format!("{e} (is the service still running on it?)"))?;
+    if admin::unregister(&store, key).map_err(|e| e.to_string())? {
+        println!(
+            "{{\"unregistered\":{}}}",
+            serde_json::json!(key.to_string())
+        );
+        tracing::info!(service = %key, "registration removed; its blocks are dropped at the next start");
+        return Ok(());
+    }
+    let known = admin::registered_keys(&store).map_err(|e| e.to_string())?;
+    Err(format!(
+        "no registration {key} in {} (registered: {})",
+        config.data_dir.display(),
+        if known.is_empty() {
+            "none".to_owned()
+        } else {
+            known.join(", ")
+        }
+    ))
 }

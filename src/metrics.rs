@@ -103,7 +103,7 @@ pub fn render(s: &Scrape<'_>) -> String {
             svc.status.connected
         );
     }
-    let per_service: [PerService; 10] = [
+    let per_service: [PerService; 12] = [
         (
             "conductor_batches_applied_total",
             "Publisher batches applied",
@@ -141,6 +141,16 @@ pub fn render(s: &Scrape<'_>) -> String {
             "conductor_frame_errors_total",
             "Messages that were not [topic, seq, payload]",
             |i| i.status.frame_errors,
+        ),
+        (
+            "conductor_oversized_messages_total",
+            "Messages over max_publisher_message_bytes; each dropped its connection",
+            |i| i.status.oversized_messages,
+        ),
+        (
+            "conductor_disconnects_total",
+            "Live publisher connections that ended and were reconnected",
+            |i| i.status.disconnects,
         ),
         (
             "conductor_decode_errors_total",

@@ -6,7 +6,6 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use actix::Actor;
@@ -16,12 +15,13 @@ use crate::config::Config;
 use crate::gateway::grpc::GrpcService;
 use crate::gateway::ops::Ops;
 use crate::gateway::pb;
+use crate::gateway::readiness::Readiness;
 use crate::gateway::registration::{HTTP_NAMES, RegistrationInput};
 use crate::gateway::value::Val;
 use crate::gateway::workers::{Routers, Workers};
 use crate::registry::{ArbiterPool, ContextDirectory, Register, Registry, ShutdownAll};
 use crate::storage::checkpoint::Checkpointer;
-use crate::subscription::socket::SocketTimings;
+use crate::subscription::settings::SubscriptionSettings;
 
 /// A start-up failure of the service.
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +83,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .local_addr()
         .map_err(|e| ServiceError::Other(e.to_string()))?;
 
-    // Recovery runs before the servers accept anything; `/health` reports ready only after it.
+    // Recovery runs before the servers accept anything (connections wait in the listen backlog).
     let loaded = crate::persistence::load(&config)?;
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
@@ -97,38 +97,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     }
     let registry = Registry::new(
         contexts.clone(),
-        SocketTimings::default(),
+        SubscriptionSettings::from_config(&config),
         loaded.store.clone(),
     )
     .start();
-    let ready = Arc::new(AtomicBool::new(false));
-    let ops = Ops::new(registry.clone(), contexts.clone(), ready.clone());
+    let registrations = loaded.recovered.registrations;
+    let readiness = Arc::new(Readiness::starting(format!(
+        "restoring {} subscriptions",
+        registrations.len()
+    )));
+    let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone());
 
-    for (config, resume_after) in loaded.recovered.registrations {
-        let key = config.subscription_key();
-        match registry
-            .send(Register {
-                config,
-                resume_after,
-            })
-            .await
-        {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::error!(service = %key, "recovered registration not restarted: {}", e.message)
-            }
-            Err(e) => tracing::error!(service = %key, "registry unavailable: {e}"),
-        }
-    }
-    start_static_registrations(&config, &registry).await;
-    let checkpoint_stop = CancellationToken::new();
-    let checkpointer = Checkpointer::new(loaded.store.clone(), contexts.clone(), persisted);
-    let checkpoints = tokio::spawn(checkpointer.run(
-        Duration::from_millis(config.checkpoint_interval_ms),
-        checkpoint_stop.clone(),
-    ));
-    ready.store(true, Ordering::Release);
-
+    // The servers answer before any subscription starts: whatever a publisher does at start,
+    // `/health` says what the service is doing and an operator can look at `/services/status`.
     let routers = {
         let limit = config.rpc_message_limit_bytes as usize;
         let service = crate::gateway::pb_server::conductor_server::ConductorServer::new(
@@ -148,6 +129,35 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let gateway = Workers::start(threads, http, rpc, routers, shutdown.clone())
         .map_err(|e| ServiceError::Other(format!("gateway workers: {e}")))?;
     tracing::info!(http = %http_local, grpc = %rpc_local, "mooncake_conductor listening");
+
+    // Each subscription is its own actor and socket tasks: one that fails to register is logged
+    // and skipped, one whose publisher misbehaves only affects itself.
+    for (config, resume_after) in registrations {
+        let key = config.subscription_key();
+        match registry
+            .send(Register {
+                config,
+                resume_after,
+            })
+            .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::error!(service = %key, "recovered registration not restarted: {}", e.message)
+            }
+            Err(e) => tracing::error!(service = %key, "registry unavailable: {e}"),
+        }
+    }
+    readiness.set_starting("starting static registrations");
+    start_static_registrations(&config, &registry).await;
+    let checkpoint_stop = CancellationToken::new();
+    let checkpointer = Checkpointer::new(loaded.store.clone(), contexts.clone(), persisted);
+    let checkpoints = tokio::spawn(checkpointer.run(
+        Duration::from_millis(config.checkpoint_interval_ms),
+        checkpoint_stop.clone(),
+    ));
+    readiness.set_ready();
+    tracing::info!("ready");
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new requests, finishing in-flight ones");

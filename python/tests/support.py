@@ -328,9 +328,11 @@ def vllm_block_hashes(
 
 
 class VllmPublisher:
-    """A vLLM-style KV event publisher: a PUB socket that binds (the Conductor connects to it)."""
+    """A vLLM-style KV event publisher: a PUB socket that binds (the Conductor connects to it),
+    and with `with_replay` a ROUTER that serves the replay protocol from a buffer of every batch,
+    as vLLM's publisher thread does."""
 
-    def __init__(self) -> None:
+    def __init__(self, with_replay: bool = False) -> None:
         import zmq
 
         self._ctx = zmq.Context()
@@ -338,10 +340,44 @@ class VllmPublisher:
         port = self._sock.bind_to_random_port("tcp://127.0.0.1")
         self.endpoint = f"tcp://127.0.0.1:{port}"
         self._seq = 0
+        self._buffer = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.replay_endpoint = ""
+        self._replay_thread = None
+        if with_replay:
+            router = self._ctx.socket(zmq.ROUTER)
+            port = router.bind_to_random_port("tcp://127.0.0.1")
+            self.replay_endpoint = f"tcp://127.0.0.1:{port}"
+            self._replay_thread = threading.Thread(target=self._serve_replay, args=(router,), daemon=True)
+            self._replay_thread.start()
+
+    def _serve_replay(self, router) -> None:
+        # `[identity, b"", start_seq]` in; every buffered batch from start_seq on as
+        # `[identity, b"", topic, seq, payload]`, then the end marker with seq -1.
+        end = (-1).to_bytes(8, "big", signed=True)
+        while not self._stop.is_set():
+            if not router.poll(50):
+                continue
+            identity, _empty, start = router.recv_multipart()
+            start = int.from_bytes(start, "big")
+            with self._lock:
+                batches = [(q, p) for q, p in self._buffer if q >= start]
+            for seq, payload in batches:
+                router.send_multipart([identity, b"", b"", seq.to_bytes(8, "big"), payload])
+            router.send_multipart([identity, b"", b"", end, b""])
+        router.close(linger=0)
 
     def block_stored(
-        self, tokens: Sequence[int], block_size: int, medium: Optional[str] = "GPU", dp_rank: int = 0, **hash_args
+        self,
+        tokens: Sequence[int],
+        block_size: int,
+        medium: Optional[str] = "GPU",
+        dp_rank: int = 0,
+        lost: bool = False,
+        **hash_args,
     ) -> None:
+        """Publish one BlockStored batch (with `lost`, only into the replay buffer)."""
         import msgpack
 
         n = len(tokens) // block_size
@@ -356,9 +392,15 @@ class VllmPublisher:
             "lora_name": hash_args.get("lora_name") or None,
         }
         payload = msgpack.packb([time.time(), [event], dp_rank])
-        self._sock.send_multipart([b"", self._seq.to_bytes(8, "big"), payload])
+        with self._lock:
+            self._buffer.append((self._seq, payload))
+        if not lost:
+            self._sock.send_multipart([b"", self._seq.to_bytes(8, "big"), payload])
         self._seq += 1
 
     def close(self) -> None:
+        self._stop.set()
+        if self._replay_thread is not None:
+            self._replay_thread.join()
         self._sock.close(linger=0)
         self._ctx.term()

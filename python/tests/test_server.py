@@ -124,6 +124,32 @@ def test_published_blocks_are_query_hits(client, publisher):
     }
 
 
+def test_a_lost_batch_is_replayed_from_a_pyzmq_router(client, conductor):
+    # vLLM serves replay from a libzmq ROUTER: the Conductor's DEALER must speak to it.
+    import json
+    import urllib.request
+
+    publisher = VllmPublisher(with_replay=True)
+    try:
+        config = vllm_config(publisher, replay_endpoint=publisher.replay_endpoint)
+        assert client.register(config) == OK
+        publish_until_hit(client, publisher)
+        lost, later = list(range(2000, 2032)), list(range(3000, 3032))
+        publisher.block_stored(lost, BS, lost=True)
+        publisher.block_stored(later, BS)
+
+        def hits(tokens):
+            row = client.query(MODEL, block_size=BS, token_ids=tokens)["hits"].get("vllm-0")
+            return row["device"] if row else 0
+
+        assert wait_until(lambda: hits(lost) == 32 and hits(later) == 32, timeout=15, interval=0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{conductor.http_port}/services/status", timeout=5) as r:
+            (status,) = json.load(r)["services"]
+        assert status["replays_ok"] >= 1 and status["sources_dropped"] == 0, status
+    finally:
+        publisher.close()
+
+
 def test_hits_stop_at_the_first_different_block(client, publisher):
     assert client.register(vllm_config(publisher)) == OK
     publish_until_hit(client, publisher)

@@ -193,7 +193,8 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
         &self,
         _: Request<pb::HealthRequest>,
     ) -> Result<Response<pb::HealthResponse>, Status> {
-        let ready = self.ops.is_ready();
+        let reason = self.ops.not_ready_reason();
+        let ready = reason.is_none();
         Ok(Response::new(pb::HealthResponse {
             ret: if ready {
                 Code::Ok.value()
@@ -201,7 +202,7 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
                 Code::ConductorUnavailable.value()
             },
             ready,
-            status: if ready { "ready" } else { "recovering" }.to_owned(),
+            status: reason.map_or_else(|| "ready".to_owned(), |r| format!("starting: {r}")),
         }))
     }
 }

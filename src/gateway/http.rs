@@ -534,6 +534,7 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
             "translating": st.hash_check == HashCheckState::Mismatch, "batches": st.seq.applied,
             "events": st.events, "ignored": st.ignored, "decode_errors": st.decode_errors,
             "frame_errors": st.frame_errors, "invalid_events": st.invalid_events,
+            "oversized_messages": st.oversized_messages, "disconnects": st.disconnects,
             "rank_mismatches": st.rank_mismatches, "gaps": st.seq.gaps, "restarts": st.seq.restarts,
             "replays_ok": st.seq.replays_ok, "replays_failed": st.seq.replays_failed,
             "sources_dropped": st.seq.sources_dropped,
@@ -543,12 +544,14 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
 }
 
 async fn health(State(state): State<Http>, headers: HeaderMap) -> Response {
-    let (status, text) = if state.ops.is_ready() {
-        (StatusCode::OK, "ready")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "recovering")
+    let (status, body) = match state.ops.not_ready_reason() {
+        None => (StatusCode::OK, json!({ "status": "ready" })),
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "status": "starting", "reason": reason }),
+        ),
     };
-    encode(status, &json!({ "status": text }), get_format(&headers))
+    encode(status, &body, get_format(&headers))
 }
 
 async fn metrics(State(state): State<Http>) -> Response {

@@ -1,6 +1,6 @@
 //! The gateway: gRPC and HTTP adapters over one operation layer.
 //!
-//! Layout: [`ops`] transport-neutral operations; [`registration`] registration input and its
+//! Layout: [`ops`] transport-neutral operations; [`readiness`] what `/health` reports; [`registration`] registration input and its
 //! validation; [`value`] JSON/msgpack request documents; [`grpc`] the tonic service and
 //! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API and [`http_body`] its
 //! answer shapes; [`workers`] the threads both servers run on.
@@ -39,6 +39,7 @@ pub mod grpc_wire;
 pub mod http;
 pub mod http_body;
 pub mod ops;
+pub mod readiness;
 pub mod registration;
 pub mod value;
 pub mod workers;

@@ -2,12 +2,12 @@
 //! building. gRPC and HTTP only translate their wire shapes to and from these types.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use actix::Addr;
 
 use crate::error::OpError;
+use crate::gateway::readiness::Readiness;
 use crate::gateway::registration::{FieldNames, MAX_BLOCK_SIZE, RegistrationInput};
 use crate::index::{ContextView, IndexStats, QueryHits};
 use crate::metrics::{QueryMetrics, Scrape, Transport};
@@ -45,8 +45,8 @@ pub struct QueryByHashInput {
 pub struct Ops {
     registry: Addr<Registry>,
     contexts: ContextDirectory,
-    /// False until recovery has loaded; `/health` and `Health` report it.
-    ready: Arc<AtomicBool>,
+    /// Not ready while subscriptions are restored at start; `/health` and `Health` report it.
+    readiness: Arc<Readiness>,
     queries: Arc<QueryMetrics>,
 }
 
@@ -54,18 +54,34 @@ impl Ops {
     pub fn new(
         registry: Addr<Registry>,
         contexts: ContextDirectory,
-        ready: Arc<AtomicBool>,
+        readiness: Arc<Readiness>,
     ) -> Self {
         Ops {
             registry,
             contexts,
-            ready,
+            readiness,
             queries: Arc::default(),
         }
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.readiness.is_ready()
+    }
+
+    /// What the service is still doing at start, while not ready.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        self.readiness.reason()
+    }
+
+    /// Registration changes wait for the restored subscriptions, so that an unregister cannot
+    /// miss a subscription still being restored, nor a register race with its own persisted copy.
+    fn ready_for_changes(&self) -> Result<(), OpError> {
+        match self.readiness.reason() {
+            None => Ok(()),
+            Some(reason) => Err(OpError::unavailable(format!(
+                "the service is starting ({reason}); retry shortly"
+            ))),
+        }
     }
 
     pub async fn register(
@@ -74,6 +90,7 @@ impl Ops {
         names: FieldNames,
     ) -> Result<RegisterOutcome, OpError> {
         let config = input.validate(names)?;
+        self.ready_for_changes()?;
         self.registry
             .send(Register {
                 config,
@@ -107,6 +124,7 @@ impl Ops {
                 )
             })?;
         let key = SubscriptionKey::new(instance_id, tenant_id, dp_rank);
+        self.ready_for_changes()?;
         self.registry
             .send(Unregister(key))
             .await

@@ -9,7 +9,7 @@ use crate::error::OpError;
 use crate::index::actor::{AttachRank, DetachSource, GetStats};
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::subscription::actor::{Stop, SubscriptionActor};
-use crate::subscription::socket::SocketTimings;
+use crate::subscription::settings::SubscriptionSettings;
 use crate::subscription::status::{StatusCell, SubscriptionStatus};
 
 use super::contexts::ContextDirectory;
@@ -29,7 +29,7 @@ pub struct Registry {
     services: BTreeMap<String, ServiceEntry>,
     /// One endpoint feeds one subscription.
     endpoints: HashMap<String, SubscriptionKey>,
-    timings: SocketTimings,
+    settings: SubscriptionSettings,
     /// Registrations are written here before they are acknowledged, so they survive a restart.
     store: Arc<dyn KvStore>,
 }
@@ -37,14 +37,14 @@ pub struct Registry {
 impl Registry {
     pub fn new(
         contexts: ContextDirectory,
-        timings: SocketTimings,
+        settings: SubscriptionSettings,
         store: Arc<dyn KvStore>,
     ) -> Self {
         Registry {
             contexts,
             services: BTreeMap::new(),
             endpoints: HashMap::new(),
-            timings,
+            settings,
             store,
         }
     }
@@ -97,14 +97,14 @@ impl Registry {
         let config = Arc::new(config);
         let status = StatusCell::default();
         let actor = {
-            let (config, contexts, status, timings) = (
+            let (config, contexts, status, settings) = (
                 config.clone(),
                 self.contexts.clone(),
                 status.clone(),
-                self.timings,
+                self.settings,
             );
             SubscriptionActor::start_in_arbiter(&self.contexts.arbiters().pick(), move |_| {
-                SubscriptionActor::new(config, contexts, status, timings, resume_after)
+                SubscriptionActor::new(config, contexts, status, settings, resume_after)
             })
         };
         tracing::info!(service = %key_text, endpoint = %config.endpoint, kind = %config.publisher_type, "registered");

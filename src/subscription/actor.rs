@@ -2,6 +2,7 @@
 //! must apply, routes it to the context actors, and spawns the socket tasks.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::prelude::*;
 use bytes::Bytes;
@@ -17,9 +18,11 @@ use crate::wire;
 
 use super::hash_check::HashCheck;
 use super::route::Router;
-use super::socket::{self, FrameSink, ReplayEvent, SocketTimings};
+use super::settings::SubscriptionSettings;
+use super::socket::{self, FrameSink, LinkLoss, ReplayEvent};
 use super::state::{Action, SeqState};
 use super::status::StatusCell;
+use super::warn_limit::WarnLimiter;
 
 /// Live batches held while a replay runs, at most (vLLM's replay buffer holds 10 000 batches).
 const MAX_HELD_DURING_REPLAY: usize = 20_000;
@@ -32,7 +35,9 @@ pub struct SubscriptionActor {
     hash_check: HashCheck,
     contexts: ContextDirectory,
     status: StatusCell,
-    timings: SocketTimings,
+    settings: SubscriptionSettings,
+    /// Per-kind rate limiting of this subscription's warnings (a bad peer repeats itself).
+    warnings: WarnLimiter,
     /// Cancels the live task and any replay task when the subscription stops.
     cancel: CancellationToken,
     /// Identifies the current replay; answers of an abandoned replay are ignored.
@@ -45,7 +50,7 @@ impl SubscriptionActor {
         config: Arc<PublisherConfig>,
         contexts: ContextDirectory,
         status: StatusCell,
-        timings: SocketTimings,
+        settings: SubscriptionSettings,
         resume_after: Option<Watermark>,
     ) -> Self {
         let stream_start = if config.publisher_type.is_engine() {
@@ -57,7 +62,8 @@ impl SubscriptionActor {
             stream_start,
             !config.replay_endpoint.is_empty(),
             MAX_HELD_DURING_REPLAY,
-        );
+        )
+        .with_max_held_bytes(settings.max_held_bytes);
         if let Some(mark) = resume_after {
             seq.resume_verified(mark.seq, mark.digest);
         }
@@ -77,7 +83,8 @@ impl SubscriptionActor {
             seq,
             contexts,
             status,
-            timings,
+            settings,
+            warnings: WarnLimiter::new(settings.warn_interval),
             cancel: CancellationToken::new(),
             replay_generation: 0,
             replay_cancel: None,
@@ -90,7 +97,9 @@ impl SubscriptionActor {
             match action {
                 Action::Apply { seq, payload } => self.apply(seq, &payload),
                 Action::DropSource { reason } => {
-                    tracing::warn!(service = %self.key, reason = reason.as_str(), "dropping everything this source owns");
+                    if let Some(suppressed) = self.warn_due("drop_source") {
+                        tracing::warn!(service = %self.key, reason = reason.as_str(), suppressed, "dropping everything this source owns");
+                    }
                     for handle in self.contexts.all() {
                         handle.addr().do_send(DropSource(self.key.clone()));
                     }
@@ -117,14 +126,16 @@ impl SubscriptionActor {
         self.replay_generation += 1;
         let cancel = self.cancel.child_token();
         self.replay_cancel = Some(cancel.clone());
-        tracing::info!(service = %self.key, from_seq, "requesting replay");
+        if let Some(suppressed) = self.warn_due("replay_request") {
+            tracing::info!(service = %self.key, from_seq, suppressed, "requesting replay");
+        }
         let sink = ActorSink(ctx.address());
         let task = socket::run_replay(
             self.config.replay_endpoint.clone(),
             from_seq,
             self.replay_generation,
             sink,
-            self.timings,
+            self.settings,
             cancel,
         );
         tokio::spawn(task);
@@ -141,7 +152,9 @@ impl SubscriptionActor {
         let mut batch = match wire::decode(self.config.publisher_type, payload, projection) {
             Ok(batch) => batch,
             Err(e) => {
-                tracing::warn!(service = %self.key, seq, error = %e, "undecodable batch dropped");
+                if let Some(suppressed) = self.warn_due("undecodable") {
+                    tracing::warn!(service = %self.key, seq, error = %e, suppressed, "undecodable batch dropped");
+                }
                 self.status.update(|s| s.decode_errors += 1);
                 return;
             }
@@ -149,10 +162,12 @@ impl SubscriptionActor {
         if self.config.publisher_type.is_engine()
             && batch.dp_rank.is_some_and(|r| r != self.config.dp_rank)
         {
-            tracing::warn!(
-                service = %self.key, seq, batch_rank = ?batch.dp_rank,
-                "batch from another DP rank than registered; rejected whole"
-            );
+            if let Some(suppressed) = self.warn_due("rank_mismatch") {
+                tracing::warn!(
+                    service = %self.key, seq, batch_rank = ?batch.dp_rank, suppressed,
+                    "batch from another DP rank than registered; rejected whole"
+                );
+            }
             self.status.update(|s| s.rank_mismatches += 1);
             return;
         }
@@ -181,7 +196,9 @@ impl SubscriptionActor {
                     });
                 }
                 Err(conflict) => {
-                    tracing::warn!(service = %self.key, "{conflict}; events for it are skipped");
+                    if let Some(suppressed) = self.warn_due("profile_conflict") {
+                        tracing::warn!(service = %self.key, suppressed, "{conflict}; events for it are skipped");
+                    }
                     counts.profile_conflicts += 1;
                 }
             }
@@ -201,6 +218,11 @@ impl SubscriptionActor {
             s.engine_recipe = engine_recipe;
             s.last_batch_ts_ms = timestamp_ms(ts, self.config.publisher_type.is_engine());
         });
+    }
+
+    /// `Some(suppressed)` when a warning of `kind` may be logged now (see [`WarnLimiter`]).
+    fn warn_due(&mut self, kind: &'static str) -> Option<u64> {
+        self.warnings.check(kind, Instant::now())
     }
 
     fn check_hashes(&mut self, batch: &DecodedBatch) {
@@ -256,7 +278,7 @@ impl Actor for SubscriptionActor {
         tokio::spawn(socket::run_live(
             self.config.endpoint.clone(),
             sink,
-            self.timings,
+            self.settings,
             self.cancel.clone(),
         ));
         // After recovery, ask for what was published while the Conductor was down.
@@ -277,6 +299,11 @@ pub struct LiveFrames(pub Vec<Bytes>);
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Connected;
+
+/// The live connection ended; the socket task reconnects by itself.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LinkLost(pub LinkLoss);
 
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -320,6 +347,26 @@ impl Handler<Connected> for SubscriptionActor {
     }
 }
 
+impl Handler<LinkLost> for SubscriptionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LinkLost, _ctx: &mut Context<Self>) {
+        let loss = msg.0;
+        self.status.update(|s| {
+            s.connected = false;
+            s.disconnects += 1;
+            s.oversized_messages += u64::from(loss.oversized);
+        });
+        let kind = if loss.oversized { "oversized" } else { "link" };
+        if let Some(suppressed) = self.warn_due(kind) {
+            tracing::warn!(
+                service = %self.key, endpoint = %self.config.endpoint, reason = %loss.reason, suppressed,
+                "publisher connection dropped; reconnecting"
+            );
+        }
+    }
+}
+
 impl Handler<Replayed> for SubscriptionActor {
     type Result = ();
 
@@ -334,7 +381,9 @@ impl Handler<Replayed> for SubscriptionActor {
                     self.seq.on_replayed(frame.seq, frame.payload, digest)
                 }
                 Err(e) => {
-                    tracing::warn!(service = %self.key, error = e.as_str(), "malformed replay message");
+                    if let Some(suppressed) = self.warn_due("replay_malformed") {
+                        tracing::warn!(service = %self.key, error = e.as_str(), suppressed, "malformed replay message");
+                    }
                     self.status.update(|s| s.frame_errors += 1);
                     self.seq.on_replay_failed()
                 }
@@ -343,8 +392,12 @@ impl Handler<Replayed> for SubscriptionActor {
                 self.replay_cancel = None;
                 self.seq.on_replay_end()
             }
-            ReplayEvent::Failed(reason) => {
-                tracing::warn!(service = %self.key, %reason, "replay failed");
+            ReplayEvent::Failed { reason, oversized } => {
+                self.status
+                    .update(|s| s.oversized_messages += u64::from(oversized));
+                if let Some(suppressed) = self.warn_due("replay_failed") {
+                    tracing::warn!(service = %self.key, %reason, suppressed, "replay failed");
+                }
                 self.replay_cancel = None;
                 self.seq.on_replay_failed()
             }
@@ -380,6 +433,10 @@ impl FrameSink for ActorSink {
 
     async fn connected(&self) -> bool {
         self.0.send(Connected).await.is_ok()
+    }
+
+    async fn link_lost(&self, loss: LinkLoss) -> bool {
+        self.0.send(LinkLost(loss)).await.is_ok()
     }
 
     async fn replay(&self, generation: u64, event: ReplayEvent) -> bool {

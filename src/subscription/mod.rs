@@ -1,16 +1,21 @@
 //! One subscription per registered publisher: ZeroMQ sockets, the sequence state machine, decoding,
 //! and routing of normalized events to the context indexes.
 //!
-//! Layout: [`state`] the pure sequence state machine; [`socket`] the SUB/DEALER tasks;
-//! [`route`] decoded events → per-context index batches; [`hash_check`] the runtime profile check;
-//! [`status`] what a subscription reports; [`actor`] the actix shell tying them together.
+//! Layout: [`state`] the pure sequence state machine; [`socket`] the SUB/DEALER tasks over
+//! [`zmtp`], our bounded ZeroMQ reader; [`route`] decoded events → per-context index batches;
+//! [`hash_check`] the runtime profile check; [`status`] what a subscription reports;
+//! [`warn_limit`] rate-limited warnings; [`settings`] its bounds; [`actor`] the actix shell tying
+//! them together.
 
 pub mod actor;
 pub mod hash_check;
 pub mod route;
+pub mod settings;
 pub mod socket;
 pub mod state;
 pub mod status;
+pub mod warn_limit;
+pub mod zmtp;
 
 #[cfg(test)]
 mod state_tests;

@@ -1,18 +1,23 @@
-//! ZeroMQ I/O of a subscription: the live SUB stream and the replay DEALER.
+//! ZeroMQ I/O of a subscription: the live SUB stream and the replay DEALER, over [`zmtp`].
 //!
 //! Both run as tokio tasks and hand what they read to a [`FrameSink`] (the subscription actor),
 //! awaiting each hand-off so a slow index pushes back on the socket instead of growing a queue.
 //!
-//! zmq.rs specifics handled here: `connect()` blocks until the peer is up, so it runs with a short
-//! timeout in a retry loop with backoff (an absent publisher never blocks start-up or
-//! registration); a SUB reconnects by itself once connected; a DEALER never reconnects, so every
-//! replay request uses a fresh socket and is bounded by timeouts.
+//! The live task connects with a short timeout in a retry loop with backoff (an absent publisher
+//! never blocks start-up or registration), and reconnects the same way whenever the connection
+//! ends: the peer closed it, broke the protocol, or sent a message over the bound. Backoff resets
+//! only after a connection delivered a message, so a peer that misbehaves at once is retried at
+//! most every `backoff_max`. A replay request uses a fresh connection and is bounded by timeouts.
+//!
+//! [`zmtp`]: super::zmtp
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
-use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+use super::settings::SubscriptionSettings;
+use super::zmtp::{Connection, SocketType, ZmtpError};
 
 /// The end-of-replay marker's seq (`(-1).to_bytes(8, "big", signed=True)`).
 pub const END_OF_REPLAY_SEQ: u64 = u64::MAX;
@@ -84,7 +89,26 @@ pub fn parse_frames(frames: &[Bytes]) -> Result<Frame, FrameError> {
 pub trait FrameSink: Send + Sync + 'static {
     fn live(&self, frames: Vec<Bytes>) -> impl Future<Output = bool> + Send;
     fn connected(&self) -> impl Future<Output = bool> + Send;
+    /// The live connection ended or could not be set up past TCP; the task reconnects.
+    fn link_lost(&self, loss: LinkLoss) -> impl Future<Output = bool> + Send;
     fn replay(&self, generation: u64, event: ReplayEvent) -> impl Future<Output = bool> + Send;
+}
+
+/// Why a live connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkLoss {
+    /// A message over `max_publisher_message_bytes` (or a command over its bound) was announced.
+    pub oversized: bool,
+    pub reason: String,
+}
+
+impl LinkLoss {
+    fn of(error: &ZmtpError) -> Self {
+        LinkLoss {
+            oversized: error.is_oversized(),
+            reason: error.to_string(),
+        }
+    }
 }
 
 /// What a replay task reports.
@@ -93,65 +117,113 @@ pub enum ReplayEvent {
     /// A replayed message (raw frames after the DEALER's empty delimiter).
     Frames(Vec<Bytes>),
     End,
-    Failed(String),
+    Failed {
+        reason: String,
+        oversized: bool,
+    },
 }
 
-/// Connect a SUB socket to `endpoint` (retrying with backoff until cancelled), then forward every
-/// message until cancelled or the sink is gone.
+/// Connect a SUB to `endpoint` (retrying with backoff until cancelled), then forward every
+/// message until cancelled or the sink is gone; reconnect whenever the connection ends.
 pub async fn run_live<S: FrameSink>(
     endpoint: String,
     sink: S,
-    timings: SocketTimings,
+    settings: SubscriptionSettings,
     cancel: CancellationToken,
 ) {
+    let timings = settings.timings;
     let mut backoff = timings.backoff_initial;
-    let mut socket = loop {
-        let mut options = SocketOptions::default();
-        options.connect_timeout(timings.connect_timeout);
-        let mut socket = SubSocket::with_options(options);
-        let attempt = async {
-            socket.connect(&endpoint).await?;
-            socket.subscribe("").await
-        };
-        tokio::select! {
+    let mut first = true;
+    loop {
+        let attempt = tokio::time::timeout(
+            timings.connect_timeout,
+            open_sub(&endpoint, settings.max_message_bytes),
+        );
+        let outcome = tokio::select! {
             _ = cancel.cancelled() => return,
-            result = attempt => match result {
-                Ok(()) => break socket,
-                Err(e) => tracing::debug!(%endpoint, error = %e, "publisher not reachable yet; retrying"),
+            outcome = attempt => outcome,
+        };
+        let loss = match outcome {
+            Ok(Ok(connection)) => {
+                if first {
+                    tracing::info!(%endpoint, "subscribed to publisher");
+                } else {
+                    tracing::debug!(%endpoint, "resubscribed to publisher");
+                }
+                first = false;
+                if !sink.connected().await {
+                    return;
+                }
+                match pump(connection, &sink, &cancel).await {
+                    Pumped::Stop => return,
+                    Pumped::Lost { error, delivered } => {
+                        if delivered {
+                            backoff = timings.backoff_initial;
+                        }
+                        Some(LinkLoss::of(&error))
+                    }
+                }
             }
+            // Refused, reset or closed before the handshake ended: the publisher is not up (yet).
+            Ok(Err(e @ (ZmtpError::Io(_) | ZmtpError::Closed))) => {
+                tracing::debug!(%endpoint, error = %e, "publisher not reachable yet; retrying");
+                None
+            }
+            Ok(Err(e)) => Some(LinkLoss::of(&e)),
+            Err(_) => {
+                tracing::debug!(%endpoint, "no handshake within {:?}; retrying", timings.connect_timeout);
+                None
+            }
+        };
+        if let Some(loss) = loss
+            && !sink.link_lost(loss).await
+        {
+            return;
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(timings.backoff_max);
-    };
-    tracing::info!(%endpoint, "subscribed to publisher");
-    if !sink.connected().await {
-        return;
     }
+}
+
+async fn open_sub(endpoint: &str, max_message_bytes: usize) -> Result<Connection, ZmtpError> {
+    let mut connection = Connection::connect(endpoint, SocketType::Sub, max_message_bytes).await?;
+    connection.subscribe_all().await?;
+    Ok(connection)
+}
+
+enum Pumped {
+    /// Cancelled, or the sink is gone.
+    Stop,
+    Lost {
+        error: ZmtpError,
+        delivered: bool,
+    },
+}
+
+async fn pump<S: FrameSink>(
+    mut connection: Connection,
+    sink: &S,
+    cancel: &CancellationToken,
+) -> Pumped {
+    let mut delivered = false;
     loop {
         let message = tokio::select! {
-            _ = cancel.cancelled() => break,
-            message = socket.recv() => message,
+            _ = cancel.cancelled() => return Pumped::Stop,
+            message = connection.recv() => message,
         };
         match message {
-            Ok(message) => {
-                if !sink.live(message.into_vec()).await {
-                    break;
+            Ok(frames) => {
+                delivered = true;
+                if !sink.live(frames).await {
+                    return Pumped::Stop;
                 }
             }
-            Err(e) => {
-                // The SUB socket reconnects by itself; a receive error is logged and waited out.
-                tracing::warn!(%endpoint, error = %e, "live stream receive error");
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(timings.backoff_initial) => {}
-                }
-            }
+            Err(error) => return Pumped::Lost { error, delivered },
         }
     }
-    socket.close().await;
 }
 
 /// Ask `replay_endpoint` for every buffered batch from `from_seq` on, with vLLM's framing
@@ -161,24 +233,31 @@ pub async fn run_replay<S: FrameSink>(
     from_seq: u64,
     generation: u64,
     sink: S,
-    timings: SocketTimings,
+    settings: SubscriptionSettings,
     cancel: CancellationToken,
 ) {
+    let timings = settings.timings;
     let outcome = tokio::select! {
         _ = cancel.cancelled() => return,
         outcome = tokio::time::timeout(
             timings.replay_total_timeout,
-            replay_exchange(&replay_endpoint, from_seq, generation, &sink, timings),
+            replay_exchange(&replay_endpoint, from_seq, generation, &sink, settings),
         ) => outcome,
     };
     let event = match outcome {
         Ok(Ok(true)) => ReplayEvent::End,
         Ok(Ok(false)) => return, // the sink is gone
-        Ok(Err(reason)) => ReplayEvent::Failed(reason),
-        Err(_) => ReplayEvent::Failed(format!(
-            "replay did not finish within {:?}",
-            timings.replay_total_timeout
-        )),
+        Ok(Err(e)) => ReplayEvent::Failed {
+            oversized: e.is_oversized(),
+            reason: e.to_string(),
+        },
+        Err(_) => ReplayEvent::Failed {
+            reason: format!(
+                "replay did not finish within {:?}",
+                timings.replay_total_timeout
+            ),
+            oversized: false,
+        },
     };
     sink.replay(generation, event).await;
 }
@@ -189,48 +268,38 @@ async fn replay_exchange<S: FrameSink>(
     from_seq: u64,
     generation: u64,
     sink: &S,
-    timings: SocketTimings,
-) -> Result<bool, String> {
-    let mut options = SocketOptions::default();
-    options.connect_timeout(timings.connect_timeout);
-    let mut socket = DealerSocket::with_options(options);
-    socket
-        .connect(endpoint)
+    settings: SubscriptionSettings,
+) -> Result<bool, ZmtpError> {
+    let timings = settings.timings;
+    let connect = Connection::connect(endpoint, SocketType::Dealer, settings.max_message_bytes);
+    let mut connection = tokio::time::timeout(timings.connect_timeout, connect)
         .await
-        .map_err(|e| format!("connect {endpoint}: {e}"))?;
-    let request = vec![
-        Bytes::new(),
-        Bytes::copy_from_slice(&from_seq.to_be_bytes()),
-    ];
-    let request = ZmqMessage::try_from(request).map_err(|e| format!("build request: {e}"))?;
-    socket
-        .send(request)
-        .await
-        .map_err(|e| format!("send replay request: {e}"))?;
-    let result = loop {
-        let message = match tokio::time::timeout(timings.replay_idle_timeout, socket.recv()).await {
-            Ok(Ok(message)) => message,
-            Ok(Err(e)) => break Err(format!("receive: {e}")),
-            Err(_) => {
-                break Err(format!(
+        .map_err(|_| {
+            ZmtpError::Timeout(format!(
+                "no handshake with {endpoint} within {:?}",
+                timings.connect_timeout
+            ))
+        })??;
+    connection.send(&[b"", &from_seq.to_be_bytes()]).await?;
+    loop {
+        let mut frames = tokio::time::timeout(timings.replay_idle_timeout, connection.recv())
+            .await
+            .map_err(|_| {
+                ZmtpError::Timeout(format!(
                     "no replay message within {:?}",
                     timings.replay_idle_timeout
-                ));
-            }
-        };
-        let mut frames = message.into_vec();
+                ))
+            })??;
         // A DEALER sees the ROUTER's empty delimiter first.
         if frames.first().is_some_and(|f| f.is_empty()) && frames.len() == 4 {
             frames.remove(0);
         }
         let is_end = frames.len() == 3 && frames[1].as_ref() == END_OF_REPLAY_SEQ.to_be_bytes();
         if is_end {
-            break Ok(true);
+            return Ok(true);
         }
         if !sink.replay(generation, ReplayEvent::Frames(frames)).await {
-            break Ok(false);
+            return Ok(false);
         }
-    };
-    socket.close().await;
-    result
+    }
 }

@@ -93,6 +93,8 @@ struct Replay {
     expected: u64,
     /// Live batches that arrived while replaying, in arrival order.
     held: VecDeque<(u64, Bytes)>,
+    /// Payload bytes of `held`.
+    held_bytes: usize,
     /// The replay skipped batches (the publisher's buffer no longer held them).
     incomplete: bool,
 }
@@ -105,6 +107,8 @@ pub struct SeqState {
     has_replay: bool,
     /// Live batches held during a replay at most; beyond that the replay is abandoned.
     max_held: usize,
+    /// Payload bytes of the held batches at most; beyond that the replay is abandoned too.
+    max_held_bytes: usize,
     last: Option<u64>,
     /// After a restart of the Conductor: the last applied batch and its payload digest, to be
     /// compared with the publisher's replay of the same seq (another process = other bytes).
@@ -120,12 +124,19 @@ impl SeqState {
             stream_start,
             has_replay,
             max_held,
+            max_held_bytes: usize::MAX,
             last: None,
             verify: None,
             replay: None,
             resyncing: false,
             counters: SeqCounters::default(),
         }
+    }
+
+    /// Bound the bytes of live batches held during a replay, not only their count.
+    pub fn with_max_held_bytes(mut self, max_held_bytes: usize) -> Self {
+        self.max_held_bytes = max_held_bytes;
+        self
     }
 
     /// Resume after a restart of the Conductor: batches up to `last_applied` are already in the
@@ -183,6 +194,7 @@ impl SeqState {
                 self.replay = Some(Replay {
                     expected: from_seq,
                     held: VecDeque::new(),
+                    held_bytes: 0,
                     incomplete: false,
                 });
                 vec![Action::RequestReplay { from_seq }]
@@ -194,9 +206,11 @@ impl SeqState {
     /// A batch from the live stream.
     pub fn on_live(&mut self, seq: u64, payload: Bytes) -> Vec<Action> {
         if let Some(replay) = &mut self.replay {
-            if replay.held.len() >= self.max_held {
+            let bytes = replay.held_bytes.saturating_add(payload.len());
+            if replay.held.len() >= self.max_held || bytes > self.max_held_bytes {
                 return self.abandon_replay(DropReason::ReplayOverflow, Some((seq, payload)));
             }
+            replay.held_bytes = bytes;
             replay.held.push_back((seq, payload));
             return Vec::new();
         }
@@ -233,11 +247,13 @@ impl SeqState {
     }
 
     fn start_replay(&mut self, from_seq: u64, seq: u64, payload: Bytes, actions: &mut Vec<Action>) {
+        let held_bytes = payload.len();
         let mut held = VecDeque::new();
         held.push_back((seq, payload));
         self.replay = Some(Replay {
             expected: from_seq,
             held,
+            held_bytes,
             incomplete: false,
         });
         actions.push(Action::RequestReplay { from_seq });

@@ -128,6 +128,18 @@ fn too_many_held_batches_abandon_the_replay() {
 }
 
 #[test]
+fn too_many_held_bytes_abandon_the_replay() {
+    // Each payload is 7 or 8 bytes ("batch-N"): two fit in 16 bytes, a third does not.
+    let mut s = SeqState::new(0, true, 100).with_max_held_bytes(16);
+    live(&mut s, &[0]);
+    assert_eq!(live(&mut s, &[3, 4]), ["R:1"]);
+    assert!(s.is_replaying());
+    assert_eq!(live(&mut s, &[5]), ["D:replay_overflow", "3", "4", "5"]);
+    assert!(!s.is_replaying());
+    assert_eq!(s.counters().replays_failed, 1);
+}
+
+#[test]
 fn a_late_join_with_replay_asks_for_the_stream_start() {
     let mut s = SeqState::new(0, true, 100);
     assert_eq!(live(&mut s, &[3]), ["R:0"]);

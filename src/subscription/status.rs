@@ -35,6 +35,11 @@ pub struct SubscriptionStatus {
     pub seq: SeqCounters,
     /// Messages that were not `[topic, seq, payload]`.
     pub frame_errors: u64,
+    /// Messages (live or replayed) refused for announcing more than the configured bound; each
+    /// one dropped its connection.
+    pub oversized_messages: u64,
+    /// Live connections that ended (closed, broken or oversized) and were reconnected.
+    pub disconnects: u64,
     /// Payloads whose envelope could not be decoded.
     pub decode_errors: u64,
     /// Single events rejected inside otherwise good batches.

@@ -6,6 +6,7 @@
 pub mod engine;
 pub mod http;
 pub mod player;
+pub mod raw_zmtp;
 pub mod server;
 
 use std::future::Future;

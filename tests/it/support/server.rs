@@ -104,6 +104,18 @@ impl Server {
             .expect("gRPC connect")
     }
 
+    /// Run the binary's offline command `args` on this server's config and data directory.
+    pub fn offline(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+            .args(args)
+            .env(
+                "CONDUCTOR_CONFIG_PATH",
+                self.dir.path().join("conductor.json"),
+            )
+            .output()
+            .expect("run mooncake_conductor")
+    }
+
     /// SIGTERM and wait; returns the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
         let mut child = self.child.take()?;
