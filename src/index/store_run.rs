@@ -2,8 +2,9 @@
 //!
 //! Stores commute with each other (they only add entries or counts), so consecutive store ops of
 //! a batch are gathered into one [`StoreRun`] and applied together: sorted by shard, each shard's
-//! group under one write lock, with the groups' home slots read first so their cache misses
-//! overlap.
+//! group under one write lock, with every item's slot and record lines prefetched first so their
+//! cache misses overlap (a run's items fall in many shards, one or two per shard for an engine
+//! message, so prefetching per shard group overlapped almost nothing).
 
 use super::holder::HolderState;
 use super::table::{SHARDS, Table};
@@ -51,6 +52,12 @@ pub(super) fn apply(
     let mut out = Added::default();
     if run.items.is_empty() {
         return out;
+    }
+    {
+        // Hints only; registered as a reader so the arrays they look at stay while they do.
+        let reading = table.reading();
+        run.items.iter().for_each(|it| table.prefetch(&reading, it.0));
+        run.items.iter().for_each(|it| table.prefetch_record(&reading, it.0));
     }
     // Counting sort by shard, keeping the order within a shard.
     let mut start = [0usize; SHARDS + 1];

@@ -358,11 +358,7 @@ impl Blocks {
         }
     }
 
-    /// The content of `key`'s home slot (to bring its cache line in early).
-    #[inline]
-    pub(super) fn home_slot(&self, key: u64) -> u32 {
-        self.a().slot(self.home(self.hash(key)))
-    }
+
 
     /// Make room for one more block, so that a following [`Self::probe`] can be followed by
     /// [`Self::insert`] at the position it found.

@@ -523,12 +523,6 @@ impl Table {
         let mut w = WriterSlot::new(&self.sets);
         if items.len() > 1 {
             guard.blocks.reserve(items.len());
-            // Read every item's home slot first: the reads do not depend on each other, so their
-            // cache misses overlap instead of costing one full miss per item below.
-            let touched = items
-                .iter()
-                .fold(0u32, |acc, it| acc ^ guard.blocks.home_slot(it.0));
-            std::hint::black_box(touched);
         }
         for &item in items {
             let (added, idx) = guard.add_at(&mut w, item.0, item.1, item.2);
