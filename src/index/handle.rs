@@ -76,8 +76,8 @@ pub(crate) struct Meta {
     /// Holder id → whether it is a shared (store backend) holder. Ids are never reused, so a
     /// plan built from this stays valid for the whole walk.
     pub shared: Vec<bool>,
-    /// Every source that has a holder here (kept for as long as its holders are: ids are never
-    /// reused), so a subscription that starts over recovered state knows which contexts it fed.
+    /// Every source that has a holder or a position (watermark) here, so a subscription that
+    /// starts over recovered state knows which contexts it fed and keeps their positions current.
     pub sources: BTreeSet<SubscriptionKey>,
     /// The query plan for the fields above; reset by every [`MetaLock::write`].
     plan: OnceLock<Arc<Plan>>,

@@ -70,8 +70,37 @@ impl ContextIndex {
         {
             return None;
         }
-        self.watermarks.insert(batch.source.clone(), mark);
+        self.set_watermark(&batch.source, mark);
         Some(self.apply(batch))
+    }
+
+    /// Every batch of `source` up to `mark` has reached this context: the source published on
+    /// without ops for it (they went to its other contexts, or were ignored). Without this, a
+    /// context idle for longer than the publisher's replay buffer would resume its source from a
+    /// batch the buffer no longer holds, and the restart would drop all of the source's blocks.
+    /// An older mark changes nothing.
+    pub fn advance(&mut self, source: &SubscriptionKey, mark: Watermark) {
+        if self
+            .watermarks
+            .get(source)
+            .is_some_and(|w| w.seq >= mark.seq)
+        {
+            return;
+        }
+        self.set_watermark(source, mark);
+    }
+
+    /// The source's position here; a source with a position is one this context is fed by
+    /// (see `Meta::sources`), so a subscription started over recovered state keeps advancing it.
+    pub(super) fn set_watermark(&mut self, source: &SubscriptionKey, mark: Watermark) {
+        if let Some(w) = self.watermarks.get_mut(source) {
+            *w = mark;
+            return;
+        }
+        self.watermarks.insert(source.clone(), mark);
+        if !self.shared.meta.read().sources.contains(source) {
+            self.shared.meta.write().sources.insert(source.clone());
+        }
     }
 
     pub fn watermark(&self, source: &SubscriptionKey) -> Option<Watermark> {
@@ -219,7 +248,7 @@ impl Restorer {
     }
 
     pub fn watermark(&mut self, source: SubscriptionKey, mark: Watermark) {
-        self.index.watermarks.insert(source, mark);
+        self.index.set_watermark(&source, mark);
     }
 
     /// One persisted pair. Pairs naming an unknown holder are ignored (returns false).

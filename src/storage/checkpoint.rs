@@ -1,6 +1,12 @@
 //! Periodic checkpoints: each context writes what changed since its last checkpoint together with
 //! the watermarks of its sources, in one atomic write. Cost follows the change, not the index
 //! size; queries never wait (the context actor only reads the touched pairs' current bits).
+//!
+//! A watermark is the source's position, not the last batch that happened to have ops for the
+//! context: a round first has every subscription push its position to the contexts it fed (an
+//! [`crate::index::actor::Advance`] behind the ops it sent them), then takes the changes. So a
+//! context the source no longer stores into records the same position as the busy ones, and a
+//! restart resumes the source from a batch its publisher still buffers.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::index::ContextChanges;
 use crate::index::actor::{MarkDirty, TakeChanges};
 use crate::model::ContextKey;
-use crate::registry::ContextDirectory;
+use crate::registry::{ContextDirectory, SubscriptionDirectory};
 
 use super::codec::{self, context_id};
 use super::{Cf, KvOp, KvStore, StorageError, prefix_end};
@@ -145,6 +151,7 @@ pub struct CheckpointReport {
 pub struct Checkpointer {
     store: Arc<dyn KvStore>,
     contexts: ContextDirectory,
+    subscriptions: SubscriptionDirectory,
     /// Contexts that have data on disk (so a removed one is deleted there too).
     persisted: HashSet<ContextKey>,
 }
@@ -154,17 +161,21 @@ impl Checkpointer {
     pub fn new(
         store: Arc<dyn KvStore>,
         contexts: ContextDirectory,
+        subscriptions: SubscriptionDirectory,
         persisted: HashSet<ContextKey>,
     ) -> Self {
         Checkpointer {
             store,
             contexts,
+            subscriptions,
             persisted,
         }
     }
 
     pub async fn checkpoint(&mut self) -> CheckpointReport {
         let mut report = CheckpointReport::default();
+        // Before any context is asked for its changes (see the module doc).
+        self.subscriptions.push_marks().await;
         let live = self.contexts.all();
         let live_keys: HashSet<ContextKey> = live.iter().map(|h| h.key().clone()).collect();
         for handle in live {

@@ -2,7 +2,9 @@
 //!
 //! Sources present in a context but no longer registered (an unregistration the last checkpoint
 //! did not see) are dropped: their blocks cannot be vouched for. Each registration resumes from
-//! the lowest watermark its contexts hold; contexts skip what they already have.
+//! the lowest watermark its contexts hold (every context it fed records the source's position at
+//! its last checkpoint, not its own last batch: see `checkpoint`); contexts skip what they
+//! already have.
 
 use std::collections::{BTreeMap, HashMap};
 

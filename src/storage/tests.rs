@@ -282,3 +282,34 @@ fn recovery_is_consistent_whatever_fails_around_the_write() {
         );
     }
 }
+
+/// A context its source stopped storing into records the source's position all the same, so a
+/// restart resumes from where the source stands, not from that context's last batch.
+#[test]
+fn a_context_the_source_moved_past_resumes_it_where_it_stands() {
+    let store = MemoryStore::new();
+    put_registration(&store, &registration(0)).unwrap();
+    let mut busy = ContextIndex::new(key(), profile());
+    let mut idle = ContextIndex::new(ContextKey::new("", "m", "ad", 16), profile());
+    let mut rng = Rng(5);
+    let mark = |seq| Watermark { seq, digest: seq };
+    idle.apply_sequenced(&random_batch(&mut rng, 0), mark(1));
+    for seq in 2..50 {
+        busy.apply_sequenced(&random_batch(&mut rng, 0), mark(seq));
+    }
+    idle.advance(&source(0), mark(49));
+    idle.advance(&source(0), mark(3));
+    assert_eq!(
+        idle.watermark(&source(0)),
+        Some(mark(49)),
+        "an older mark is ignored"
+    );
+    checkpoint(&mut busy, &store).unwrap();
+    checkpoint(&mut idle, &store).unwrap();
+    let regs = recover(&store).unwrap().registrations;
+    assert_eq!(regs[0].1, Some(mark(49)));
+    // A context with only a position is still one the source feeds: it keeps being advanced.
+    let mut fresh = ContextIndex::new(ContextKey::new("", "m", "other", 16), profile());
+    fresh.advance(&source(0), mark(7));
+    assert!(fresh.reader().fed_by(&source(0)));
+}

@@ -1,6 +1,7 @@
 //! The subscription actor: a thin shell that feeds socket input to [`SeqState`], decodes what it
 //! must apply, routes it to the context actors, and spawns the socket tasks.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -9,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::{DecodedBatch, IndexBatch, KvEvent};
 use crate::index::Watermark;
-use crate::index::actor::{ApplySequenced, DropSource};
-use crate::model::{PublisherConfig, SubscriptionKey};
+use crate::index::actor::{Advance, ApplySequenced, DropSource};
+use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
 use crate::registry::contexts::ContextDirectory;
 use crate::storage::codec::payload_digest;
 use crate::wire;
@@ -38,6 +39,11 @@ pub struct SubscriptionActor {
     /// Identifies the current replay; answers of an abandoned replay are ignored.
     replay_generation: u64,
     replay_cancel: Option<CancellationToken>,
+    /// The last batch this source consumed: every op of it and of the batches before it is in
+    /// the mailbox of the context it goes to (or was ignored).
+    consumed: Option<Watermark>,
+    /// Per fed context, the seq of the last mark it was sent (with ops or by [`Advance`]).
+    sent: HashMap<ContextKey, u64>,
 }
 
 impl SubscriptionActor {
@@ -81,7 +87,36 @@ impl SubscriptionActor {
             cancel: CancellationToken::new(),
             replay_generation: 0,
             replay_cancel: None,
+            consumed: resume_after,
+            sent: HashMap::new(),
             config,
+        }
+    }
+
+    /// Bring every context this source fed up to the last batch it consumed (see
+    /// [`PushMarks`]). Contexts that got ops of that batch already have its mark.
+    fn push_marks(&mut self) {
+        let Some(mark) = self.consumed else {
+            return;
+        };
+        for key in self.router.fed_contexts() {
+            if self.sent.get(key) == Some(&mark.seq) {
+                continue;
+            }
+            // Only a context of this source's profile is one it feeds (another one refused its
+            // events).
+            let Some(handle) = self
+                .contexts
+                .get(key)
+                .filter(|h| *h.reader().profile() == self.config.hash_profile)
+            else {
+                continue;
+            };
+            handle.addr().do_send(Advance {
+                source: self.key.clone(),
+                mark,
+            });
+            self.sent.insert(key.clone(), mark.seq);
         }
     }
 
@@ -91,6 +126,8 @@ impl SubscriptionActor {
                 Action::Apply { seq, payload } => self.apply(seq, &payload),
                 Action::DropSource { reason } => {
                     tracing::warn!(service = %self.key, reason = reason.as_str(), "dropping everything this source owns");
+                    // Dropping forgets the source's position in every context.
+                    self.sent.clear();
                     for handle in self.contexts.all() {
                         handle.addr().do_send(DropSource(self.key.clone()));
                     }
@@ -137,6 +174,9 @@ impl SubscriptionActor {
             seq,
             digest: payload_digest(payload),
         };
+        // Consumed whatever follows: a batch that cannot be decoded or applies nothing moves
+        // the source's position all the same.
+        self.consumed = Some(mark);
         let projection = self.config.hash_profile.index_projection();
         let mut batch = match wire::decode(self.config.publisher_type, payload, projection) {
             Ok(batch) => batch,
@@ -179,6 +219,7 @@ impl SubscriptionActor {
                         },
                         mark,
                     });
+                    self.sent.insert(context, seq);
                 }
                 Err(conflict) => {
                     tracing::warn!(service = %self.key, "{conflict}; events for it are skipped");
@@ -290,6 +331,16 @@ pub struct Replayed {
 #[rtype(result = "()")]
 pub struct Stop;
 
+/// Send every context this source fed, and that got no ops of the source's later batches, the
+/// mark of the last batch the source consumed ([`Advance`]). Replies once the marks are in the
+/// contexts' mailboxes, behind every op this source sent them: a checkpoint that asks a context
+/// for its changes after the reply records the source's position with exactly the ops that
+/// reached the context up to it, so no context lags its source (the checkpoint asks every
+/// subscription first, see `storage::checkpoint`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PushMarks;
+
 /// The last applied seq, for checkpoints.
 #[derive(Message)]
 #[rtype(result = "Option<u64>")]
@@ -357,8 +408,18 @@ impl Handler<Stop> for SubscriptionActor {
     type Result = ();
 
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        // The final checkpoint runs after every subscription stopped.
+        self.push_marks();
         self.cancel.cancel();
         ctx.stop();
+    }
+}
+
+impl Handler<PushMarks> for SubscriptionActor {
+    type Result = ();
+
+    fn handle(&mut self, _: PushMarks, _ctx: &mut Context<Self>) {
+        self.push_marks();
     }
 }
 

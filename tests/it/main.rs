@@ -4,6 +4,7 @@
 mod support;
 
 mod durability;
+mod durable_state;
 mod e2e_mixed;
 mod e2e_query;
 mod http_api;
