@@ -1,7 +1,6 @@
 //! The subscription actor: a thin shell that feeds socket input to [`SeqState`], decodes what it
 //! must apply, routes it to the context actors, and spawns the socket tasks.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -11,12 +10,13 @@ use tokio_util::sync::CancellationToken;
 use crate::events::{DecodedBatch, IndexBatch, KvEvent};
 use crate::index::Watermark;
 use crate::index::actor::{Advance, ApplySequenced, DropSource};
-use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
+use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::registry::contexts::ContextDirectory;
 use crate::storage::codec::payload_digest;
 use crate::wire;
 
 use super::hash_check::HashCheck;
+use super::marks::SourceMarks;
 use super::route::Router;
 use super::socket::{self, FrameSink, ReplayEvent, SocketTimings};
 use super::state::{Action, SeqState};
@@ -39,11 +39,8 @@ pub struct SubscriptionActor {
     /// Identifies the current replay; answers of an abandoned replay are ignored.
     replay_generation: u64,
     replay_cancel: Option<CancellationToken>,
-    /// The last batch this source consumed: every op of it and of the batches before it is in
-    /// the mailbox of the context it goes to (or was ignored).
-    consumed: Option<Watermark>,
-    /// Per fed context, the seq of the last mark it was sent (with ops or by [`Advance`]).
-    sent: HashMap<ContextKey, u64>,
+    /// The source's position for the contexts it fed (see [`PushMarks`]).
+    marks: SourceMarks,
 }
 
 impl SubscriptionActor {
@@ -87,8 +84,7 @@ impl SubscriptionActor {
             cancel: CancellationToken::new(),
             replay_generation: 0,
             replay_cancel: None,
-            consumed: resume_after,
-            sent: HashMap::new(),
+            marks: SourceMarks::new(resume_after),
             config,
         }
     }
@@ -96,18 +92,12 @@ impl SubscriptionActor {
     /// Bring every context this source fed up to the last batch it consumed (see
     /// [`PushMarks`]). Contexts that got ops of that batch already have its mark.
     fn push_marks(&mut self) {
-        let Some(mark) = self.consumed else {
-            return;
-        };
-        for key in self.router.fed_contexts() {
-            if self.sent.get(key) == Some(&mark.seq) {
-                continue;
-            }
+        for (key, mark) in self.marks.due(self.router.fed_contexts()) {
             // Only a context of this source's profile is one it feeds (another one refused its
             // events).
             let Some(handle) = self
                 .contexts
-                .get(key)
+                .get(&key)
                 .filter(|h| *h.reader().profile() == self.config.hash_profile)
             else {
                 continue;
@@ -116,7 +106,6 @@ impl SubscriptionActor {
                 source: self.key.clone(),
                 mark,
             });
-            self.sent.insert(key.clone(), mark.seq);
         }
     }
 
@@ -126,8 +115,7 @@ impl SubscriptionActor {
                 Action::Apply { seq, payload } => self.apply(seq, &payload),
                 Action::DropSource { reason } => {
                     tracing::warn!(service = %self.key, reason = reason.as_str(), "dropping everything this source owns");
-                    // Dropping forgets the source's position in every context.
-                    self.sent.clear();
+                    self.marks.dropped();
                     for handle in self.contexts.all() {
                         handle.addr().do_send(DropSource(self.key.clone()));
                     }
@@ -176,7 +164,7 @@ impl SubscriptionActor {
         };
         // Consumed whatever follows: a batch that cannot be decoded or applies nothing moves
         // the source's position all the same.
-        self.consumed = Some(mark);
+        self.marks.consumed(mark);
         let projection = self.config.hash_profile.index_projection();
         let mut batch = match wire::decode(self.config.publisher_type, payload, projection) {
             Ok(batch) => batch,
@@ -219,7 +207,7 @@ impl SubscriptionActor {
                         },
                         mark,
                     });
-                    self.sent.insert(context, seq);
+                    self.marks.sent(&context, seq);
                 }
                 Err(conflict) => {
                     tracing::warn!(service = %self.key, "{conflict}; events for it are skipped");
