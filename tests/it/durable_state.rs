@@ -4,11 +4,13 @@
 
 use std::time::Duration;
 
+use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
 use crate::durability::{adapter_hits, adapter_store, answers, deliver, store};
+use crate::e2e_query::grpc_query;
 use crate::e2e_query::handshake;
-use crate::ingest::register;
+use crate::ingest::{BS, MODEL, register};
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
@@ -31,7 +33,7 @@ async fn sources_dropped(server: &Server) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_context_idle_past_the_replay_buffer_keeps_its_source_across_a_crash() {
-    let mut server = Server::start_with(fast()).await;
+    let server = Server::start_with(fast()).await;
     let mut player = Player::start(true, 0).await;
     register(&server, "e", &player).await;
     // Batch 0 feeds the adapter context, which then receives nothing while the base context
@@ -69,5 +71,92 @@ async fn a_context_idle_past_the_replay_buffer_keeps_its_source_across_a_crash()
         adapter_hits(&server, "ad", 1).await,
         8,
         "adapter blocks kept"
+    );
+}
+
+async fn unregister(server: &Server, instance: &str) {
+    let reply = server
+        .grpc()
+        .await
+        .unregister(pb::UnregisterRequest {
+            instance_id: instance.into(),
+            tenant_id: String::new(),
+            dp_rank: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+}
+
+/// The `conductor_index_holders` gauge.
+async fn holders(server: &Server) -> u64 {
+    let text = http::get(server.http_port, "/metrics").await.text();
+    text.lines()
+        .find_map(|l| l.strip_prefix("conductor_index_holders "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no holder gauge in:\n{text}"))
+}
+
+/// Bytes of the store's files (RocksDB's own info log aside).
+fn store_bytes(server: &Server) -> u64 {
+    std::fs::read_dir(server.dir.path().join("data"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| !e.file_name().to_string_lossy().starts_with("LOG"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_of_instances_gone_are_reclaimed_and_an_idle_server_writes_nothing() {
+    let server = Server::start_with(fast()).await;
+    let mut keep = Player::start(true, 0).await;
+    register(&server, "e", &keep).await;
+    handshake(&server, &mut keep, "e|default|0", store(1, "GPU")).await;
+    // Instances registered, fed and unregistered in turn, each with a fresh id.
+    for i in 0..4 {
+        let name = format!("c{i}");
+        let mut player = Player::start(true, 0).await;
+        register(&server, &name, &player).await;
+        handshake(
+            &server,
+            &mut player,
+            &format!("{name}|default|0"),
+            store(2, "GPU"),
+        )
+        .await;
+        eventually("the instance's blocks are indexed", WAIT, || async {
+            let r = grpc_query(&server, MODEL, crate::durability::prompt(2), BS as i64).await;
+            (r.hits.get(&name).map(|h| h.device) == Some(8)).then_some(())
+        })
+        .await;
+        unregister(&server, &name).await;
+    }
+    assert_eq!(
+        holders(&server).await,
+        1,
+        "only the registered instance's holder is left"
+    );
+    checkpoints_pass().await;
+    let before = store_bytes(&server);
+    tokio::time::sleep(Duration::from_millis(20 * FAST)).await;
+    assert_eq!(
+        store_bytes(&server),
+        before,
+        "idle checkpoints write nothing"
+    );
+    // A crash changes neither an answer nor the holders.
+    let answered = answers(&server).await;
+    assert_eq!(answered[1].0, 8);
+    let server = Server::start_in(server.into_dir(), fast()).await;
+    assert_eq!(answers(&server).await, answered);
+    assert_eq!(holders(&server).await, 1);
+    let r = grpc_query(&server, MODEL, crate::durability::prompt(2), BS as i64).await;
+    assert_eq!(
+        r.hits.keys().collect::<Vec<_>>(),
+        ["e"],
+        "gone instances stay gone"
     );
 }
