@@ -3,6 +3,7 @@
 
 mod support;
 
+mod convergence;
 mod durability;
 mod durable_state;
 mod e2e_mixed;
