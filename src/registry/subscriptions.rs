@@ -35,9 +35,8 @@ impl SubscriptionDirectory {
             .values()
             .cloned()
             .collect();
-        for actor in actors {
-            let _ = actor.send(PushMarks).await;
-        }
+        // Concurrently: each reply only says that subscription's marks are queued.
+        futures::future::join_all(actors.iter().map(|a| a.send(PushMarks))).await;
     }
 
     fn write(
