@@ -19,7 +19,9 @@ use crate::gateway::readiness::Readiness;
 use crate::gateway::registration::{HTTP_NAMES, RegistrationInput};
 use crate::gateway::value::Val;
 use crate::gateway::workers::{Routers, Workers};
-use crate::registry::{ArbiterPool, ContextDirectory, Register, Registry, ShutdownAll};
+use crate::registry::{
+    ArbiterPool, ContextDirectory, Register, Registry, ShutdownAll, SubscriptionDirectory,
+};
 use crate::storage::checkpoint::Checkpointer;
 use crate::subscription::settings::SubscriptionSettings;
 
@@ -95,8 +97,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         persisted.insert(index.key().clone());
         contexts.insert(contexts.start(index));
     }
+    let subscriptions = SubscriptionDirectory::default();
     let registry = Registry::new(
         contexts.clone(),
+        subscriptions.clone(),
         SubscriptionSettings::from_config(&config),
         loaded.store.clone(),
     )
@@ -151,7 +155,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     readiness.set_starting("starting static registrations");
     start_static_registrations(&config, &registry).await;
     let checkpoint_stop = CancellationToken::new();
-    let checkpointer = Checkpointer::new(loaded.store.clone(), contexts.clone(), persisted);
+    let checkpointer = Checkpointer::new(
+        loaded.store.clone(),
+        contexts.clone(),
+        subscriptions,
+        persisted,
+    );
     let checkpoints = tokio::spawn(checkpointer.run(
         Duration::from_millis(config.checkpoint_interval_ms),
         checkpoint_stop.clone(),

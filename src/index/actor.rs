@@ -77,6 +77,15 @@ pub struct ApplySequenced {
     pub mark: Watermark,
 }
 
+/// Every batch of `source` up to `mark` has reached this context (see
+/// [`ContextIndex::advance`]).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Advance {
+    pub source: SubscriptionKey,
+    pub mark: Watermark,
+}
+
 /// Take the changes since the last checkpoint.
 #[derive(Debug, Message)]
 #[rtype(result = "ContextChanges")]
@@ -96,6 +105,13 @@ impl Handler<ApplySequenced> for ContextActor {
     type Result = ();
     fn handle(&mut self, msg: ApplySequenced, _: &mut Self::Context) {
         self.index.apply_sequenced(&msg.batch, msg.mark);
+    }
+}
+
+impl Handler<Advance> for ContextActor {
+    type Result = ();
+    fn handle(&mut self, msg: Advance, _: &mut Self::Context) {
+        self.index.advance(&msg.source, msg.mark);
     }
 }
 

@@ -9,13 +9,13 @@ use crate::hashing::{HashProfile, PrefixKeys};
 use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
 use super::handle::{ContextView, IndexReader, IndexStats, MetaLock, Shared};
-use super::holder::{HolderKey, HolderState};
+use super::holder::{FreeIds, HolderKey, HolderState};
 use super::keying;
 use super::query::{self, QueryHits};
 use super::refs::RefList;
 use super::store_run::{self, RAW_KEY, RUN_MAX, StoreRun};
 use super::table::{
-    CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, MAX_HOLDERS, SHARED_TIERS, Table, tier_bit,
+    CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, SHARED_TIERS, Table, tier_bit,
 };
 
 /// What one [`ContextIndex::apply`] did.
@@ -46,9 +46,15 @@ pub struct ApplyReport {
 pub struct ContextIndex {
     pub(super) shared: Arc<Shared>,
     pub(super) holders: Vec<HolderState>,
-    holder_ids: HashMap<HolderKey, u32>,
+    pub(super) holder_ids: HashMap<HolderKey, u32>,
     /// Source → holder ids it reported, for drop/detach in O(its blocks).
-    by_source: HashMap<SubscriptionKey, Vec<u32>>,
+    pub(super) by_source: HashMap<SubscriptionKey, Vec<u32>>,
+    /// Reclaimed holder ids (see `holder`).
+    pub(super) free_ids: FreeIds,
+    /// Reclaimed holder ids whose records the next checkpoint deletes.
+    pub(super) holders_gone: Vec<u32>,
+    /// What the store holds of this context besides pairs and aliases (see `persist`).
+    pub(super) on_disk: super::persist::OnDisk,
     /// Source → (instance, rank) it listed, for detach without scanning the context.
     pub(super) attached: HashMap<SubscriptionKey, Vec<(String, u32)>>,
     /// (holder, block) pairs touched since the last checkpoint took them, with repeats; the
@@ -56,7 +62,8 @@ pub struct ContextIndex {
     /// Pairs a store created are not listed here: they are the tails of the holders' reverse
     /// lists (`HolderState::checkpointed`), which a fill would otherwise pay for twice.
     pub(super) dirty: Vec<(u32, u64)>,
-    /// Per source, the last publisher batch applied here (see `persist`).
+    /// Per source, its position: the last publisher batch that reached this context, with ops for
+    /// it or not (see `persist`).
     pub(super) watermarks: HashMap<SubscriptionKey, super::persist::Watermark>,
     /// Engine hashes whose alias was added, moved or dropped since the last checkpoint.
     pub(super) alias_dirty: Vec<u64>,
@@ -88,6 +95,9 @@ impl ContextIndex {
             holders: Vec::new(),
             holder_ids: HashMap::new(),
             by_source: HashMap::new(),
+            free_ids: FreeIds::default(),
+            holders_gone: Vec::new(),
+            on_disk: super::persist::OnDisk::new_context(),
             attached: HashMap::new(),
             dirty: Vec::new(),
             watermarks: HashMap::new(),
@@ -304,6 +314,7 @@ impl ContextIndex {
             return;
         }
         list.push((instance_id.to_owned(), dp_rank));
+        self.on_disk.attachments_changed = true;
         let mut meta = self.shared.meta.write();
         let entry = meta
             .ranks
@@ -323,10 +334,15 @@ impl ContextIndex {
         ids.into_iter().map(|id| self.clear_holder(id)).sum()
     }
 
-    /// [`Self::drop_source`] and unlist every rank the source listed. Returns the pairs removed.
+    /// [`Self::drop_source`], unlist every rank the source listed and reclaim its holders: the
+    /// source no longer feeds this context. Returns the pairs removed.
     pub fn detach_source(&mut self, source: &SubscriptionKey) -> u64 {
         let removed = self.drop_source(source);
+        if self.shared.meta.read().sources.contains(source) {
+            self.shared.meta.write().sources.remove(source);
+        }
         if let Some(list) = self.attached.remove(source) {
+            self.on_disk.attachments_changed = true;
             let mut meta = self.shared.meta.write();
             for (instance, rank) in list {
                 if let Some(ranks) = meta.ranks.get_mut(&instance) {
@@ -342,6 +358,7 @@ impl ContextIndex {
                 }
             }
         }
+        self.reclaim_source(source);
         removed
     }
 
@@ -385,44 +402,6 @@ impl ContextIndex {
             .collect();
         all.sort();
         all
-    }
-
-    pub(super) fn intern(&mut self, source: &SubscriptionKey, holder: &Holder) -> Option<u32> {
-        let key = HolderKey {
-            source: source.clone(),
-            holder: holder.clone(),
-        };
-        if let Some(&id) = self.holder_ids.get(&key) {
-            return Some(id);
-        }
-        if self.holders.len() >= MAX_HOLDERS {
-            return None;
-        }
-        let id = self.holders.len() as u32;
-        {
-            let mut meta = self.shared.meta.write();
-            meta.shared.push(matches!(holder, Holder::Shared { .. }));
-            meta.sources.insert(source.clone());
-            if let Holder::Engine {
-                instance_id,
-                dp_rank,
-            } = holder
-            {
-                let ranks = meta.ranks.entry(instance_id.clone()).or_default();
-                ranks.entry(*dp_rank).or_default().holders.push(id);
-            }
-        }
-        self.holders.push(HolderState {
-            key: key.clone(),
-            live: 0,
-            raw_live: 0,
-            blocks: RefList::default(),
-            checkpointed: 0,
-            repeats: HashMap::new(),
-        });
-        self.holder_ids.insert(key, id);
-        self.by_source.entry(source.clone()).or_default().push(id);
-        Some(id)
     }
 
     pub(super) fn store(&mut self, id: u32, bit: u8, hashes: &[BlockHash]) {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use crate::hashing::derived::{BlockRule, DerivedChain};
 use crate::hashing::{HashProfile, PrefixKeys, Token};
@@ -44,6 +44,9 @@ pub(crate) struct Shared {
 #[derive(Default)]
 pub(crate) struct MetaLock {
     lock: RwLock<Meta>,
+    /// Every plan built that may still be alive (the cached one, and those of running walks),
+    /// for the reclaim of holder ids (see `holder::FreeIds`).
+    built: Mutex<Vec<Weak<Plan>>>,
 }
 
 impl MetaLock {
@@ -60,7 +63,27 @@ impl MetaLock {
     /// The plan for the current metadata, built by the first query after a change.
     pub fn plan(&self) -> Arc<Plan> {
         let meta = self.read();
-        Arc::clone(meta.plan.get_or_init(|| Arc::new(Plan::build(&meta))))
+        Arc::clone(meta.plan.get_or_init(|| {
+            let plan = Arc::new(Plan::build(&meta));
+            // Under the read lock: a writer's change either precedes this plan or waits for it
+            // to be listed.
+            let mut built = self.built();
+            built.retain(|p| p.strong_count() > 0);
+            built.push(Arc::downgrade(&plan));
+            plan
+        }))
+    }
+
+    /// The plans built so far that are still alive.
+    pub fn plans_alive(&self) -> Vec<Weak<Plan>> {
+        let mut built = self.built();
+        built.retain(|p| p.strong_count() > 0);
+        built.clone()
+    }
+
+    fn built(&self) -> std::sync::MutexGuard<'_, Vec<Weak<Plan>>> {
+        // A list of weak references cannot be left half-updated: a poisoned lock is safe.
+        self.built.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     #[cfg(test)]
@@ -73,11 +96,14 @@ impl MetaLock {
 pub(crate) struct Meta {
     /// instance → rank → who listed it and which holders hold blocks for it.
     pub ranks: BTreeMap<String, BTreeMap<u32, RankEntry>>,
-    /// Holder id → whether it is a shared (store backend) holder. Ids are never reused, so a
-    /// plan built from this stays valid for the whole walk.
+    /// Holder id → whether it is a shared (store backend) holder (false for a reclaimed id). An
+    /// id is reused only once no plan that routed it can still be in a walk (`holder::FreeIds`),
+    /// so a plan stays valid for the whole walk.
     pub shared: Vec<bool>,
-    /// Every source that has a holder here (kept for as long as its holders are: ids are never
-    /// reused), so a subscription that starts over recovered state knows which contexts it fed.
+    /// Holders interned and not reclaimed.
+    pub holders: usize,
+    /// Every source that has a holder or a position (watermark) here, so a subscription that
+    /// starts over recovered state knows which contexts it fed and keeps their positions current.
     pub sources: BTreeSet<SubscriptionKey>,
     /// The query plan for the fields above; reset by every [`MetaLock::write`].
     plan: OnceLock<Arc<Plan>>,
@@ -135,7 +161,7 @@ pub struct ContextView {
 pub struct IndexStats {
     pub blocks: u64,
     pub holder_blocks: u64,
-    /// Interned holders (ids are never reused within a context).
+    /// Interned holders (reclaimed ones not counted).
     pub holders: u64,
     pub invalid_ops: u64,
     /// Pairs keyed by a published hash (see "Keys" in the module doc).
@@ -261,7 +287,7 @@ impl IndexReader {
         IndexStats {
             blocks: self.shared.blocks.load(Ordering::Relaxed),
             holder_blocks: self.shared.holder_blocks.load(Ordering::Relaxed),
-            holders: self.shared.meta.read().shared.len() as u64,
+            holders: self.shared.meta.read().holders as u64,
             invalid_ops: self.shared.invalid_ops.load(Ordering::Relaxed),
             raw_pairs: self.shared.raw_pairs.load(Ordering::Relaxed),
             unlinked: self.shared.unlinked.load(Ordering::Relaxed),

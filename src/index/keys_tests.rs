@@ -268,7 +268,7 @@ fn counts_and_aliases_survive_a_checkpoint() {
     for h in &changes.holders {
         assert!(restorer.holder(h));
     }
-    for (source, instance, rank) in &changes.attachments {
+    for (source, instance, rank) in changes.attachments.iter().flatten() {
         restorer.attach(source, instance, *rank);
     }
     for &(hash, key) in &changes.aliases {

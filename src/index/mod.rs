@@ -16,8 +16,10 @@
 //!
 //! A holder is an engine (instance, rank) or a store backend, each qualified by the subscription
 //! (source) that reported it: `Holder::Engine{instance, rank}` from source S and
-//! `Holder::Shared{backend_id}` from S are interned once as a `u32` holder id (never reused
-//! within a context, so a query's plan stays valid while it walks). A block key maps to a small
+//! `Holder::Shared{backend_id}` from S are interned once as a `u32` holder id. A holder that owns
+//! nothing and whose rank no source lists is reclaimed, and its id is reused only once no plan
+//! that routed it can still be in a walk (`holder`), so a query's plan stays valid while it
+//! walks and the ids stay as few as the holders that exist. A block key maps to a small
 //! set of `holder_id << 4 | tier bits` entries: inline for one holder, else a 32-bit id of an
 //! interned, immutable, refcounted set of sorted entries, the same id for every block with the
 //! same entries (see "Interned holder sets" below). Engines hold

@@ -1,21 +1,28 @@
 //! What a context hands to checkpoints and takes back at recovery.
 //!
-//! A checkpoint of one context is: its key and profile, its holders (interned ids are never
-//! reused, so a holder record never changes once written), the current tier bits of every
-//! (holder, block) pair touched since the last checkpoint (0 = gone), the rank listings, and per
-//! source the last publisher batch applied here. All of it goes to disk in one atomic batch, so a
-//! watermark is never paired with older or newer state than the one it describes.
+//! A checkpoint of one context is what changed since the last one: the current tier bits of
+//! every (holder, block) pair touched (0 = gone), the aliases changed, the holder records new,
+//! changed (their raw pair count) or reclaimed, the rank listings when they changed, and per
+//! source its position when it moved. All of it goes to disk in one atomic batch, so a watermark
+//! is never paired with older or newer state than the one it describes. An idle context writes
+//! nothing. The header and everything but the pairs and aliases are rewritten whole only for a
+//! context this process created, and after a failed write (which may have carried any of it).
 //!
-//! Watermarks also make re-delivery harmless: after a restart the subscription replays from the
-//! lowest watermark of its contexts, and a context skips batches at or below its own.
+//! A watermark is the position of a source: the last of its batches that reached this context,
+//! whether or not it had ops for it (see [`ContextIndex::advance`]). Watermarks also make
+//! re-delivery harmless: after a restart the subscription replays from the lowest watermark of
+//! its contexts, and a context skips batches at or below its own.
+
+use std::collections::HashMap;
 
 use crate::events::{Holder, IndexBatch};
 use crate::hashing::HashProfile;
 use crate::model::{BlockHash, ContextKey, SubscriptionKey};
 
 use super::context::{ApplyReport, ContextIndex};
+use super::holder::HolderState;
 
-/// The last publisher batch of one source applied to one context.
+/// The last publisher batch of one source that reached one context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Watermark {
     pub seq: u64,
@@ -40,23 +47,63 @@ pub struct HolderRecord {
 pub struct ContextChanges {
     pub key: ContextKey,
     pub profile: HashProfile,
-    /// Every holder, in id order (few, and rewriting them keeps recovery simple).
+    /// Write the header, and replace the holder records, listings and watermarks on disk by the
+    /// ones here (a context this process created, or a retry after a failed write).
+    pub full: bool,
+    /// Holder records new or changed since the last checkpoint (all of them when `full`), in id
+    /// order. A reused id's record replaces the reclaimed holder's.
     pub holders: Vec<HolderRecord>,
+    /// Reclaimed holder ids whose records go (a reused one is also in `holders`).
+    pub holders_gone: Vec<u32>,
     /// (holder id, block, tier bits now); bits 0 means the pair is gone.
     pub pairs: Vec<(u32, u64, u8)>,
     /// (holder id, block, tier bit, announcements beyond the first) of the pairs in `pairs` that
     /// have more than one announcement in some tier, sorted like `pairs`.
     pub repeats: Vec<(u32, u64, u8, u32)>,
-    /// (source, instance, rank) listings, sorted.
-    pub attachments: Vec<(SubscriptionKey, String, u32)>,
-    /// Per source, sorted.
-    pub watermarks: Vec<(SubscriptionKey, Watermark)>,
+    /// Every (source, instance, rank) listing, sorted, when they changed (few: rewritten whole).
+    pub attachments: Option<Vec<(SubscriptionKey, String, u32)>>,
+    /// Per source whose position changed, sorted: the position, `None` for a source no longer
+    /// here.
+    pub watermarks: Vec<(SubscriptionKey, Option<Watermark>)>,
     /// Aliases changed since the last checkpoint: (engine hash, derived key now, `None` when
     /// dropped), sorted by hash.
     pub aliases: Vec<(u64, Option<u64>)>,
     /// The first changes of a context this process created (not recovered): the write must
     /// first delete whatever the store holds under the context's id.
     pub fresh: bool,
+}
+
+impl ContextChanges {
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        !self.full
+            && !self.fresh
+            && self.holders.is_empty()
+            && self.holders_gone.is_empty()
+            && self.pairs.is_empty()
+            && self.attachments.is_none()
+            && self.watermarks.is_empty()
+            && self.aliases.is_empty()
+    }
+}
+
+/// What the store holds of a context besides its pairs and aliases, as far as its writer knows.
+pub(super) struct OnDisk {
+    /// Rewrite the header, holder records, listings and watermarks whole (see
+    /// [`ContextChanges::full`]).
+    pub(super) full: bool,
+    pub(super) attachments_changed: bool,
+    pub(super) watermarks: HashMap<SubscriptionKey, Watermark>,
+}
+
+impl OnDisk {
+    pub(super) fn new_context() -> Self {
+        OnDisk {
+            full: true,
+            attachments_changed: false,
+            watermarks: HashMap::new(),
+        }
+    }
 }
 
 impl ContextIndex {
@@ -70,17 +117,62 @@ impl ContextIndex {
         {
             return None;
         }
-        self.watermarks.insert(batch.source.clone(), mark);
+        self.set_watermark(&batch.source, mark);
         Some(self.apply(batch))
+    }
+
+    /// Every batch of `source` up to `mark` has reached this context: the source published on
+    /// without ops for it (they went to its other contexts, or were ignored). Without this, a
+    /// context idle for longer than the publisher's replay buffer would resume its source from a
+    /// batch the buffer no longer holds, and the restart would drop all of the source's blocks.
+    /// An older mark changes nothing.
+    pub fn advance(&mut self, source: &SubscriptionKey, mark: Watermark) {
+        if self
+            .watermarks
+            .get(source)
+            .is_some_and(|w| w.seq >= mark.seq)
+        {
+            return;
+        }
+        self.set_watermark(source, mark);
+    }
+
+    /// The source's position here; a source with a position is one this context is fed by
+    /// (see `Meta::sources`), so a subscription started over recovered state keeps advancing it.
+    pub(super) fn set_watermark(&mut self, source: &SubscriptionKey, mark: Watermark) {
+        if let Some(w) = self.watermarks.get_mut(source) {
+            *w = mark;
+            return;
+        }
+        self.watermarks.insert(source.clone(), mark);
+        if !self.shared.meta.read().sources.contains(source) {
+            self.shared.meta.write().sources.insert(source.clone());
+        }
     }
 
     pub fn watermark(&self, source: &SubscriptionKey) -> Option<Watermark> {
         self.watermarks.get(source).copied()
     }
 
-    /// Take what changed since the last call. If writing it fails, hand the pairs back with
-    /// [`ContextIndex::mark_dirty`] so the next checkpoint writes them again.
+    /// Every source with a holder or a listing here, sorted.
+    pub fn sources_present(&self) -> Vec<SubscriptionKey> {
+        let mut all: Vec<SubscriptionKey> = self
+            .holders
+            .iter()
+            .filter(|h| !h.vacant)
+            .map(|h| h.key.source.clone())
+            .chain(self.attached.keys().cloned())
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// Take what changed since the last call (reclaiming idle holders first, see `holder`). If
+    /// writing it fails, hand the pairs back with [`ContextIndex::mark_dirty`] so the next
+    /// checkpoint writes them again.
     pub fn take_changes(&mut self) -> ContextChanges {
+        self.reclaim_idle();
         let mut touched = std::mem::take(&mut self.dirty);
         // Pairs stores created since the last call: the tails of the reverse lists. A reference
         // there whose pair is gone again needs nothing: its removal was recorded in `dirty`.
@@ -118,33 +210,43 @@ impl ContextIndex {
                 }
             }
         }
+        let full = std::mem::take(&mut self.on_disk.full);
         let holders = self
             .holders
-            .iter()
+            .iter_mut()
             .enumerate()
-            .map(|(id, h)| HolderRecord {
-                id: id as u32,
-                source: h.key.source.clone(),
-                holder: h.key.holder.clone(),
-                raw_pairs: Some(h.raw_live),
+            .filter(|(_, h)| !h.vacant)
+            .filter_map(|(id, h)| {
+                let now = Some(h.raw_live);
+                if !full && h.written == now {
+                    return None;
+                }
+                h.written = now;
+                Some(HolderRecord {
+                    id: id as u32,
+                    source: h.key.source.clone(),
+                    holder: h.key.holder.clone(),
+                    raw_pairs: now,
+                })
             })
             .collect();
+        let mut holders_gone = std::mem::take(&mut self.holders_gone);
+        holders_gone.sort_unstable();
+        holders_gone.dedup();
         let mut changed = std::mem::take(&mut self.alias_dirty);
         changed.sort_unstable();
         changed.dedup();
         let current = self.shared.aliases.resolve(changed.iter().copied());
         let aliases = changed.into_iter().zip(current).collect();
-        let attachments = self.attachments();
-        let mut watermarks: Vec<(SubscriptionKey, Watermark)> = self
-            .watermarks
-            .iter()
-            .map(|(s, w)| (s.clone(), *w))
-            .collect();
-        watermarks.sort_by(|a, b| a.0.cmp(&b.0));
+        let listings_changed = std::mem::take(&mut self.on_disk.attachments_changed);
+        let attachments = (full || listings_changed).then(|| self.attachments());
+        let watermarks = self.watermark_changes(full);
         ContextChanges {
             key: self.key().clone(),
             profile: self.profile().clone(),
+            full,
             holders,
+            holders_gone,
             pairs,
             repeats,
             attachments,
@@ -154,7 +256,31 @@ impl ContextIndex {
         }
     }
 
-    /// Put pairs and aliases back for the next checkpoint (its write failed).
+    /// The positions that differ from the ones on disk (all of them when `full`), which they
+    /// then are.
+    fn watermark_changes(&mut self, full: bool) -> Vec<(SubscriptionKey, Option<Watermark>)> {
+        let on_disk = &self.on_disk.watermarks;
+        let mut out: Vec<(SubscriptionKey, Option<Watermark>)> = self
+            .watermarks
+            .iter()
+            .filter(|&(s, w)| full || on_disk.get(s) != Some(w))
+            .map(|(s, w)| (s.clone(), Some(*w)))
+            .collect();
+        if !full {
+            out.extend(
+                on_disk
+                    .keys()
+                    .filter(|s| !self.watermarks.contains_key(*s))
+                    .map(|s| (s.clone(), None)),
+            );
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        self.on_disk.watermarks = self.watermarks.clone();
+        out
+    }
+
+    /// Put pairs and aliases back for the next checkpoint (its write failed); the next one also
+    /// rewrites the holders, listings and watermarks whole, whatever the failed one carried.
     pub fn mark_dirty(
         &mut self,
         pairs: impl IntoIterator<Item = (u32, u64)>,
@@ -163,16 +289,24 @@ impl ContextIndex {
     ) {
         self.dirty.extend(pairs);
         self.alias_dirty.extend(aliases);
+        self.on_disk.full = true;
         if fresh {
             self.persisted = false;
         }
     }
 
-    /// Whether anything changed since the last [`ContextIndex::take_changes`].
+    /// Whether anything changed since the last [`ContextIndex::take_changes`] (holders it would
+    /// reclaim aside).
     pub fn has_changes(&self) -> bool {
         !self.dirty.is_empty()
             || !self.alias_dirty.is_empty()
-            || self.holders.iter().any(|h| h.checkpointed < h.blocks.len())
+            || !self.holders_gone.is_empty()
+            || self.on_disk.full
+            || self.on_disk.attachments_changed
+            || self.on_disk.watermarks != self.watermarks
+            || self.holders.iter().any(|h| {
+                h.checkpointed < h.blocks.len() || (!h.vacant && h.written != Some(h.raw_live))
+            })
     }
 }
 
@@ -197,9 +331,22 @@ impl Restorer {
         }
     }
 
-    /// Re-intern a holder; ids are assigned in order, so records must come sorted by id.
-    /// Returns false when the record's id does not match (a gap or a duplicate: corrupt data).
+    /// Re-intern a holder at its id; records must come sorted by id. Ids between two records
+    /// were reclaimed before the checkpoint and stay free. Returns false for an id out of order,
+    /// out of range or naming a holder a record already named (corrupt data).
     pub fn holder(&mut self, record: &HolderRecord) -> bool {
+        let id = record.id as usize;
+        if id < self.index.holders.len() || id >= super::table::MAX_HOLDERS {
+            return false;
+        }
+        if self.index.holders.len() < id {
+            let mut meta = self.index.shared.meta.write();
+            while self.index.holders.len() < id {
+                self.index.holders.push(HolderState::vacant());
+                meta.shared.push(false);
+            }
+        }
+        self.raw_pairs.resize(id, None);
         self.raw_pairs.push(record.raw_pairs);
         self.index.intern(&record.source, &record.holder) == Some(record.id)
     }
@@ -219,12 +366,21 @@ impl Restorer {
     }
 
     pub fn watermark(&mut self, source: SubscriptionKey, mark: Watermark) {
-        self.index.watermarks.insert(source, mark);
+        self.index.set_watermark(&source, mark);
+        self.index.on_disk.watermarks.insert(source, mark);
+    }
+
+    /// Whether `holder_id` names a holder a record restored.
+    fn known(&self, holder_id: u32) -> bool {
+        self.index
+            .holders
+            .get(holder_id as usize)
+            .is_some_and(|h| !h.vacant)
     }
 
     /// One persisted pair. Pairs naming an unknown holder are ignored (returns false).
     pub fn pair(&mut self, holder_id: u32, block: u64, bits: u8) -> bool {
-        if holder_id as usize >= self.index.holders.len() || bits == 0 {
+        if !self.known(holder_id) || bits == 0 {
             return false;
         }
         if self.run != Some((holder_id, bits)) {
@@ -242,7 +398,7 @@ impl Restorer {
     /// [`ContextChanges::repeats`]). Returns false for an unknown holder or a zero count.
     pub fn repeat(&mut self, holder_id: u32, block: u64, bit: u8, extra: u32) -> bool {
         match self.index.holders.get_mut(holder_id as usize) {
-            Some(state) if extra > 0 && bit.is_power_of_two() => {
+            Some(state) if !state.vacant && extra > 0 && bit.is_power_of_two() => {
                 state.repeats.insert((block, bit), extra);
                 true
             }
@@ -264,9 +420,18 @@ impl Restorer {
         self.flush();
         self.index.dirty.clear();
         self.index.persisted = true;
+        // What was read is what the store holds.
+        self.index.on_disk.full = false;
+        self.index.on_disk.attachments_changed = false;
         let mut raw_total = 0;
         for (id, state) in self.index.holders.iter_mut().enumerate() {
+            if state.vacant {
+                self.index.free_ids.vacant_at_recovery(id as u32);
+                continue;
+            }
             state.checkpointed = state.blocks.len();
+            // Rewritten at the next checkpoint when the record lacks the count (schema 1).
+            state.written = self.raw_pairs.get(id).copied().flatten();
             // A schema 1 holder's pairs are all keyed by published hash.
             let raw = self
                 .raw_pairs

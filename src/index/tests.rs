@@ -637,4 +637,5 @@ fn the_actor_forwards_and_the_handle_queries_without_the_mailbox() {
     });
 }
 
+mod reclaim;
 mod walk;

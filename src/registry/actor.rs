@@ -13,6 +13,7 @@ use crate::subscription::settings::SubscriptionSettings;
 use crate::subscription::status::{StatusCell, SubscriptionStatus};
 
 use super::contexts::ContextDirectory;
+use super::subscriptions::SubscriptionDirectory;
 use crate::storage::KvStore;
 use crate::storage::checkpoint::{delete_registration, put_registration};
 
@@ -25,6 +26,7 @@ struct ServiceEntry {
 
 pub struct Registry {
     contexts: ContextDirectory,
+    subscriptions: SubscriptionDirectory,
     /// Ordered by the rendered service key, the order `list_services` reports.
     services: BTreeMap<String, ServiceEntry>,
     /// One endpoint feeds one subscription.
@@ -37,11 +39,13 @@ pub struct Registry {
 impl Registry {
     pub fn new(
         contexts: ContextDirectory,
+        subscriptions: SubscriptionDirectory,
         settings: SubscriptionSettings,
         store: Arc<dyn KvStore>,
     ) -> Self {
         Registry {
             contexts,
+            subscriptions,
             services: BTreeMap::new(),
             endpoints: HashMap::new(),
             settings,
@@ -108,6 +112,7 @@ impl Registry {
             })
         };
         tracing::info!(service = %key_text, endpoint = %config.endpoint, kind = %config.publisher_type, "registered");
+        self.subscriptions.insert(key.clone(), actor.clone());
         self.endpoints.insert(config.endpoint.clone(), key);
         self.services.insert(
             key_text,
@@ -206,6 +211,7 @@ impl Handler<Unregister> for Registry {
             Err(e) => return AtomicResponse::new(Box::pin(async move { Err(e) }.into_actor(self))),
         };
         self.endpoints.remove(&entry.config.endpoint);
+        self.subscriptions.remove(&key);
         let contexts = self.contexts.clone();
         let work = async move {
             // Stop first so no batch of this source can arrive after its blocks are removed.

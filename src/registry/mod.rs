@@ -6,8 +6,10 @@
 
 pub mod actor;
 pub mod contexts;
+pub mod subscriptions;
 
 pub use actor::{
     ListServices, Register, RegisterOutcome, Registry, ServiceInfo, ShutdownAll, Unregister,
 };
 pub use contexts::{ArbiterPool, ContextDirectory, ProfileConflict};
+pub use subscriptions::SubscriptionDirectory;

@@ -1,6 +1,12 @@
 //! Periodic checkpoints: each context writes what changed since its last checkpoint together with
 //! the watermarks of its sources, in one atomic write. Cost follows the change, not the index
 //! size; queries never wait (the context actor only reads the touched pairs' current bits).
+//!
+//! A watermark is the source's position, not the last batch that happened to have ops for the
+//! context: a round first has every subscription push its position to the contexts it fed (an
+//! [`crate::index::actor::Advance`] behind the ops it sent them), then takes the changes. So a
+//! context the source no longer stores into records the same position as the busy ones, and a
+//! restart resumes the source from a batch its publisher still buffers.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,13 +17,16 @@ use tokio_util::sync::CancellationToken;
 use crate::index::ContextChanges;
 use crate::index::actor::{MarkDirty, TakeChanges};
 use crate::model::ContextKey;
-use crate::registry::ContextDirectory;
+use crate::registry::{ContextDirectory, SubscriptionDirectory};
 
 use super::codec::{self, context_id};
 use super::{Cf, KvOp, KvStore, StorageError, prefix_end};
 
-/// The writes of one context's checkpoint.
+/// The writes of one context's checkpoint (none for a context that did not change).
 pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
+    if changes.is_empty() {
+        return Vec::new();
+    }
     let ctx = context_id(&changes.key);
     let mut ops = Vec::with_capacity(changes.pairs.len() + changes.holders.len() + 8);
     if changes.fresh {
@@ -25,12 +34,28 @@ pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
         // under its id is an earlier incarnation's (unregistered and registered again between
         // two checkpoints), whose holder ids the new one reuses. It must not come back.
         ops.extend(clear_context_ops(&ctx));
+    } else if changes.full {
+        // A retry after a failed write: the records below replace whatever is there.
+        ops.extend(
+            [Cf::Holders, Cf::Watermarks]
+                .into_iter()
+                .map(|cf| range_of(cf, &ctx)),
+        );
     }
-    ops.push(KvOp::Put {
-        cf: Cf::Contexts,
-        key: ctx.to_vec(),
-        value: codec::context_value(&changes.key, &changes.profile),
-    });
+    if changes.full {
+        ops.push(KvOp::Put {
+            cf: Cf::Contexts,
+            key: ctx.to_vec(),
+            value: codec::context_value(&changes.key, &changes.profile),
+        });
+    }
+    // Deletes first: a reused id's new record follows its old one's delete.
+    for &id in &changes.holders_gone {
+        ops.push(KvOp::Delete {
+            cf: Cf::Holders,
+            key: codec::indexed_key(&ctx, id),
+        });
+    }
     for h in &changes.holders {
         ops.push(KvOp::Put {
             cf: Cf::Holders,
@@ -76,32 +101,43 @@ pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
             },
         });
     }
-    // Listings and watermarks are few: rewrite them whole.
-    for cf in [Cf::Attachments, Cf::Watermarks] {
-        ops.push(KvOp::DeleteRange {
-            cf,
-            from: ctx.to_vec(),
-            to: prefix_end(&ctx),
-        });
-    }
-    for (n, (source, instance, rank)) in changes.attachments.iter().enumerate() {
-        let value = codec::attachment_value(source, instance, *rank);
-        ops.push(KvOp::Put {
-            cf: Cf::Attachments,
-            key: codec::indexed_key(&ctx, n as u32),
-            value,
-        });
+    // Listings are few: rewritten whole when they changed.
+    if let Some(attachments) = &changes.attachments {
+        ops.push(range_of(Cf::Attachments, &ctx));
+        for (n, (source, instance, rank)) in attachments.iter().enumerate() {
+            let value = codec::attachment_value(source, instance, *rank);
+            ops.push(KvOp::Put {
+                cf: Cf::Attachments,
+                key: codec::indexed_key(&ctx, n as u32),
+                value,
+            });
+        }
     }
     for (source, mark) in &changes.watermarks {
         let mut key = ctx.to_vec();
         key.extend_from_slice(source.to_string().as_bytes());
-        ops.push(KvOp::Put {
-            cf: Cf::Watermarks,
-            key,
-            value: codec::watermark_value(*mark),
+        ops.push(match mark {
+            Some(mark) => KvOp::Put {
+                cf: Cf::Watermarks,
+                key,
+                value: codec::watermark_value(*mark),
+            },
+            None => KvOp::Delete {
+                cf: Cf::Watermarks,
+                key,
+            },
         });
     }
     ops
+}
+
+/// Delete every key of context `ctx` in `cf`.
+fn range_of(cf: Cf, ctx: &[u8; 8]) -> KvOp {
+    KvOp::DeleteRange {
+        cf,
+        from: ctx.to_vec(),
+        to: prefix_end(ctx),
+    }
 }
 
 /// Delete everything of a context that no longer exists.
@@ -125,11 +161,7 @@ fn clear_context_ops(ctx: &[u8; 8]) -> impl Iterator<Item = KvOp> + '_ {
         Cf::Aliases,
     ]
     .into_iter()
-    .map(|cf| KvOp::DeleteRange {
-        cf,
-        from: ctx.to_vec(),
-        to: prefix_end(ctx),
-    })
+    .map(|cf| range_of(cf, ctx))
 }
 
 /// What one checkpoint round did.
@@ -139,12 +171,15 @@ pub struct CheckpointReport {
     pub pairs: usize,
     pub failed: usize,
     pub forgotten: usize,
+    /// Contexts with nothing to write.
+    pub idle: usize,
 }
 
 /// Writes checkpoints of every live context.
 pub struct Checkpointer {
     store: Arc<dyn KvStore>,
     contexts: ContextDirectory,
+    subscriptions: SubscriptionDirectory,
     /// Contexts that have data on disk (so a removed one is deleted there too).
     persisted: HashSet<ContextKey>,
 }
@@ -154,17 +189,21 @@ impl Checkpointer {
     pub fn new(
         store: Arc<dyn KvStore>,
         contexts: ContextDirectory,
+        subscriptions: SubscriptionDirectory,
         persisted: HashSet<ContextKey>,
     ) -> Self {
         Checkpointer {
             store,
             contexts,
+            subscriptions,
             persisted,
         }
     }
 
     pub async fn checkpoint(&mut self) -> CheckpointReport {
         let mut report = CheckpointReport::default();
+        // Before any context is asked for its changes (see the module doc).
+        self.subscriptions.push_marks().await;
         let live = self.contexts.all();
         let live_keys: HashSet<ContextKey> = live.iter().map(|h| h.key().clone()).collect();
         for handle in live {
@@ -172,7 +211,13 @@ impl Checkpointer {
                 continue;
             };
             let pairs = changes.pairs.len();
-            match self.store.write(context_ops(&changes)) {
+            let ops = context_ops(&changes);
+            if ops.is_empty() {
+                // Idle: nothing to write (its key is already in `persisted`).
+                report.idle += 1;
+                continue;
+            }
+            match self.store.write(ops) {
                 Ok(()) => {
                     report.contexts += 1;
                     report.pairs += pairs;

@@ -3,7 +3,7 @@
 use super::{Cf, KvOp, KvStore, StorageError};
 
 /// The schema version this binary writes.
-pub const CURRENT_VERSION: u32 = 2;
+pub const CURRENT_VERSION: u32 = 3;
 
 const VERSION_KEY: &[u8] = b"schema_version";
 
@@ -26,6 +26,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // The new column family is created when the store opens; schema 1 values read as
         // they are (see the file).
         description: include_str!("../../migrations/0002_counts_and_derived_keys.md"),
+        apply: |_| Ok(Vec::new()),
+    },
+    Migration {
+        version: 3,
+        // Schema 2 data reads as it is (see the file).
+        description: include_str!(
+            "../../migrations/0003_reclaimed_holders_and_source_positions.md"
+        ),
         apply: |_| Ok(Vec::new()),
     },
 ];

@@ -9,14 +9,15 @@
 //! | `meta` | `schema_version` | u32 BE |
 //! | `registrations` | service key text | JSON registration (Python names, hash profile inputs) |
 //! | `contexts` | context id (8 B) | JSON context key + hash profile inputs |
-//! | `holders` | ctx id + holder id (u32 BE) | JSON holder record |
+//! | `holders` | ctx id + holder id (u32 BE) | JSON holder record (ids of reclaimed holders are gaps) |
 //! | `attachments` | ctx id + n (u32 BE) | JSON (source, instance, rank) |
-//! | `watermarks` | ctx id + source key text | seq (u64 BE) + payload digest (u64 BE) |
+//! | `watermarks` | ctx id + source key text | the source's position: seq (u64 BE) + payload digest (u64 BE) |
 //! | `pairs` | ctx id + holder id (u32 BE) + block (u64 BE) | tier bits (1 B), then per tier announced more than once: its bit (1 B) + the announcements beyond the first (u32 BE) |
 //! | `aliases` | ctx id + engine hash (u64 BE) | derived key (u64 BE) |
 //!
 //! The context id is the first 8 bytes of SHA-256 over the context key, so it is stable across
-//! restarts without an allocation table. One checkpoint of one context is one atomic write.
+//! restarts without an allocation table. One checkpoint of one context is one atomic write, of
+//! what changed only (nothing for an idle context).
 
 pub mod checkpoint;
 pub mod codec;

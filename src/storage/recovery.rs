@@ -2,7 +2,9 @@
 //!
 //! Sources present in a context but no longer registered (an unregistration the last checkpoint
 //! did not see) are dropped: their blocks cannot be vouched for. Each registration resumes from
-//! the lowest watermark its contexts hold; contexts skip what they already have.
+//! the lowest watermark its contexts hold (every context it fed records the source's position at
+//! its last checkpoint, not its own last batch: see `checkpoint`); contexts skip what they
+//! already have.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -49,7 +51,6 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
     let mut pairs = 0u64;
     for (ctx, key, profile) in headers {
         let mut restorer = Restorer::new(key.clone(), profile);
-        let mut expected = 0u32;
         store.scan_prefix(Cf::Holders, &ctx, &mut |k, v| {
             let id = u32::from_be_bytes(
                 k.get(8..12)
@@ -57,13 +58,13 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
                     .unwrap_or([0xff; 4]),
             );
             let record = codec::decode_holder(id, v)?;
-            if id != expected || !restorer.holder(&record) {
+            // Ids may have gaps (holders reclaimed), never a repeated holder.
+            if !restorer.holder(&record) {
                 return Err(StorageError::Corrupt {
                     cf: "holders",
-                    what: format!("context {key}: holder ids not contiguous at {id}"),
+                    what: format!("context {key}: holder record {id} out of order or repeated"),
                 });
             }
-            expected += 1;
             Ok(())
         })?;
         store.scan_prefix(Cf::Attachments, &ctx, &mut |_, v| {
@@ -102,16 +103,10 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
         pairs += loaded?;
         let mut index = restorer.finish();
         // Sources whose registration is gone: never keep what cannot be vouched for.
-        let loaded = index.take_changes();
-        let mut stale: Vec<SubscriptionKey> = loaded
-            .holders
-            .iter()
-            .map(|h| h.source.clone())
-            .chain(loaded.attachments.iter().map(|a| a.0.clone()))
-            .filter(|s| !registered.contains(s))
-            .collect();
-        stale.sort();
-        stale.dedup();
+        let stale = index
+            .sources_present()
+            .into_iter()
+            .filter(|s| !registered.contains(s));
         for source in stale {
             index.detach_source(&source);
         }

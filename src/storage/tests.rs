@@ -282,3 +282,88 @@ fn recovery_is_consistent_whatever_fails_around_the_write() {
         );
     }
 }
+
+/// A context its source stopped storing into records the source's position all the same, so a
+/// restart resumes from where the source stands, not from that context's last batch.
+#[test]
+fn a_context_the_source_moved_past_resumes_it_where_it_stands() {
+    let store = MemoryStore::new();
+    put_registration(&store, &registration(0)).unwrap();
+    let mut busy = ContextIndex::new(key(), profile());
+    let mut idle = ContextIndex::new(ContextKey::new("", "m", "ad", 16), profile());
+    let mut rng = Rng(5);
+    let mark = |seq| Watermark { seq, digest: seq };
+    idle.apply_sequenced(&random_batch(&mut rng, 0), mark(1));
+    for seq in 2..50 {
+        busy.apply_sequenced(&random_batch(&mut rng, 0), mark(seq));
+    }
+    idle.advance(&source(0), mark(49));
+    idle.advance(&source(0), mark(3));
+    assert_eq!(
+        idle.watermark(&source(0)),
+        Some(mark(49)),
+        "an older mark is ignored"
+    );
+    checkpoint(&mut busy, &store).unwrap();
+    checkpoint(&mut idle, &store).unwrap();
+    let regs = recover(&store).unwrap().registrations;
+    assert_eq!(regs[0].1, Some(mark(49)));
+    // A context with only a position is still one the source feeds: it keeps being advanced.
+    let mut fresh = ContextIndex::new(ContextKey::new("", "m", "other", 16), profile());
+    fresh.advance(&source(0), mark(7));
+    assert!(fresh.reader().fed_by(&source(0)));
+}
+
+/// Holders of a detached source are reclaimed: their records go, recovery keeps their ids free
+/// for later holders, and a checkpoint with nothing new writes nothing.
+#[test]
+fn reclaimed_holders_leave_gaps_that_recovery_keeps_free() {
+    let store = MemoryStore::new();
+    for s in 0..3 {
+        put_registration(&store, &registration(s)).unwrap();
+    }
+    let mut index = ContextIndex::new(key(), profile());
+    let mut rng = Rng(3);
+    for s in 0..3 {
+        index.attach_rank(&source(s), &format!("e{s}"), 0);
+    }
+    for i in 0..30 {
+        let s = (i % 3) as u32;
+        let mark = Watermark {
+            seq: i + 1,
+            digest: i,
+        };
+        index.apply_sequenced(&random_batch(&mut rng, s), mark);
+    }
+    checkpoint(&mut index, &store).unwrap();
+    let holders_before = store.len(Cf::Holders);
+    index.detach_source(&source(1));
+    checkpoint(&mut index, &store).unwrap();
+    assert!(
+        store.len(Cf::Holders) < holders_before,
+        "e1's records are gone"
+    );
+    assert!(
+        context_ops(&index.take_changes()).is_empty(),
+        "an idle checkpoint writes nothing"
+    );
+    let mut recovered = recovered_context(&store).expect("context");
+    assert_eq!(state(&recovered), state(&index));
+    assert_eq!(recovered.stats(), index.stats());
+    assert!(context_ops(&recovered.take_changes()).is_empty());
+    // A holder new after the restart takes a free id, like it does in the live index.
+    for ix in [&mut index, &mut recovered] {
+        ix.attach_rank(&source(1), "e1", 0);
+        ix.apply_sequenced(
+            &random_batch(&mut Rng(8), 1),
+            Watermark { seq: 99, digest: 9 },
+        );
+    }
+    assert_eq!(state(&recovered), state(&index));
+    assert_eq!(recovered.stats(), index.stats());
+    checkpoint(&mut recovered, &store).unwrap();
+    assert_eq!(
+        state(&recovered_context(&store).expect("context")),
+        state(&index)
+    );
+}

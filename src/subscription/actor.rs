@@ -10,13 +10,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::{DecodedBatch, IndexBatch, KvEvent};
 use crate::index::Watermark;
-use crate::index::actor::{ApplySequenced, DropSource};
+use crate::index::actor::{Advance, ApplySequenced, DropSource};
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::registry::contexts::ContextDirectory;
 use crate::storage::codec::payload_digest;
 use crate::wire;
 
 use super::hash_check::HashCheck;
+use super::marks::SourceMarks;
 use super::route::Router;
 use super::settings::SubscriptionSettings;
 use super::socket::{self, FrameSink, LinkLoss, ReplayEvent};
@@ -43,6 +44,8 @@ pub struct SubscriptionActor {
     /// Identifies the current replay; answers of an abandoned replay are ignored.
     replay_generation: u64,
     replay_cancel: Option<CancellationToken>,
+    /// The source's position for the contexts it fed (see [`PushMarks`]).
+    marks: SourceMarks,
 }
 
 impl SubscriptionActor {
@@ -88,7 +91,28 @@ impl SubscriptionActor {
             cancel: CancellationToken::new(),
             replay_generation: 0,
             replay_cancel: None,
+            marks: SourceMarks::new(resume_after),
             config,
+        }
+    }
+
+    /// Bring every context this source fed up to the last batch it consumed (see
+    /// [`PushMarks`]). Contexts that got ops of that batch already have its mark.
+    fn push_marks(&mut self) {
+        for (key, mark) in self.marks.due(self.router.fed_contexts()) {
+            // Only a context of this source's profile is one it feeds (another one refused its
+            // events).
+            let Some(handle) = self
+                .contexts
+                .get(&key)
+                .filter(|h| *h.reader().profile() == self.config.hash_profile)
+            else {
+                continue;
+            };
+            handle.addr().do_send(Advance {
+                source: self.key.clone(),
+                mark,
+            });
         }
     }
 
@@ -100,6 +124,7 @@ impl SubscriptionActor {
                     if let Some(suppressed) = self.warn_due("drop_source") {
                         tracing::warn!(service = %self.key, reason = reason.as_str(), suppressed, "dropping everything this source owns");
                     }
+                    self.marks.dropped();
                     for handle in self.contexts.all() {
                         handle.addr().do_send(DropSource(self.key.clone()));
                     }
@@ -148,6 +173,9 @@ impl SubscriptionActor {
             seq,
             digest: payload_digest(payload),
         };
+        // Consumed whatever follows: a batch that cannot be decoded or applies nothing moves
+        // the source's position all the same.
+        self.marks.consumed(mark);
         let projection = self.config.hash_profile.index_projection();
         let mut batch = match wire::decode(self.config.publisher_type, payload, projection) {
             Ok(batch) => batch,
@@ -194,6 +222,7 @@ impl SubscriptionActor {
                         },
                         mark,
                     });
+                    self.marks.sent(&context, seq);
                 }
                 Err(conflict) => {
                     if let Some(suppressed) = self.warn_due("profile_conflict") {
@@ -317,6 +346,16 @@ pub struct Replayed {
 #[rtype(result = "()")]
 pub struct Stop;
 
+/// Send every context this source fed, and that got no ops of the source's later batches, the
+/// mark of the last batch the source consumed ([`Advance`]). Replies once the marks are in the
+/// contexts' mailboxes, behind every op this source sent them: a checkpoint that asks a context
+/// for its changes after the reply records the source's position with exactly the ops that
+/// reached the context up to it, so no context lags its source (the checkpoint asks every
+/// subscription first, see `storage::checkpoint`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PushMarks;
+
 /// The last applied seq, for checkpoints.
 #[derive(Message)]
 #[rtype(result = "Option<u64>")]
@@ -410,8 +449,18 @@ impl Handler<Stop> for SubscriptionActor {
     type Result = ();
 
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        // The final checkpoint runs after every subscription stopped.
+        self.push_marks();
         self.cancel.cancel();
         ctx.stop();
+    }
+}
+
+impl Handler<PushMarks> for SubscriptionActor {
+    type Result = ();
+
+    fn handle(&mut self, _: PushMarks, _ctx: &mut Context<Self>) {
+        self.push_marks();
     }
 }
 

@@ -3,7 +3,9 @@
 
 mod support;
 
+mod convergence;
 mod durability;
+mod durable_state;
 mod e2e_mixed;
 mod e2e_query;
 mod hostile;

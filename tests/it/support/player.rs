@@ -17,6 +17,8 @@ pub struct Player {
     socket: PubSocket,
     buffer: Buffer,
     next_seq: u64,
+    /// The replay buffer keeps at most this many of the newest batches.
+    capacity: Option<usize>,
     cancel: CancellationToken,
 }
 
@@ -46,6 +48,7 @@ impl Player {
             socket,
             buffer,
             next_seq: first_seq,
+            capacity: None,
             cancel,
         }
     }
@@ -91,6 +94,13 @@ impl Player {
         self.buffer.lock().unwrap().clear();
     }
 
+    /// From now on the replay buffer keeps only its newest `keep` batches, as a publisher's
+    /// bounded buffer does.
+    pub fn keep_at_most(&mut self, keep: usize) {
+        self.capacity = Some(keep);
+        self.truncate_replay(keep);
+    }
+
     /// Keep only the newest `keep` batches in the replay buffer.
     pub fn truncate_replay(&self, keep: usize) {
         let mut buffer = self.buffer.lock().unwrap();
@@ -106,6 +116,9 @@ impl Player {
             .lock()
             .unwrap()
             .push_back((seq, Bytes::from(payload)));
+        if let Some(keep) = self.capacity {
+            self.truncate_replay(keep);
+        }
         seq
     }
 

@@ -1,0 +1,162 @@
+//! Durable state stays exact across crashes: a context its source no longer feeds keeps pace
+//! with the source, holders of instances that are gone are reclaimed, and an idle server writes
+//! nothing.
+
+use std::time::Duration;
+
+use mooncake_conductor::gateway::pb;
+use serde_json::json;
+
+use crate::durability::{adapter_hits, adapter_store, answers, deliver, store};
+use crate::e2e_query::grpc_query;
+use crate::e2e_query::handshake;
+use crate::ingest::{BS, MODEL, register};
+use crate::support::player::Player;
+use crate::support::server::Server;
+use crate::support::{WAIT, eventually, http};
+
+const FAST: u64 = 50;
+
+fn fast() -> serde_json::Value {
+    json!({"checkpoint_interval_ms": FAST})
+}
+
+/// Long enough for several checkpoint rounds.
+async fn checkpoints_pass() {
+    tokio::time::sleep(Duration::from_millis(10 * FAST)).await;
+}
+
+async fn sources_dropped(server: &Server) -> serde_json::Value {
+    let s = http::get(server.http_port, "/services/status").await.json();
+    s["services"][0]["sources_dropped"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_idle_past_the_replay_buffer_keeps_its_source_across_a_crash() {
+    let server = Server::start_with(fast()).await;
+    let mut player = Player::start(true, 0).await;
+    register(&server, "e", &player).await;
+    // Batch 0 feeds the adapter context, which then receives nothing while the base context
+    // gets every later batch.
+    handshake(&server, &mut player, "e|default|0", adapter_store(1, "ad")).await;
+    for p in 2..10 {
+        player.publish(store(p, "GPU")).await;
+    }
+    deliver(&server, &mut player).await;
+    eventually("base prompts indexed", WAIT, || async {
+        let a = answers(&server).await;
+        (2..10).all(|p| a[p].0 == 8).then_some(())
+    })
+    .await;
+    assert_eq!(adapter_hits(&server, "ad", 1).await, 8);
+    // The publisher's buffer keeps its newest batches only: batch 0 is gone from it.
+    player.truncate_replay(3);
+    checkpoints_pass().await;
+    let server = Server::start_in(server.into_dir(), fast()).await;
+    player.publish(store(10, "GPU")).await;
+    deliver(&server, &mut player).await;
+    eventually("the batch after the restart is indexed", WAIT, || async {
+        (answers(&server).await[10].0 == 8).then_some(())
+    })
+    .await;
+    assert_eq!(
+        sources_dropped(&server).await,
+        json!(0),
+        "the replay verified the source where it stood:\n{}",
+        server.log()
+    );
+    let a = answers(&server).await;
+    assert!((2..10).all(|p| a[p].0 == 8), "base blocks kept: {a:?}");
+    assert_eq!(
+        adapter_hits(&server, "ad", 1).await,
+        8,
+        "adapter blocks kept"
+    );
+}
+
+async fn unregister(server: &Server, instance: &str) {
+    let reply = server
+        .grpc()
+        .await
+        .unregister(pb::UnregisterRequest {
+            instance_id: instance.into(),
+            tenant_id: String::new(),
+            dp_rank: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+}
+
+/// The `conductor_index_holders` gauge.
+async fn holders(server: &Server) -> u64 {
+    let text = http::get(server.http_port, "/metrics").await.text();
+    text.lines()
+        .find_map(|l| l.strip_prefix("conductor_index_holders "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no holder gauge in:\n{text}"))
+}
+
+/// Bytes of the store's files (RocksDB's own info log aside).
+fn store_bytes(server: &Server) -> u64 {
+    std::fs::read_dir(server.dir.path().join("data"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| !e.file_name().to_string_lossy().starts_with("LOG"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_of_instances_gone_are_reclaimed_and_an_idle_server_writes_nothing() {
+    let server = Server::start_with(fast()).await;
+    let mut keep = Player::start(true, 0).await;
+    register(&server, "e", &keep).await;
+    handshake(&server, &mut keep, "e|default|0", store(1, "GPU")).await;
+    // Instances registered, fed and unregistered in turn, each with a fresh id.
+    for i in 0..4 {
+        let name = format!("c{i}");
+        let mut player = Player::start(true, 0).await;
+        register(&server, &name, &player).await;
+        handshake(
+            &server,
+            &mut player,
+            &format!("{name}|default|0"),
+            store(2, "GPU"),
+        )
+        .await;
+        eventually("the instance's blocks are indexed", WAIT, || async {
+            let r = grpc_query(&server, MODEL, crate::durability::prompt(2), BS as i64).await;
+            (r.hits.get(&name).map(|h| h.device) == Some(8)).then_some(())
+        })
+        .await;
+        unregister(&server, &name).await;
+    }
+    assert_eq!(
+        holders(&server).await,
+        1,
+        "only the registered instance's holder is left"
+    );
+    checkpoints_pass().await;
+    let before = store_bytes(&server);
+    tokio::time::sleep(Duration::from_millis(20 * FAST)).await;
+    assert_eq!(
+        store_bytes(&server),
+        before,
+        "idle checkpoints write nothing"
+    );
+    // A crash changes neither an answer nor the holders.
+    let answered = answers(&server).await;
+    assert_eq!(answered[1].0, 8);
+    let server = Server::start_in(server.into_dir(), fast()).await;
+    assert_eq!(answers(&server).await, answered);
+    assert_eq!(holders(&server).await, 1);
+    let r = grpc_query(&server, MODEL, crate::durability::prompt(2), BS as i64).await;
+    assert_eq!(
+        r.hits.keys().collect::<Vec<_>>(),
+        ["e"],
+        "gone instances stay gone"
+    );
+}
