@@ -97,14 +97,22 @@
 //! # Reads do not wait for writes, and hashing never runs under a lock
 //!
 //! The walk is block-major: all live cursors advance together, so block `i` is hashed (by
-//! `PrefixKeys::key(i)`) once, and only when some cursor still needs it; when every cursor has
-//! stopped, no further key is requested and the lazy chain never hashes the tail. Each block
-//! lookup takes the read lock of one of 64 table shards for the duration of the map probe (and,
-//! when the block's set differs from the previous block's, the read of that set's entries under
-//! the set lists' lock, which the writer takes only to add or free a set), and releases it before
-//! the next `key(i + 1)` call; fetching the cached plan takes the small metadata lock once.
-//! Hashing therefore never holds a lock, and the writer (one actor per context) is blocked at
-//! most for a single block probe.
+//! `PrefixKeys::key(i)`) once, and only a bounded distance ahead of the block the walk looks up
+//! (`query::PREFETCH_AHEAD`, 8 blocks): the walk asks for the keys of the next blocks early to
+//! bring their table lines into the CPU caches, so the cache misses of consecutive blocks
+//! overlap. When every cursor has stopped, no further key is requested and the lazy chain never
+//! hashes the tail beyond that window.
+//!
+//! Block lookups take no lock (`table::view`): each shard keeps its slots and records in arrays
+//! of atomic cells behind a sequence lock, so a lookup reads the shard's version, the block,
+//! and the version again, and retries if the shard's writer changed anything in between. The
+//! writer (one actor per context) still takes the shard's write lock, so writers exclude each
+//! other as before and other readers (snapshots, stats) still lock; a lookup waits for the
+//! writer at most for one write section of one shard. Arrays a writer replaced while growing
+//! stay until no lookup is in flight. When a block's set differs from the previous block's, its
+//! entries are read under the set lists' lock (taken by the writer only to add or free a set),
+//! inside the same validated read. Fetching the cached plan takes the small metadata lock once.
+//! Hashing therefore never holds a lock.
 //!
 //! A query thus reads each block at the moment it gets there rather than one consistent
 //! snapshot; it is never torn inside a block. This is the same freshness a snapshot taken at
@@ -112,12 +120,13 @@
 //!
 //! Alternatives considered: a single `RwLock` around the map would make every concurrent reader
 //! bounce one cache line per block; holding one lock for the whole walk would put hashing under
-//! the lock (the reference's weakness); hashing in growing batches before locking wastes hashes
-//! past the first miss; copy-on-write snapshots would cost a copy per write batch on a map of
-//! millions of blocks. Measured with `benches/index.rs` (release, 2 shared cores): a full-hit walk
-//! of one holder costs about 30 ns per block including the shard lock (1M tokens, 62,500 blocks:
-//! 1.8 ms, while hashing and walking them takes 10.5 ms).
-//!
+//! the lock (the reference's weakness); copy-on-write snapshots would cost a copy per write batch
+//! on a map of millions of blocks. A read lock per shard and block (this module until the
+//! side-by-side benchmark below) cost two atomic read-modify-writes per block, which on x86 also
+//! order every load before them, so no two blocks' cache misses could overlap; without them and
+//! with the prefetching, a 2,048-token query by keys went from 9.4 to 4.7-5.2 us on the same
+//! (loaded) machine.
+
 //! # Interned holder sets: the walk's cost per block does not grow with the holders
 //!
 //! The blocks of one prefix are nearly always held by the same holders in the same tiers: a

@@ -10,7 +10,7 @@ use crate::model::BlockHash;
 use super::handle::Shared;
 use super::plan::{NOT_SELECTED, Plan, SHARED_HOLDER};
 use super::sorted_map::SortedMap;
-use super::table::{CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id, is_inline};
+use super::table::{CPU_LOCAL, CPU_SHARE, DEVICE, DISK, Located, entry_bits, entry_id, is_inline};
 
 /// Cumulative prefix token counts of one rank (or instance): `device <= cpu_local <= cpu_share
 /// <= disk`.
@@ -279,6 +279,9 @@ impl Cursors {
 /// rather than growing it from 2 a further 3-5 % (most walks there are short).
 const PREFETCH_AHEAD: usize = 8;
 const RECORD_AHEAD: usize = 4;
+/// Located blocks kept by the walk: the prefetch window and the block looked up.
+const LOCATED: usize = 16;
+const _: () = assert!(PREFETCH_AHEAD < LOCATED);
 
 /// How many blocks (from block 0, in order) a walk over `n` blocks that looked up its first
 /// `looked_up` blocks asked the keys of: the lookahead window of its last step.
@@ -325,8 +328,9 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
     // second key (see "Keys" in the module doc).
     let with_raw = shared.raw_pairs.load(Ordering::Relaxed) > 0;
     let mut alt_entries = Vec::new();
-    // Blocks below this have had their slot line prefetched.
+    // Blocks below this have had their slot line prefetched; the last `LOCATED` of them, located.
     let mut ahead = 0usize;
+    let mut located = [Located::default(); LOCATED];
     // Registered for the whole walk: table reads take no lock (see `table::view`).
     let reading = shared.table.reading();
     while c < n && cur.live > 0 {
@@ -334,21 +338,24 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
         // `c + PREFETCH_AHEAD` (see `PREFETCH_AHEAD` for the waste past a miss).
         let window = prefetch_window(c, n);
         while ahead < window {
-            shared.table.prefetch(&reading, keys.key(ahead).0);
+            let at = shared.table.locate(keys.key(ahead).0);
+            located[ahead % LOCATED] = at;
+            shared.table.prefetch(&reading, at);
             ahead += 1;
         }
         if c + RECORD_AHEAD < ahead {
-            shared
-                .table
-                .prefetch_record(&reading, keys.key(c + RECORD_AHEAD).0);
+            let later = located[(c + RECORD_AHEAD) % LOCATED];
+            shared.table.prefetch_record(&reading, later);
         }
-        let key = keys.key(c).0;
+        let at = located[c % LOCATED];
+        let key = at.key;
         let alt = if with_raw {
             keys.alt_key(c).map(|k| k.0).filter(|&k| k != key)
         } else {
             None
         };
         let alt_val = alt.map_or(0, |alt| {
+            let alt = shared.table.locate(alt);
             shared
                 .table
                 .lookup(&reading, alt, |_, _| true, &mut alt_entries)
@@ -361,7 +368,7 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
         };
         let (val, reused) = shared.table.lookup(
             &reading,
-            key,
+            at,
             |val, reused| val != 0 && !unchanged(val, reused),
             &mut next,
         );

@@ -27,6 +27,13 @@ impl RocksStore {
         options.create_if_missing(true);
         options.create_missing_column_families(true);
         options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        // Months of operation: RocksDB's own files stay bounded too, not only our tables. The
+        // manifest (a record per flush and compaction) rolls over past 4 MiB, the info log
+        // keeps 4 files of at most 4 MiB, and the write-ahead log forces a flush past 64 MiB.
+        options.set_max_manifest_file_size(4 << 20);
+        options.set_max_log_file_size(4 << 20);
+        options.set_keep_log_file_num(4);
+        options.set_max_total_wal_size(64 << 20);
         let families = Cf::ALL.iter().map(|cf| {
             let mut o = Options::default();
             o.set_compression_type(rocksdb::DBCompressionType::Lz4);

@@ -193,8 +193,13 @@ impl Arrays {
     /// does meanwhile; without the shard lock, only a validated answer counts.
     #[inline]
     pub(super) fn probe(&self, seed: u64, key: u64) -> Probe {
+        self.probe_at(seed, key, slot_hash(key, seed))
+    }
+
+    /// [`Self::probe`] with `key`'s slot hash `h` computed already.
+    #[inline]
+    pub(super) fn probe_at(&self, seed: u64, key: u64, h: u64) -> Probe {
         let len = self.slots.len();
-        let h = slot_hash(key, seed);
         let tag = tag(h);
         let mut pos = home_of(h, len);
         let mut d = 0usize;
@@ -229,35 +234,31 @@ impl Arrays {
         }
     }
 
-    /// The value of `key`, 0 when absent (see [`Self::probe`] on reading without the lock).
+    /// The value of `key` (slot hash `h`), 0 when absent (see [`Self::probe`] on reading
+    /// without the lock).
     #[inline]
-    pub(super) fn value(&self, seed: u64, key: u64) -> u32 {
-        match self.probe(seed, key) {
+    pub(super) fn value_at(&self, seed: u64, key: u64, h: u64) -> u32 {
+        match self.probe_at(seed, key, h) {
             Probe::Found(_, idx) => self.rec(idx as usize).val,
             Probe::Vacant { .. } => 0,
         }
     }
 
-    /// Bring in the cache line of `key`'s home slot.
+    /// Bring in the cache line of the home slot of slot hash `h`.
     #[inline]
-    pub(super) fn prefetch_slot(&self, seed: u64, key: u64) {
+    pub(super) fn prefetch_slot(&self, h: u64) {
         let len = self.slots.len();
         if len > 0 {
-            prefetch(
-                self.slots
-                    .as_ptr()
-                    .wrapping_add(home_of(slot_hash(key, seed), len)),
-            );
+            prefetch(self.slots.as_ptr().wrapping_add(home_of(h, len)));
         }
     }
 
-    /// Bring in the cache line of the record of the first slot that may be `key`'s (right
-    /// distance from `key`'s home and matching tag), looking at a few slots (one cache line,
-    /// brought in by [`Self::prefetch_slot`]) and no record.
+    /// Bring in the cache line of the record of the first slot that may be the one of slot hash
+    /// `h` (right distance from its home and matching tag), looking at a few slots (one cache
+    /// line, brought in by [`Self::prefetch_slot`]) and no record.
     #[inline]
-    pub(super) fn prefetch_record(&self, seed: u64, key: u64) {
+    pub(super) fn prefetch_record(&self, h: u64) {
         let len = self.slots.len();
-        let h = slot_hash(key, seed);
         let mut pos = home_of(h, len);
         for d in 0..8u32.min(len as u32) {
             let s = self.slot(pos);
@@ -357,8 +358,6 @@ impl Blocks {
             self.grow_for(n);
         }
     }
-
-
 
     /// Make room for one more block, so that a following [`Self::probe`] can be followed by
     /// [`Self::insert`] at the position it found.

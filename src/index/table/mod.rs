@@ -380,6 +380,21 @@ impl ShardRead<'_> {
     }
 }
 
+/// A block key and its slot hash (see [`Table::locate`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Located {
+    pub key: u64,
+    hash: u64,
+}
+
+/// The shard of a key with slot hash `h`: bits 3..9 of the hash. A shard's home slot comes from
+/// the hash's top bits (multiply-shift) and the slot tag from bits 0..3, so the three never use
+/// the same bits.
+#[inline]
+const fn shard_of_hash(h: u64) -> usize {
+    (h >> 3) as usize & (SHARDS - 1)
+}
+
 /// The shards of one context.
 pub(crate) struct Table {
     shards: Box<[RwLock<Shard>]>,
@@ -388,7 +403,6 @@ pub(crate) struct Table {
     /// Lock-free readers in flight (see [`view`]).
     readers: AtomicUsize,
     slot_seed: u64,
-    shard_seed: u64,
     sets: Sets,
 }
 
@@ -402,14 +416,11 @@ impl Table {
             .iter()
             .map(|s| ShardView::new(read_lock(s).blocks.arrays_ptr()))
             .collect();
-        // A second seed: the shard is picked from the top bits, and a shard's home slot also comes
-        // from the top bits of its hash; the two must not be the same bits of the same hash.
         Table {
             shards,
             views,
             readers: AtomicUsize::new(0),
             slot_seed,
-            shard_seed: mix64(slot_seed ^ 0x5bd1_e995),
             sets: Sets::new(mix64(slot_seed ^ 0x2545_f491)),
         }
     }
@@ -417,7 +428,7 @@ impl Table {
     /// The shard of `key`, below [`SHARDS`].
     #[inline]
     pub fn shard_no(&self, key: u64) -> usize {
-        (mix64(key ^ self.shard_seed) >> (64 - SHARD_BITS)) as usize & (SHARDS - 1)
+        shard_of_hash(blocks::slot_hash(key, self.slot_seed))
     }
 
     #[inline]
@@ -446,15 +457,15 @@ impl Table {
     pub fn lookup(
         &self,
         reading: &Reading<'_>,
-        key: u64,
+        at: Located,
         mut wants: impl FnMut(u32, u64) -> bool,
         out: &mut Vec<u32>,
     ) -> (u32, u64) {
-        let Some(view) = self.views.get(self.shard_no(key)) else {
+        let Some(view) = self.views.get(shard_of_hash(at.hash)) else {
             return (0, 0);
         };
         view.read(reading, |arrays| {
-            let val = arrays.value(self.slot_seed, key);
+            let val = arrays.value_at(self.slot_seed, at.key, at.hash);
             let reused = self.sets.reused();
             if wants(val, reused) {
                 out.clear();
@@ -473,17 +484,27 @@ impl Table {
     /// Bring the cache line of `key`'s home slot in (see [`prefetch`]): for a walk that looks
     /// `key` up a few blocks later.
     #[inline]
-    pub fn prefetch(&self, reading: &Reading<'_>, key: u64) {
-        if let Some(view) = self.views.get(self.shard_no(key)) {
-            view.arrays(reading).prefetch_slot(self.slot_seed, key);
+    pub fn prefetch(&self, reading: &Reading<'_>, at: Located) {
+        if let Some(view) = self.views.get(shard_of_hash(at.hash)) {
+            view.arrays(reading).prefetch_slot(at.hash);
         }
     }
 
     /// Bring the cache line of `key`'s record in, once its slot line is (see [`prefetch`]).
     #[inline]
-    pub fn prefetch_record(&self, reading: &Reading<'_>, key: u64) {
-        if let Some(view) = self.views.get(self.shard_no(key)) {
-            view.arrays(reading).prefetch_record(self.slot_seed, key);
+    pub fn prefetch_record(&self, reading: &Reading<'_>, at: Located) {
+        if let Some(view) = self.views.get(shard_of_hash(at.hash)) {
+            view.arrays(reading).prefetch_record(at.hash);
+        }
+    }
+
+    /// `key` with its slot hash, which picks its shard and its slot: computed once for the
+    /// prefetches and the lookup of one block.
+    #[inline]
+    pub fn locate(&self, key: u64) -> Located {
+        Located {
+            key,
+            hash: blocks::slot_hash(key, self.slot_seed),
         }
     }
 
