@@ -48,6 +48,8 @@ pub struct Ops {
     /// Not ready while subscriptions are restored at start; `/health` and `Health` report it.
     readiness: Arc<Readiness>,
     queries: Arc<QueryMetrics>,
+    /// Most token ids (or block hashes) in one query; HTTP already stops decoding past it.
+    max_query_tokens: usize,
 }
 
 impl Ops {
@@ -61,7 +63,13 @@ impl Ops {
             contexts,
             readiness,
             queries: Arc::default(),
+            max_query_tokens: usize::MAX,
         }
+    }
+
+    pub fn with_max_query_tokens(mut self, max: usize) -> Self {
+        self.max_query_tokens = max;
+        self
     }
 
     pub fn is_ready(&self) -> bool {
@@ -141,6 +149,10 @@ impl Ops {
     }
 
     fn query_inner(&self, q: &QueryInput) -> Result<QueryHits, OpError> {
+        if q.token_ids.len() > self.max_query_tokens {
+            let (n, max) = (q.token_ids.len(), self.max_query_tokens);
+            return Err(crate::gateway::request::too_many("token_ids", n, max));
+        }
         let key = context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id)?;
         // An unknown context is a successful query with no hits, and creates nothing.
         let Some(handle) = self.contexts.get(&key) else {
@@ -159,15 +171,20 @@ impl Ops {
         transport: Transport,
     ) -> Result<QueryHits, OpError> {
         let started = Instant::now();
-        let result =
-            context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id).map(|key| {
-                let Some(handle) = self.contexts.get(&key) else {
-                    return QueryHits::default();
-                };
-                handle
-                    .reader()
-                    .query_hashes(&q.block_hashes, Some(q.instance_filter.as_str()))
-            });
+        let (n, max) = (q.block_hashes.len(), self.max_query_tokens);
+        let result = if n > max {
+            Err(crate::gateway::request::too_many("block_hashes", n, max))
+        } else {
+            context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id)
+        };
+        let result = result.map(|key| {
+            let Some(handle) = self.contexts.get(&key) else {
+                return QueryHits::default();
+            };
+            handle
+                .reader()
+                .query_hashes(&q.block_hashes, Some(q.instance_filter.as_str()))
+        });
         self.queries
             .observe(transport, started.elapsed(), result.is_ok());
         result

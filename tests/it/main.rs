@@ -3,6 +3,7 @@
 
 mod support;
 
+mod bounded_requests;
 mod durability;
 mod e2e_mixed;
 mod e2e_query;

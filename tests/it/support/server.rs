@@ -90,6 +90,11 @@ impl Server {
         }
     }
 
+    /// The running service's process id (for `/proc/<pid>/…`).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
