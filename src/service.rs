@@ -21,6 +21,7 @@ use crate::gateway::request::{Limits, RootSeed};
 use crate::gateway::workers::{Routers, Workers};
 use crate::registry::{ArbiterPool, ContextDirectory, Register, Registry, ShutdownAll};
 use crate::storage::checkpoint::Checkpointer;
+use crate::storage::health::StorageHealth;
 use crate::subscription::settings::SubscriptionSettings;
 
 /// A start-up failure of the service.
@@ -106,8 +107,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         "restoring {} subscriptions",
         registrations.len()
     )));
+    let storage_health = Arc::new(StorageHealth::default());
     let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone())
-        .with_max_query_tokens(config.max_query_tokens);
+        .with_max_query_tokens(config.max_query_tokens)
+        .with_storage_health(storage_health.clone());
 
     // The servers answer before any subscription starts: whatever a publisher does at start,
     // `/health` says what the service is doing and an operator can look at `/services/status`.
@@ -159,7 +162,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     readiness.set_starting("starting static registrations");
     start_static_registrations(&config, &registry).await;
     let checkpoint_stop = CancellationToken::new();
-    let checkpointer = Checkpointer::new(loaded.store.clone(), contexts.clone(), persisted);
+    let checkpointer = Checkpointer::new(loaded.store.clone(), contexts.clone(), persisted)
+        .with_health(storage_health);
     let checkpoints = tokio::spawn(checkpointer.run(
         Duration::from_millis(config.checkpoint_interval_ms),
         checkpoint_stop.clone(),

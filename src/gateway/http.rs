@@ -549,7 +549,14 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
 
 async fn health(State(state): State<Http>, headers: HeaderMap) -> Response {
     let (status, body) = match state.ops.not_ready_reason() {
-        None => (StatusCode::OK, json!({ "status": "ready" })),
+        // Degraded still serves (queries, ingest), so still 200: the reason says what is behind.
+        None => match state.ops.degraded_reason() {
+            None => (StatusCode::OK, json!({ "status": "ready" })),
+            Some(reason) => (
+                StatusCode::OK,
+                json!({ "status": "degraded", "reason": reason }),
+            ),
+        },
         Some(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({ "status": "starting", "reason": reason }),

@@ -15,6 +15,7 @@ use crate::model::{ContextKey, SubscriptionKey};
 use crate::registry::{
     ContextDirectory, ListServices, Register, RegisterOutcome, Registry, ServiceInfo, Unregister,
 };
+use crate::storage::health::StorageHealth;
 
 /// A prefix query, transport-neutral.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,6 +51,7 @@ pub struct Ops {
     queries: Arc<QueryMetrics>,
     /// Most token ids (or block hashes) in one query; HTTP already stops decoding past it.
     max_query_tokens: usize,
+    storage: Arc<StorageHealth>,
 }
 
 impl Ops {
@@ -64,7 +66,18 @@ impl Ops {
             readiness,
             queries: Arc::default(),
             max_query_tokens: usize::MAX,
+            storage: Arc::default(),
         }
+    }
+
+    pub fn with_storage_health(mut self, storage: Arc<StorageHealth>) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    /// Why checkpoints are not landing, while they are not (the service keeps serving).
+    pub fn degraded_reason(&self) -> Option<String> {
+        self.storage.degraded()
     }
 
     pub fn with_max_query_tokens(mut self, max: usize) -> Self {
@@ -213,6 +226,8 @@ impl Ops {
             services: &services,
             contexts: &contexts,
             queries: &self.queries,
+            storage_degraded: self.storage.degraded().is_some(),
+            checkpoint_failures: self.storage.failures_total(),
         }))
     }
 }

@@ -13,3 +13,4 @@ mod http_errors;
 mod ingest;
 mod recorded;
 mod scenarios;
+mod storage_faults;
