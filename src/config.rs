@@ -31,6 +31,10 @@ const DEFAULT_PUBLISHER_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
 /// Four largest messages: a replay of 30 s at most rarely holds more than a few batches.
 const DEFAULT_REPLAY_HELD_LIMIT: u64 = 256 * 1024 * 1024;
 const DEFAULT_WARNING_INTERVAL_MS: u64 = 10_000;
+/// 4 Mi tokens: longer than any model's context today, and 16 MiB as `Vec<i32>`.
+const DEFAULT_MAX_QUERY_TOKENS: u64 = 4 << 20;
+/// Four bodies at the default body limit.
+const DEFAULT_INFLIGHT_BODY_BYTES: u64 = 256 * 1024 * 1024;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +60,11 @@ pub struct Config {
     pub max_replay_held_bytes: u64,
     /// Each kind of per-subscription warning is logged at most once per interval.
     pub warning_interval_ms: u64,
+    /// Most token ids in one query (and block hashes in one query by hash), both transports.
+    pub max_query_tokens: usize,
+    /// Bytes of large HTTP request bodies (over 1 MiB each) held at once; a request that cannot
+    /// get its share in time is answered 503.
+    pub http_inflight_body_bytes: u64,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -144,6 +153,8 @@ impl Config {
             max_publisher_message_bytes: DEFAULT_PUBLISHER_MESSAGE_LIMIT,
             max_replay_held_bytes: DEFAULT_REPLAY_HELD_LIMIT,
             warning_interval_ms: DEFAULT_WARNING_INTERVAL_MS,
+            max_query_tokens: DEFAULT_MAX_QUERY_TOKENS as usize,
+            http_inflight_body_bytes: DEFAULT_INFLIGHT_BODY_BYTES,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -208,6 +219,14 @@ impl Config {
                 "warning_interval_ms" => {
                     config.warning_interval_ms =
                         positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
+                }
+                "max_query_tokens" => {
+                    config.max_query_tokens =
+                        positive(value, 1 << 30).map_err(|m| err(field, m))? as usize
+                }
+                "http_inflight_body_bytes" => {
+                    config.http_inflight_body_bytes =
+                        positive(value, 1 << 40).map_err(|m| err(field, m))?
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {
@@ -286,6 +305,8 @@ mod tests {
         assert_eq!(c.max_publisher_message_bytes, 64 << 20);
         assert_eq!(c.max_replay_held_bytes, 256 << 20);
         assert_eq!(c.warning_interval_ms, 10_000);
+        assert_eq!(c.max_query_tokens, 4 << 20);
+        assert_eq!(c.http_inflight_body_bytes, 256 << 20);
     }
 
     #[test]
@@ -315,6 +336,10 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("checkpoint_interval_ms"));
         let e = Config::parse(r#"{"max_publisher_message_bytes": 0}"#, "c").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("max_publisher_message_bytes"));
+        let e = Config::parse(r#"{"max_query_tokens": 0}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("max_query_tokens"));
+        let e = Config::parse(r#"{"http_inflight_body_bytes": -1}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("http_inflight_body_bytes"));
         let e = Config::parse("[1]", "c").unwrap_err();
         assert_eq!(e.field, None);
         let e = Config::parse("{", "broken.json").unwrap_err();

@@ -73,6 +73,9 @@ pub struct Scrape<'a> {
     pub services: &'a [ServiceInfo],
     pub contexts: &'a [IndexStats],
     pub queries: &'a QueryMetrics,
+    /// The latest checkpoint round had a failed write.
+    pub storage_degraded: bool,
+    pub checkpoint_failures: u64,
 }
 
 /// Render the Prometheus text format.
@@ -84,6 +87,23 @@ pub fn render(s: &Scrape<'_>) -> String {
         "conductor_ready",
         "1 once recovery has loaded",
         &[("", s.ready as u64)],
+    );
+    gauge(
+        w,
+        "conductor_storage_degraded",
+        "1 while checkpoint writes fail (the service serves from memory and retries)",
+        &[("", s.storage_degraded as u64)],
+    );
+    header(
+        w,
+        "conductor_checkpoint_failures_total",
+        "counter",
+        "Checkpoint writes that failed",
+    );
+    let _ = writeln!(
+        w,
+        "conductor_checkpoint_failures_total {}",
+        s.checkpoint_failures
     );
     header(
         w,

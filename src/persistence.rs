@@ -14,12 +14,22 @@ pub struct Loaded {
     pub recovered: Recovered,
 }
 
-/// Open, migrate and recover. A database newer than this binary always stops start-up; any other
-/// failure does too, unless `on_corrupt_data` is `move_aside`.
+/// Open, migrate and recover. A database newer than this binary always stops start-up; so does
+/// any other failure, unless `on_corrupt_data` is `move_aside` and the data is corrupt. A
+/// directory is never moved for a held LOCK, a permission, a process limit or a full disk:
+/// those say nothing about the data, and moving it would start the service empty beside it.
 pub fn load(config: &Config) -> Result<Loaded, StorageError> {
     match open_and_recover(&config.data_dir) {
         Ok(loaded) => Ok(loaded),
         Err(e @ StorageError::TooNew { .. }) => Err(e),
+        Err(e) if config.move_corrupt_data_aside && !e.is_corruption() => {
+            tracing::error!(
+                "data directory {} cannot be opened ({e}); this is not corruption, so it is not \
+                 moved aside",
+                config.data_dir.display()
+            );
+            Err(e)
+        }
         Err(e) if config.move_corrupt_data_aside => {
             let stamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -42,7 +52,7 @@ pub fn load(config: &Config) -> Result<Loaded, StorageError> {
 }
 
 fn open_and_recover(dir: &Path) -> Result<Loaded, StorageError> {
-    let store = open(dir)?;
+    let store = crate::storage::fault_switch::FaultSwitch::from_env(open(dir)?);
     let found = migrations::migrate(store.as_ref(), &dir.display().to_string())?;
     let recovered = recover(store.as_ref())?;
     tracing::info!(

@@ -16,13 +16,14 @@ use crate::gateway::grpc::GrpcService;
 use crate::gateway::ops::Ops;
 use crate::gateway::pb;
 use crate::gateway::readiness::Readiness;
-use crate::gateway::registration::{HTTP_NAMES, RegistrationInput};
-use crate::gateway::value::Val;
+use crate::gateway::registration::{HTTP_NAMES, HTTP_REGISTER_SCHEMA, RegistrationInput};
+use crate::gateway::request::{Limits, RootSeed};
 use crate::gateway::workers::{Routers, Workers};
 use crate::registry::{
     ArbiterPool, ContextDirectory, Register, Registry, ShutdownAll, SubscriptionDirectory,
 };
 use crate::storage::checkpoint::Checkpointer;
+use crate::storage::health::StorageHealth;
 use crate::subscription::settings::SubscriptionSettings;
 
 /// A start-up failure of the service.
@@ -110,7 +111,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         "restoring {} subscriptions",
         registrations.len()
     )));
-    let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone());
+    let storage_health = Arc::new(StorageHealth::default());
+    let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone())
+        .with_max_query_tokens(config.max_query_tokens)
+        .with_storage_health(storage_health.clone());
 
     // The servers answer before any subscription starts: whatever a publisher does at start,
     // `/health` says what the service is doing and an operator can look at `/services/status`.
@@ -126,7 +130,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             .build_v1()
             .map_err(|e| ServiceError::Other(format!("gRPC reflection: {e}")))?;
         Routers {
-            http: crate::gateway::http::router(ops.clone(), config.http_body_limit_bytes as usize),
+            http: crate::gateway::http::router(
+                ops.clone(),
+                crate::gateway::http::BodyLimits {
+                    body_bytes: config.http_body_limit_bytes as usize,
+                    inflight_bytes: config.http_inflight_body_bytes,
+                    max_query_tokens: config.max_query_tokens,
+                },
+            ),
             grpc: tonic::service::Routes::new(service).add_service(reflection),
         }
     };
@@ -160,7 +171,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         contexts.clone(),
         subscriptions,
         persisted,
-    );
+    )
+    .with_health(storage_health);
     let checkpoints = tokio::spawn(checkpointer.run(
         Duration::from_millis(config.checkpoint_interval_ms),
         checkpoint_stop.clone(),
@@ -197,23 +209,29 @@ async fn start_static_registrations(config: &Config, registry: &actix::Addr<Regi
         entry
             .entry("instance_id")
             .or_insert_with(|| serde_json::Value::String(name.clone()));
-        let result =
-            match RegistrationInput::from_http(Val::from_json(serde_json::Value::Object(entry))) {
-                Ok(input) => match input.validate(HTTP_NAMES) {
-                    Ok(config) => match registry
-                        .send(Register {
-                            config,
-                            resume_after: None,
-                        })
-                        .await
-                    {
-                        Ok(result) => result.map(|_| ()),
-                        Err(e) => Err(crate::error::OpError::internal(e.to_string())),
-                    },
-                    Err(e) => Err(e),
+        let seed = RootSeed {
+            schema: HTTP_REGISTER_SCHEMA,
+            limits: Limits {
+                max_tokens: config.max_query_tokens,
+            },
+        };
+        let fields = crate::gateway::request::from_json_map(entry, seed);
+        let result = match fields.and_then(RegistrationInput::from_http) {
+            Ok(input) => match input.validate(HTTP_NAMES) {
+                Ok(config) => match registry
+                    .send(Register {
+                        config,
+                        resume_after: None,
+                    })
+                    .await
+                {
+                    Ok(result) => result.map(|_| ()),
+                    Err(e) => Err(crate::error::OpError::internal(e.to_string())),
                 },
                 Err(e) => Err(e),
-            };
+            },
+            Err(e) => Err(e),
+        };
         match result {
             Ok(()) => ok += 1,
             Err(e) => {

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -233,6 +234,24 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float =
     raise RuntimeError(f"mooncake_conductor did not accept on port {port} within {timeout} s")
 
 
+def wait_for_ready(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"mooncake_conductor exited with {proc.returncode} before ready:\n"
+                + log.read_text(errors="replace")[-4000:]
+            )
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"mooncake_conductor not ready within {timeout} s")
+
+
 class ConductorProcess:
     """A mooncake_conductor on free loopback ports with a temporary config and data dir."""
 
@@ -264,6 +283,9 @@ class ConductorProcess:
             self.proc = subprocess.Popen(self._command, env=self._env, stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_for_port(self.rpc_port, self.proc, self.log)
+            # The servers answer while subscriptions are restored; registration changes wait
+            # for that, so a test starts once /health says ready.
+            wait_for_ready(self.http_port, self.proc, self.log)
         except Exception:
             self.stop()
             raise

@@ -202,7 +202,11 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
                 Code::ConductorUnavailable.value()
             },
             ready,
-            status: reason.map_or_else(|| "ready".to_owned(), |r| format!("starting: {r}")),
+            status: match (reason, self.ops.degraded_reason()) {
+                (Some(r), _) => format!("starting: {r}"),
+                (None, Some(d)) => format!("degraded: {d}"),
+                (None, None) => "ready".to_owned(),
+            },
         }))
     }
 }

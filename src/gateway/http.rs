@@ -4,7 +4,7 @@
 //! method 405; a body over the limit 413; internal failures 500.
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -12,24 +12,46 @@ use axum::routing::{get, post};
 use serde_json::{Value as Json, json};
 
 use crate::error::{Code, OpError};
+use crate::gateway::body_budget::{self, BodyBudget, Share};
 use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
-use crate::gateway::registration::{HTTP_NAMES, RegistrationInput};
+use crate::gateway::registration::{HTTP_NAMES, HTTP_REGISTER_SCHEMA, RegistrationInput};
+use crate::gateway::request::{self, Kind, Limits, RootSeed, Schema};
 use crate::gateway::value::{Fields, Val};
 use crate::metrics::Transport;
 use crate::registry::ServiceInfo;
 use crate::subscription::status::HashCheckState;
 
-use super::http_body::{HitsBody, JsonVal, hits_msgpack};
+use super::http_body::{HitsBody, hits_msgpack};
+
+/// The bounds on request bodies.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    /// Largest body accepted (413 above it).
+    pub body_bytes: usize,
+    /// Bytes of large bodies held at once (see [`body_budget`]).
+    pub inflight_bytes: u64,
+    /// Most `token_ids` / `block_hashes` elements.
+    pub max_query_tokens: usize,
+}
 
 #[derive(Clone)]
 struct Http {
     ops: Ops,
     body_limit: usize,
+    budget: BodyBudget,
+    limits: Limits,
 }
 
-/// The HTTP router over `ops`, accepting bodies up to `body_limit` bytes.
-pub fn router(ops: Ops, body_limit: usize) -> Router {
-    let state = Http { ops, body_limit };
+/// The HTTP router over `ops`.
+pub fn router(ops: Ops, limits: BodyLimits) -> Router {
+    let state = Http {
+        ops,
+        body_limit: limits.body_bytes,
+        budget: BodyBudget::new(limits.inflight_bytes),
+        limits: Limits {
+            max_tokens: limits.max_query_tokens,
+        },
+    };
     Router::new()
         .route("/register", post(register))
         .route("/unregister", post(unregister))
@@ -134,13 +156,18 @@ fn error_response(e: &OpError, format: Format) -> Response {
     encode(status, &body, format)
 }
 
-/// A decoded POST body, with the formats to answer in.
+/// A decoded POST body, with the format to answer in and the body budget's share it holds
+/// until the request is answered.
 struct Decoded {
-    root: Val,
+    fields: Fields,
     reply: Format,
+    _share: Option<Share>,
 }
 
-async fn decode_body(state: &Http, request: Request) -> Result<Decoded, Response> {
+/// Read and decode a POST body against `schema`: at most `body_limit` bytes, read into one
+/// buffer of the declared size (a large body first takes its share of the budget), then decoded
+/// field by field (see [`request`]).
+async fn decode_body(state: &Http, request: Request, schema: Schema) -> Result<Decoded, Response> {
     let headers = request.headers().clone();
     let Some(format) = Format::of_content_type(&headers) else {
         let e = OpError::invalid(
@@ -151,57 +178,80 @@ async fn decode_body(state: &Http, request: Request) -> Result<Decoded, Response
         return Err(error_response(&e, Format::Json));
     };
     let reply = Format::for_reply(&headers, format);
-    let body: Bytes = match axum::body::to_bytes(request.into_body(), state.body_limit).await {
-        Ok(bytes) => bytes,
-        Err(_) => {
-            let message = format!("request body exceeds {} bytes", state.body_limit);
-            return Err(encode(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &json!({ "error": message, "reason": "too_large" }),
-                reply,
-            ));
-        }
+    let too_large = || {
+        let message = format!("request body exceeds {} bytes", state.body_limit);
+        encode(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &json!({ "error": message, "reason": "too_large" }),
+            reply,
+        )
     };
-    let root = match format {
-        Format::Json => serde_json::from_slice::<JsonVal>(&body)
-            .map(|v| v.0)
-            .map_err(|e| OpError::invalid("", "invalid_json", format!("Invalid JSON: {e}"))),
-        Format::Msgpack => decode_msgpack(&body),
-    };
-    let root = root.and_then(|root| match (root, format) {
-        (root @ Val::Map(_), _) => Ok(root),
-        (_, Format::Json) => Err(OpError::invalid(
-            "",
-            "invalid_json",
-            "request body must be a JSON object",
-        )),
-        (_, Format::Msgpack) => Err(OpError::invalid(
-            "",
-            "invalid_msgpack",
-            "request body must be a msgpack map",
-        )),
-    });
-    root.map(|root| Decoded { root, reply })
-        .map_err(|e| error_response(&e, reply))
-}
-
-fn decode_msgpack(body: &[u8]) -> Result<Val, OpError> {
-    let bad = |m: String| OpError::invalid("", "invalid_msgpack", m);
-    let mut cursor = body;
-    let value = rmpv::decode::read_value_with_max_depth(&mut cursor, 64)
-        .map_err(|e| bad(format!("Invalid msgpack object: {e}")))?;
-    if !cursor.is_empty() {
-        return Err(bad("trailing bytes after the msgpack object".into()));
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > state.body_limit) {
+        return Err(too_large());
     }
-    Val::from_msgpack(value).map_err(bad)
+    let busy = || {
+        let e = OpError::unavailable(
+            "too many large request bodies in flight (http_inflight_body_bytes); retry later",
+        );
+        error_response(&e, reply)
+    };
+    // A body without a length takes the share of the largest body once it outgrows a small one.
+    let mut share = match declared {
+        Some(n) => Some(
+            state
+                .budget
+                .reserve(n, body_budget::WAIT)
+                .await
+                .map_err(|_| busy())?,
+        ),
+        None => None,
+    };
+    let mut body = Vec::with_capacity(declared.unwrap_or(0));
+    let mut stream = request.into_body().into_data_stream();
+    while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+        let Ok(chunk) = chunk else {
+            return Err(too_large());
+        };
+        if body.len() + chunk.len() > state.body_limit {
+            return Err(too_large());
+        }
+        if share.is_none() && body.len() + chunk.len() > body_budget::LARGE_BODY_BYTES {
+            let reserved = state
+                .budget
+                .reserve(state.body_limit, body_budget::WAIT)
+                .await;
+            share = Some(reserved.map_err(|_| busy())?);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let seed = RootSeed {
+        schema,
+        limits: state.limits,
+    };
+    let fields = match format {
+        Format::Json => request::from_json(&body, seed),
+        Format::Msgpack => request::from_msgpack(&body, seed),
+    };
+    drop(body);
+    match fields {
+        Ok(fields) => Ok(Decoded {
+            fields,
+            reply,
+            _share: share,
+        }),
+        Err(e) => Err(error_response(&e, reply)),
+    }
 }
 
 async fn register(State(state): State<Http>, request: Request) -> Response {
-    let d = match decode_body(&state, request).await {
+    let d = match decode_body(&state, request, HTTP_REGISTER_SCHEMA).await {
         Ok(d) => d,
         Err(r) => return r,
     };
-    let result = match RegistrationInput::from_http(d.root) {
+    let result = match RegistrationInput::from_http(d.fields) {
         Ok(input) => {
             let instance = input.instance_id.clone();
             state
@@ -223,12 +273,12 @@ async fn register(State(state): State<Http>, request: Request) -> Response {
 }
 
 async fn unregister(State(state): State<Http>, request: Request) -> Response {
-    let d = match decode_body(&state, request).await {
+    let d = match decode_body(&state, request, UNREGISTER_SCHEMA).await {
         Ok(d) => d,
         Err(r) => return r,
     };
     let result = async {
-        let fields = Fields::new(d.root, &["dp_rank", "instance_id", "tenant_id"])?;
+        let fields = d.fields;
         let instance = fields.req_str("instance_id")?;
         let tenant = fields.opt_str("tenant_id")?.unwrap_or_default();
         let rank = fields
@@ -250,17 +300,31 @@ async fn unregister(State(state): State<Http>, request: Request) -> Response {
     }
 }
 
-const QUERY_KEYS: &[&str] = &[
-    "model",
-    "model_name",
-    "block_size",
-    "token_ids",
-    "tenant_id",
-    "lora_name",
-    "cache_salt",
-    "instance_id",
-    "instance_filter",
+const UNREGISTER_SCHEMA: Schema = &[
+    ("dp_rank", Kind::Scalar),
+    ("instance_id", Kind::Scalar),
+    ("tenant_id", Kind::Scalar),
 ];
+
+/// The fields `/query` and `/query_by_hash` share.
+macro_rules! query_schema {
+    ($($extra:expr),*) => {
+        &[
+            ("model", Kind::Scalar),
+            ("model_name", Kind::Scalar),
+            ("block_size", Kind::Scalar),
+            ("tenant_id", Kind::Scalar),
+            ("lora_name", Kind::Scalar),
+            ("instance_id", Kind::Scalar),
+            ("instance_filter", Kind::Scalar),
+            $($extra),*
+        ]
+    };
+}
+
+const QUERY_SCHEMA: Schema =
+    query_schema!(("token_ids", Kind::Tokens), ("cache_salt", Kind::Scalar));
+const QUERY_BY_HASH_SCHEMA: Schema = query_schema!(("block_hashes", Kind::Hashes));
 
 /// Common query fields: (model, lora, block_size, tenant, instance filter).
 fn query_common(f: &Fields) -> Result<(String, String, i128, String, String), OpError> {
@@ -305,59 +369,33 @@ fn query_common(f: &Fields) -> Result<(String, String, i128, String, String), Op
     ))
 }
 
-fn token_ids(value: Option<&Val>) -> Result<Vec<i32>, OpError> {
-    match value {
+/// A number array field, already checked by its decoder (`None` if absent).
+fn numbers<T>(
+    f: &mut Fields,
+    field: &str,
+    what: &str,
+    take: impl FnOnce(Val) -> Option<Vec<T>>,
+) -> Result<Vec<T>, OpError> {
+    match f.take(field) {
         None => Err(OpError::invalid(
-            "token_ids",
+            field,
             "missing",
-            "token_ids is required",
+            format!("{field} is required"),
         )),
-        Some(Val::Bin(bytes)) => {
-            if bytes.len() % 4 != 0 {
-                return Err(OpError::invalid(
-                    "token_ids",
-                    "invalid_value",
-                    "token_ids bin size must be a multiple of 4",
-                ));
-            }
-            Ok(bytes
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect())
-        }
-        Some(Val::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, v)| match v {
-                Val::Int(t) => i32::try_from(*t).map_err(|_| {
-                    OpError::invalid(
-                        "token_ids",
-                        "out_of_range",
-                        format!("token_ids element {i} is outside the int32 range"),
-                    )
-                }),
-                _ => Err(OpError::invalid(
-                    "token_ids",
-                    "invalid_type",
-                    format!("token_ids element {i} must be an integer"),
-                )),
-            })
-            .collect(),
-        Some(_) => Err(OpError::invalid(
-            "token_ids",
-            "invalid_type",
-            "token_ids must be a bin or an array",
-        )),
+        Some(Val::Invalid(e)) => Err(e),
+        Some(v) => take(v).ok_or_else(|| {
+            OpError::invalid(field, "invalid_type", format!("{field} must be {what}"))
+        }),
     }
 }
 
 async fn query(State(state): State<Http>, request: Request) -> Response {
-    let d = match decode_body(&state, request).await {
+    let d = match decode_body(&state, request, QUERY_SCHEMA).await {
         Ok(d) => d,
         Err(r) => return r,
     };
     let result = (|| {
-        let f = Fields::new(d.root, QUERY_KEYS)?;
+        let mut f = d.fields;
         let (model_name, lora_name, block_size, tenant_id, instance_filter) = query_common(&f)?;
         let cache_salt = match f.get("cache_salt") {
             None | Some(Val::Null) => String::new(),
@@ -375,7 +413,10 @@ async fn query(State(state): State<Http>, request: Request) -> Response {
             lora_name,
             block_size,
             tenant_id,
-            token_ids: token_ids(f.get("token_ids"))?,
+            token_ids: numbers(&mut f, "token_ids", "a bin or an array", |v| match v {
+                Val::Tokens(t) => Some(t),
+                _ => None,
+            })?,
             cache_salt,
             instance_filter,
         };
@@ -388,54 +429,17 @@ async fn query(State(state): State<Http>, request: Request) -> Response {
 }
 
 async fn query_by_hash(State(state): State<Http>, request: Request) -> Response {
-    let d = match decode_body(&state, request).await {
+    let d = match decode_body(&state, request, QUERY_BY_HASH_SCHEMA).await {
         Ok(d) => d,
         Err(r) => return r,
     };
     let result = (|| {
-        let keys = [
-            "model",
-            "model_name",
-            "block_size",
-            "block_hashes",
-            "tenant_id",
-            "lora_name",
-            "instance_id",
-            "instance_filter",
-        ];
-        let f = Fields::new(d.root, &keys)?;
+        let mut f = d.fields;
         let (model_name, lora_name, block_size, tenant_id, instance_filter) = query_common(&f)?;
-        let block_hashes = match f.get("block_hashes") {
-            None => {
-                return Err(OpError::invalid(
-                    "block_hashes",
-                    "missing",
-                    "block_hashes is required",
-                ));
-            }
-            Some(Val::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    // SGLang's hashes are signed: keep their 64 bits.
-                    Val::Int(h) if *h >= i64::MIN as i128 && *h <= u64::MAX as i128 => {
-                        Ok(*h as u64)
-                    }
-                    _ => Err(OpError::invalid(
-                        "block_hashes",
-                        "invalid_type",
-                        format!("block_hashes element {i} must be a 64-bit integer"),
-                    )),
-                })
-                .collect::<Result<Vec<u64>, _>>()?,
-            Some(_) => {
-                return Err(OpError::invalid(
-                    "block_hashes",
-                    "invalid_type",
-                    "block_hashes must be an array",
-                ));
-            }
-        };
+        let block_hashes = numbers(&mut f, "block_hashes", "an array", |v| match v {
+            Val::Hashes(h) => Some(h),
+            _ => None,
+        })?;
         let input = QueryByHashInput {
             model_name,
             lora_name,
@@ -545,7 +549,14 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
 
 async fn health(State(state): State<Http>, headers: HeaderMap) -> Response {
     let (status, body) = match state.ops.not_ready_reason() {
-        None => (StatusCode::OK, json!({ "status": "ready" })),
+        // Degraded still serves (queries, ingest), so still 200: the reason says what is behind.
+        None => match state.ops.degraded_reason() {
+            None => (StatusCode::OK, json!({ "status": "ready" })),
+            Some(reason) => (
+                StatusCode::OK,
+                json!({ "status": "degraded", "reason": reason }),
+            ),
+        },
         Some(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({ "status": "starting", "reason": reason }),

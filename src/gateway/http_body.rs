@@ -1,70 +1,8 @@
-//! Wire shapes of the HTTP API that skip intermediate trees: JSON request documents decoded
-//! straight into [`Val`], and query answers serialized straight from [`QueryHits`] (the same
-//! bytes the reference layout gives, built without a `serde_json::Value` per number).
+//! Query answers of the HTTP API serialized straight from [`QueryHits`] (the same bytes the
+//! reference layout gives, built without a `serde_json::Value` per number). Requests are
+//! decoded in [`super::request`].
 
-use crate::gateway::value::Val;
 use crate::index::{InstanceHits, QueryHits, SortedMap, TierCounts};
-
-/// A JSON request document decoded straight into a [`Val`], without a `serde_json::Value` tree
-/// in between (a 2k-token prompt was 2k `Value`s, then 2k `Val`s). Same result as
-/// `Val::from_json(serde_json::from_slice(..))`: objects keep `serde_json::Map`'s semantics
-/// (keys sorted, the last duplicate wins), integers stay integers, a non-finite float is null.
-pub(super) struct JsonVal(pub(super) Val);
-
-impl<'de> serde::Deserialize<'de> for JsonVal {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(JsonValVisitor).map(JsonVal)
-    }
-}
-
-struct JsonValVisitor;
-
-impl<'de> serde::de::Visitor<'de> for JsonValVisitor {
-    type Value = Val;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_bool<E>(self, b: bool) -> Result<Val, E> {
-        Ok(Val::Bool(b))
-    }
-    fn visit_i64<E>(self, i: i64) -> Result<Val, E> {
-        Ok(Val::Int(i.into()))
-    }
-    fn visit_u64<E>(self, u: u64) -> Result<Val, E> {
-        Ok(Val::Int(u.into()))
-    }
-    fn visit_f64<E>(self, f: f64) -> Result<Val, E> {
-        Ok(if f.is_finite() {
-            Val::Float(f)
-        } else {
-            Val::Null
-        })
-    }
-    fn visit_str<E>(self, s: &str) -> Result<Val, E> {
-        Ok(Val::Str(s.to_owned()))
-    }
-    fn visit_string<E>(self, s: String) -> Result<Val, E> {
-        Ok(Val::Str(s))
-    }
-    fn visit_unit<E>(self) -> Result<Val, E> {
-        Ok(Val::Null)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Val, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(JsonVal(v)) = seq.next_element()? {
-            items.push(v);
-        }
-        Ok(Val::Array(items))
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Val, A::Error> {
-        let mut entries = std::collections::BTreeMap::new();
-        while let Some((k, JsonVal(v))) = map.next_entry::<String, JsonVal>()? {
-            entries.insert(k, v);
-        }
-        Ok(Val::Map(entries.into_iter().collect()))
-    }
-}
 
 /// A query answer serialized straight from [`QueryHits`] (JSON or msgpack), without building a
 /// JSON tree per response. The layout is what a `serde_json::Map` tree gives: every map's keys
@@ -353,28 +291,6 @@ mod tests {
             }
             let expected = rmp_serde::to_vec_named(&HitsBody(&hits)).unwrap();
             assert_eq!(hits_msgpack(&hits), expected, "case {case}");
-        }
-    }
-
-    #[test]
-    fn json_requests_decode_as_through_a_json_tree() {
-        let docs = [
-            r#"{"model":"m","block_size":16,"token_ids":[1,-2,2147483647,-2147483648,1e3,0.5]}"#,
-            r#"{"z":1,"a":{"y":[true,false,null,"s\u00e9"],"b":{}},"a":2,"m":[]}"#,
-            r#"[18446744073709551615,18446744073709551616,-9223372036854775808,-0,-0.0,1.5e300]"#,
-            r#""just a string""#,
-            r#"{"bad": }"#,
-            r#"{"a":1} trailing"#,
-            "",
-        ];
-        for doc in docs {
-            let old = serde_json::from_slice::<Json>(doc.as_bytes()).map(Val::from_json);
-            let new = serde_json::from_slice::<JsonVal>(doc.as_bytes()).map(|v| v.0);
-            match (old, new) {
-                (Ok(a), Ok(b)) => assert_eq!(a, b, "{doc}"),
-                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{doc}"),
-                (a, b) => panic!("{doc}: {a:?} vs {b:?}"),
-            }
         }
     }
 }

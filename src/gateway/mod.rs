@@ -1,7 +1,9 @@
 //! The gateway: gRPC and HTTP adapters over one operation layer.
 //!
-//! Layout: [`ops`] transport-neutral operations; [`readiness`] what `/health` reports; [`registration`] registration input and its
-//! validation; [`value`] JSON/msgpack request documents; [`grpc`] the tonic service and
+//! Layout: [`ops`] transport-neutral operations; [`readiness`] what `/health` reports;
+//! [`registration`] registration input and its validation; [`request`] request bodies decoded
+//! field by field (JSON through serde_json, msgpack through [`msgpack_de`]) into [`value`]'s
+//! fields; [`body_budget`] the bytes of large bodies in flight; [`grpc`] the tonic service and
 //! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API and [`http_body`] its
 //! answer shapes; [`workers`] the threads both servers run on.
 //!
@@ -34,13 +36,16 @@
 //! decoding an answer into its maps (`benches/answers.rs`). The HTTP/1.1 path has one write
 //! each way and no task hand-off. Measured effects are in the README's benchmark section.
 
+pub mod body_budget;
 pub mod grpc;
 pub mod grpc_wire;
 pub mod http;
 pub mod http_body;
+pub mod msgpack_de;
 pub mod ops;
 pub mod readiness;
 pub mod registration;
+pub mod request;
 pub mod value;
 pub mod workers;
 

@@ -15,6 +15,7 @@ use crate::model::{ContextKey, SubscriptionKey};
 use crate::registry::{
     ContextDirectory, ListServices, Register, RegisterOutcome, Registry, ServiceInfo, Unregister,
 };
+use crate::storage::health::StorageHealth;
 
 /// A prefix query, transport-neutral.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,6 +49,9 @@ pub struct Ops {
     /// Not ready while subscriptions are restored at start; `/health` and `Health` report it.
     readiness: Arc<Readiness>,
     queries: Arc<QueryMetrics>,
+    /// Most token ids (or block hashes) in one query; HTTP already stops decoding past it.
+    max_query_tokens: usize,
+    storage: Arc<StorageHealth>,
 }
 
 impl Ops {
@@ -61,7 +65,24 @@ impl Ops {
             contexts,
             readiness,
             queries: Arc::default(),
+            max_query_tokens: usize::MAX,
+            storage: Arc::default(),
         }
+    }
+
+    pub fn with_storage_health(mut self, storage: Arc<StorageHealth>) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    /// Why checkpoints are not landing, while they are not (the service keeps serving).
+    pub fn degraded_reason(&self) -> Option<String> {
+        self.storage.degraded()
+    }
+
+    pub fn with_max_query_tokens(mut self, max: usize) -> Self {
+        self.max_query_tokens = max;
+        self
     }
 
     pub fn is_ready(&self) -> bool {
@@ -73,9 +94,13 @@ impl Ops {
         self.readiness.reason()
     }
 
-    /// Registration changes wait for the restored subscriptions, so that an unregister cannot
-    /// miss a subscription still being restored, nor a register race with its own persisted copy.
-    fn ready_for_changes(&self) -> Result<(), OpError> {
+    /// Registration changes wait for the restored subscriptions (at most
+    /// [`READY_WAIT`]), so that an unregister cannot miss a subscription still being restored,
+    /// nor a register race with its own persisted copy.
+    async fn ready_for_changes(&self) -> Result<(), OpError> {
+        if self.readiness.wait_ready(READY_WAIT).await {
+            return Ok(());
+        }
         match self.readiness.reason() {
             None => Ok(()),
             Some(reason) => Err(OpError::unavailable(format!(
@@ -90,7 +115,7 @@ impl Ops {
         names: FieldNames,
     ) -> Result<RegisterOutcome, OpError> {
         let config = input.validate(names)?;
-        self.ready_for_changes()?;
+        self.ready_for_changes().await?;
         self.registry
             .send(Register {
                 config,
@@ -124,7 +149,7 @@ impl Ops {
                 )
             })?;
         let key = SubscriptionKey::new(instance_id, tenant_id, dp_rank);
-        self.ready_for_changes()?;
+        self.ready_for_changes().await?;
         self.registry
             .send(Unregister(key))
             .await
@@ -141,6 +166,10 @@ impl Ops {
     }
 
     fn query_inner(&self, q: &QueryInput) -> Result<QueryHits, OpError> {
+        if q.token_ids.len() > self.max_query_tokens {
+            let (n, max) = (q.token_ids.len(), self.max_query_tokens);
+            return Err(crate::gateway::request::too_many("token_ids", n, max));
+        }
         let key = context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id)?;
         // An unknown context is a successful query with no hits, and creates nothing.
         let Some(handle) = self.contexts.get(&key) else {
@@ -159,15 +188,20 @@ impl Ops {
         transport: Transport,
     ) -> Result<QueryHits, OpError> {
         let started = Instant::now();
-        let result =
-            context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id).map(|key| {
-                let Some(handle) = self.contexts.get(&key) else {
-                    return QueryHits::default();
-                };
-                handle
-                    .reader()
-                    .query_hashes(&q.block_hashes, Some(q.instance_filter.as_str()))
-            });
+        let (n, max) = (q.block_hashes.len(), self.max_query_tokens);
+        let result = if n > max {
+            Err(crate::gateway::request::too_many("block_hashes", n, max))
+        } else {
+            context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id)
+        };
+        let result = result.map(|key| {
+            let Some(handle) = self.contexts.get(&key) else {
+                return QueryHits::default();
+            };
+            handle
+                .reader()
+                .query_hashes(&q.block_hashes, Some(q.instance_filter.as_str()))
+        });
         self.queries
             .observe(transport, started.elapsed(), result.is_ok());
         result
@@ -196,6 +230,8 @@ impl Ops {
             services: &services,
             contexts: &contexts,
             queries: &self.queries,
+            storage_degraded: self.storage.degraded().is_some(),
+            checkpoint_failures: self.storage.failures_total(),
         }))
     }
 }
@@ -227,6 +263,10 @@ fn context_key(
         block_size as u32,
     ))
 }
+
+/// How long a registration change made while the service starts waits for it to be ready
+/// before it is refused as unavailable.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn unavailable(e: actix::MailboxError) -> OpError {
     OpError::unavailable(format!("registry unavailable: {e}"))

@@ -3,17 +3,38 @@
 //! misbehaves at start can never keep `/health` (or an operator) from getting an answer.
 
 use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
 
 #[derive(Debug)]
 pub struct Readiness {
     /// `None` once ready; otherwise what the service is still doing.
     starting: Mutex<Option<String>>,
+    ready: Notify,
 }
 
 impl Readiness {
     pub fn starting(reason: impl Into<String>) -> Self {
         Readiness {
             starting: Mutex::new(Some(reason.into())),
+            ready: Notify::new(),
+        }
+    }
+
+    /// Wait until ready, at most `limit`; whether it is ready. Restoring subscriptions takes
+    /// milliseconds, so a registration sent right after a restart waits for it rather than
+    /// failing.
+    pub async fn wait_ready(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.ready.notified();
+            if self.is_ready() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.is_ready();
+            }
         }
     }
 
@@ -23,6 +44,7 @@ impl Readiness {
 
     pub fn set_ready(&self) {
         *self.lock() = None;
+        self.ready.notify_waiters();
     }
 
     pub fn is_ready(&self) -> bool {
@@ -53,5 +75,19 @@ mod tests {
         r.set_ready();
         assert!(r.is_ready());
         assert_eq!(r.reason(), None);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_is_released_when_ready_and_gives_up_at_its_limit() {
+        let r = std::sync::Arc::new(Readiness::starting("restoring 1 subscriptions"));
+        assert!(!r.wait_ready(Duration::from_millis(20)).await);
+        let waiter = {
+            let r = r.clone();
+            tokio::spawn(async move { r.wait_ready(Duration::from_secs(30)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        r.set_ready();
+        assert!(waiter.await.expect("waiter"));
+        assert!(r.wait_ready(Duration::ZERO).await);
     }
 }

@@ -7,6 +7,7 @@
 //! caller used.
 
 use crate::error::OpError;
+use crate::gateway::request::{Kind, Schema};
 use crate::gateway::value::{Fields, Val};
 use crate::hashing::HashProfile;
 use crate::model::{PublisherConfig, PublisherType, normalize_tenant};
@@ -15,19 +16,19 @@ use crate::model::{PublisherConfig, PublisherType, normalize_tenant};
 /// query never overflow.
 pub const MAX_BLOCK_SIZE: i128 = 1 << 20;
 
-/// Keys HTTP `/register` and static config entries accept.
-pub const HTTP_REGISTER_KEYS: &[&str] = &[
-    "block_size",
-    "cache_group",
-    "dp_rank",
-    "endpoint",
-    "hash_profile",
-    "instance_id",
-    "lora_name",
-    "modelname",
-    "replay_endpoint",
-    "tenant_id",
-    "type",
+/// Fields HTTP `/register` and static config entries accept.
+pub const HTTP_REGISTER_SCHEMA: Schema = &[
+    ("block_size", Kind::Scalar),
+    ("cache_group", Kind::Scalar),
+    ("dp_rank", Kind::Scalar),
+    ("endpoint", Kind::Scalar),
+    ("hash_profile", Kind::Pairs),
+    ("instance_id", Kind::Scalar),
+    ("lora_name", Kind::Scalar),
+    ("modelname", Kind::Scalar),
+    ("replay_endpoint", Kind::Scalar),
+    ("tenant_id", Kind::Scalar),
+    ("type", Kind::Scalar),
 ];
 
 /// Which names the caller used for the two fields whose names differ between APIs.
@@ -63,9 +64,9 @@ pub struct RegistrationInput {
 }
 
 impl RegistrationInput {
-    /// Read an HTTP `/register` body or a static config entry (HTTP names, strict keys).
-    pub fn from_http(root: Val) -> Result<RegistrationInput, OpError> {
-        let mut fields = Fields::new(root, HTTP_REGISTER_KEYS)?;
+    /// Read an HTTP `/register` body or a static config entry (HTTP names), decoded with
+    /// [`HTTP_REGISTER_SCHEMA`].
+    pub fn from_http(mut fields: Fields) -> Result<RegistrationInput, OpError> {
         let cache_group = match fields.get("cache_group") {
             None | Some(Val::Null) => None,
             Some(Val::Int(i)) => Some(*i),
@@ -79,20 +80,8 @@ impl RegistrationInput {
         };
         let hash_profile = match fields.take("hash_profile") {
             None => None,
-            Some(Val::Map(entries)) => {
-                let mut pairs = Vec::with_capacity(entries.len());
-                for (key, value) in entries {
-                    let Val::Str(value) = value else {
-                        return Err(OpError::invalid(
-                            key.clone(),
-                            "invalid_type",
-                            format!("{key} must be a string"),
-                        ));
-                    };
-                    pairs.push((key, value));
-                }
-                Some(pairs)
-            }
+            Some(Val::Pairs(pairs)) => Some(pairs),
+            Some(Val::Invalid(e)) => return Err(e),
             Some(_) => {
                 return Err(OpError::invalid(
                     "hash_profile",

@@ -76,16 +76,16 @@ impl Registry {
             )));
         }
         let context_key = config.context_key();
+        // A failed write must leave no trace: the rank is attached only once the registration
+        // is on disk, and a context this call created is dropped again.
+        let mut attach = None;
         if config.publisher_type.is_engine() {
+            let existed = self.contexts.get(&context_key).is_some();
             let handle = self
                 .contexts
                 .get_or_create(&context_key, &config.hash_profile)
                 .map_err(|c| OpError::invalid_registration(c.to_string()))?;
-            handle.addr().do_send(AttachRank {
-                source: key.clone(),
-                instance_id: config.instance_id.clone(),
-                dp_rank: config.dp_rank,
-            });
+            attach = Some((handle, existed));
         } else if let Some(handle) = self.contexts.get(&context_key) {
             // A store registration never creates a context, but must agree with one that exists.
             let existing = handle.reader().profile();
@@ -96,8 +96,21 @@ impl Registry {
                 )));
             }
         }
-        put_registration(self.store.as_ref(), &config)
-            .map_err(|e| OpError::internal(format!("cannot persist the registration: {e}")))?;
+        if let Err(e) = put_registration(self.store.as_ref(), &config) {
+            if let Some((_, false)) = attach {
+                self.contexts.remove(&context_key);
+            }
+            return Err(OpError::internal(format!(
+                "cannot persist the registration: {e}"
+            )));
+        }
+        if let Some((handle, _)) = attach {
+            handle.addr().do_send(AttachRank {
+                source: key.clone(),
+                instance_id: config.instance_id.clone(),
+                dp_rank: config.dp_rank,
+            });
+        }
         let config = Arc::new(config);
         let status = StatusCell::default();
         let actor = {

@@ -20,6 +20,7 @@ use crate::model::ContextKey;
 use crate::registry::{ContextDirectory, SubscriptionDirectory};
 
 use super::codec::{self, context_id};
+use super::health::StorageHealth;
 use super::{Cf, KvOp, KvStore, StorageError, prefix_end};
 
 /// The writes of one context's checkpoint (none for a context that did not change).
@@ -182,6 +183,7 @@ pub struct Checkpointer {
     subscriptions: SubscriptionDirectory,
     /// Contexts that have data on disk (so a removed one is deleted there too).
     persisted: HashSet<ContextKey>,
+    health: Arc<StorageHealth>,
 }
 
 impl Checkpointer {
@@ -197,13 +199,21 @@ impl Checkpointer {
             contexts,
             subscriptions,
             persisted,
+            health: Arc::default(),
         }
+    }
+
+    /// Report each round's outcome to `health`.
+    pub fn with_health(mut self, health: Arc<StorageHealth>) -> Self {
+        self.health = health;
+        self
     }
 
     pub async fn checkpoint(&mut self) -> CheckpointReport {
         let mut report = CheckpointReport::default();
         // Before any context is asked for its changes (see the module doc).
         self.subscriptions.push_marks().await;
+        let mut first_error = None;
         let live = self.contexts.all();
         let live_keys: HashSet<ContextKey> = live.iter().map(|h| h.key().clone()).collect();
         for handle in live {
@@ -226,6 +236,7 @@ impl Checkpointer {
                 Err(e) => {
                     report.failed += 1;
                     tracing::warn!(context = %changes.key, "checkpoint write failed, retried next round: {e}");
+                    first_error.get_or_insert_with(|| e.to_string());
                     handle.addr().do_send(MarkDirty {
                         pairs: changes.pairs.iter().map(|&(h, b, _)| (h, b)).collect(),
                         aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
@@ -241,9 +252,14 @@ impl Checkpointer {
                     report.forgotten += 1;
                     self.persisted.remove(&key);
                 }
-                Err(e) => tracing::warn!(context = %key, "could not delete a removed context: {e}"),
+                Err(e) => {
+                    report.failed += 1;
+                    tracing::warn!(context = %key, "could not delete a removed context: {e}");
+                    first_error.get_or_insert_with(|| e.to_string());
+                }
             }
         }
+        self.health.record_round(report.failed, first_error);
         report
     }
 
@@ -273,7 +289,7 @@ pub fn put_registration(
     config: &crate::model::PublisherConfig,
 ) -> Result<(), StorageError> {
     let key = config.subscription_key().to_string().into_bytes();
-    store.write(vec![KvOp::Put {
+    store.write_synced(vec![KvOp::Put {
         cf: Cf::Registrations,
         key,
         value: codec::registration_value(config),
@@ -284,7 +300,7 @@ pub fn delete_registration(
     store: &dyn KvStore,
     key: &crate::model::SubscriptionKey,
 ) -> Result<(), StorageError> {
-    store.write(vec![KvOp::Delete {
+    store.write_synced(vec![KvOp::Delete {
         cf: Cf::Registrations,
         key: key.to_string().into_bytes(),
     }])

@@ -21,6 +21,8 @@
 
 pub mod checkpoint;
 pub mod codec;
+pub mod fault_switch;
+pub mod health;
 pub mod memory;
 pub mod migrations;
 pub mod recovery;
@@ -104,12 +106,25 @@ pub enum StorageError {
     },
 }
 
+impl StorageError {
+    /// The stored data itself is bad (as opposed to the disk, the permissions, the process
+    /// limits or another process holding the database): only then may it be moved aside.
+    pub fn is_corruption(&self) -> bool {
+        matches!(self, StorageError::Corrupt { .. })
+    }
+}
+
 /// Called for each entry of a scan, in key order; an error stops the scan.
 pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError> + 'a;
 
 /// The key-value operations the Conductor needs; implementations must make `write` atomic.
 pub trait KvStore: Send + Sync {
     fn write(&self, ops: Vec<KvOp>) -> Result<(), StorageError>;
+    /// Like [`KvStore::write`], on stable storage before it returns (registrations, which are
+    /// acknowledged to the caller). Stores without a disk have nothing more to do.
+    fn write_synced(&self, ops: Vec<KvOp>) -> Result<(), StorageError> {
+        self.write(ops)
+    }
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
     /// Visit every entry whose key starts with `prefix`, in key order.
     fn scan_prefix(

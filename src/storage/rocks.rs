@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{
     ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, ReadOptions, WriteBatch,
+    WriteOptions,
 };
 
 use super::{Cf, KvOp, KvStore, StorageError, Visitor};
@@ -14,8 +15,31 @@ pub struct RocksStore {
     path: PathBuf,
 }
 
+/// RocksDB's own verdict decides what is corruption (a bad checksum, a CURRENT or MANIFEST that
+/// does not parse, a file the manifest names missing); everything else (the LOCK held by another
+/// process, EACCES, EMFILE, ENOSPC, EIO) is the environment's and must not condemn the data.
 fn io(e: rocksdb::Error) -> StorageError {
-    StorageError::Io(e.to_string())
+    error(String::new(), e)
+}
+
+fn error(context: String, e: rocksdb::Error) -> StorageError {
+    let what = format!("{context}{e}");
+    match e.kind() {
+        rocksdb::ErrorKind::Corruption => StorageError::Corrupt {
+            cf: "database",
+            what,
+        },
+        // A file the manifest names is gone: the database is incomplete, not busy.
+        rocksdb::ErrorKind::NotFound | rocksdb::ErrorKind::IOError
+            if e.as_ref().contains("No such file or directory") =>
+        {
+            StorageError::Corrupt {
+                cf: "database",
+                what,
+            }
+        }
+        _ => StorageError::Io(what),
+    }
 }
 
 impl RocksStore {
@@ -40,7 +64,7 @@ impl RocksStore {
             ColumnFamilyDescriptor::new(cf.name(), o)
         });
         let db = DB::open_cf_descriptors(&options, path, families)
-            .map_err(|e| StorageError::Io(format!("open {}: {e}", path.display())))?;
+            .map_err(|e| error(format!("open {}: ", path.display()), e))?;
         Ok(RocksStore {
             db,
             path: path.to_owned(),
@@ -75,8 +99,8 @@ fn dir_size(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-impl KvStore for RocksStore {
-    fn write(&self, ops: Vec<KvOp>) -> Result<(), StorageError> {
+impl RocksStore {
+    fn batch(&self, ops: Vec<KvOp>) -> Result<WriteBatch, StorageError> {
         let mut batch = WriteBatch::default();
         for op in ops {
             match op {
@@ -85,7 +109,21 @@ impl KvStore for RocksStore {
                 KvOp::DeleteRange { cf, from, to } => batch.delete_range_cf(self.cf(cf)?, from, to),
             }
         }
-        self.db.write(batch).map_err(io)
+        Ok(batch)
+    }
+}
+
+impl KvStore for RocksStore {
+    /// Checkpoints: in the WAL, not synced (a killed process loses nothing the OS accepted;
+    /// a power loss may cost the last rounds, which replay from the publishers repairs).
+    fn write(&self, ops: Vec<KvOp>) -> Result<(), StorageError> {
+        self.db.write(self.batch(ops)?).map_err(io)
+    }
+
+    fn write_synced(&self, ops: Vec<KvOp>) -> Result<(), StorageError> {
+        let mut options = WriteOptions::default();
+        options.set_sync(true);
+        self.db.write_opt(self.batch(ops)?, &options).map_err(io)
     }
 
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {

@@ -20,7 +20,7 @@
 mod envelope;
 pub mod medium;
 mod mooncake;
-mod msgpack;
+pub(crate) mod msgpack;
 mod schema;
 mod vllm;
 

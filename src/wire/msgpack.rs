@@ -148,6 +148,17 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A boolean.
+    pub(crate) fn bool(&mut self) -> Read<bool> {
+        match self.marker()? {
+            m @ (0xc2 | 0xc3) => {
+                self.pos += 1;
+                Ok(m == 0xc3)
+            }
+            _ => self.mismatch(),
+        }
+    }
+
     /// Any msgpack integer, signed or unsigned, widened so no value is lost.
     #[inline]
     pub(crate) fn int(&mut self) -> Read<i128> {

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod bounded_requests;
 mod convergence;
 mod durability;
 mod durable_state;
@@ -14,3 +15,4 @@ mod http_errors;
 mod ingest;
 mod recorded;
 mod scenarios;
+mod storage_faults;

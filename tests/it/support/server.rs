@@ -30,6 +30,15 @@ impl Server {
 
     /// Start in an existing data directory (restart tests).
     pub async fn start_in(dir: tempfile::TempDir, extra: serde_json::Value) -> Server {
+        Server::start_in_with_env(dir, extra, &[]).await
+    }
+
+    /// Like [`Server::start_in`], with extra environment variables for the service.
+    pub async fn start_in_with_env(
+        dir: tempfile::TempDir,
+        extra: serde_json::Value,
+        env: &[(&str, &std::path::Path)],
+    ) -> Server {
         let (http_port, rpc_port) = (free_port(), free_port());
         let mut config = serde_json::json!({
             "http_server_port": http_port,
@@ -51,6 +60,7 @@ impl Server {
         .expect("write config");
         let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+            .envs(env.iter().copied())
             .env("CONDUCTOR_CONFIG_PATH", &config_path)
             .env("CONDUCTOR_LOG_LEVEL", "debug")
             .stdout(Stdio::null())
@@ -88,6 +98,11 @@ impl Server {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The running service's process id (for `/proc/<pid>/…`).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
     }
 
     pub fn log(&self) -> String {
