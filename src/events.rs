@@ -4,6 +4,9 @@
 //! (hashes already projected to [`BlockHash`], media already mapped to [`Tier`]); the subscription
 //! turns those into one [`IndexBatch`] per context and hands it to that context's single writer.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::model::{BlockHash, SubscriptionKey, Tier};
 
 /// Token ids a `BlockStored` carried, kept for the runtime hash-profile check.
@@ -176,4 +179,29 @@ pub enum IndexOp {
 pub struct IndexBatch {
     pub source: SubscriptionKey,
     pub ops: Vec<IndexOp>,
+}
+
+/// A count of messages sent and not yet handled: each [`InFlightGuard`] counts one until it is
+/// dropped (with the message it travels in, once handled).
+#[derive(Debug, Clone, Default)]
+pub struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub fn guard(&self) -> InFlightGuard {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        InFlightGuard(self.0.clone())
+    }
+}
+
+#[derive(Debug)]
+pub struct InFlightGuard(Arc<AtomicU64>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }

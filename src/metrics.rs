@@ -123,7 +123,7 @@ pub fn render(s: &Scrape<'_>) -> String {
             svc.status.connected
         );
     }
-    let per_service: [PerService; 12] = [
+    let per_service: [PerService; 13] = [
         (
             "conductor_batches_applied_total",
             "Publisher batches applied",
@@ -156,6 +156,11 @@ pub fn render(s: &Scrape<'_>) -> String {
             "conductor_sources_dropped_total",
             "Times a source's entries were dropped",
             |i| i.status.seq.sources_dropped,
+        ),
+        (
+            "conductor_backpressure_waits_total",
+            "Batches that found a context's mailbox full and waited for it",
+            |i| i.status.backpressure_waits,
         ),
         (
             "conductor_frame_errors_total",
@@ -193,6 +198,20 @@ pub fn render(s: &Scrape<'_>) -> String {
                 get(svc)
             );
         }
+    }
+    header(
+        w,
+        "conductor_pending_batches",
+        "gauge",
+        "Batches handed to contexts and not yet applied (how far behind its source a context is)",
+    );
+    for svc in s.services {
+        let _ = writeln!(
+            w,
+            "conductor_pending_batches{{service=\"{}\"}} {}",
+            esc(&svc.config.subscription_key().to_string()),
+            svc.status.pending_batches
+        );
     }
     header(
         w,

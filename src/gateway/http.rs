@@ -542,6 +542,7 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
             "rank_mismatches": st.rank_mismatches, "gaps": st.seq.gaps, "restarts": st.seq.restarts,
             "replays_ok": st.seq.replays_ok, "replays_failed": st.seq.replays_failed,
             "sources_dropped": st.seq.sources_dropped,
+            "pending_batches": st.pending_batches, "backpressure_waits": st.backpressure_waits,
         })
     })
     .await

@@ -4,7 +4,7 @@
 use actix::dev::ToEnvelope;
 use actix::prelude::*;
 
-use crate::events::IndexBatch;
+use crate::events::{InFlightGuard, IndexBatch};
 use crate::hashing::PrefixKeys;
 use crate::model::{ContextKey, SubscriptionKey};
 
@@ -24,8 +24,30 @@ impl ContextActor {
     }
 }
 
+/// Messages a context's mailbox holds before senders that use `send` or `try_send` wait: the
+/// ingest path does (see the subscription actor), so a context that falls behind slows its
+/// sources down (and shows as their `pending_batches`) instead of queueing without bound.
+pub const MAILBOX_CAPACITY: usize = 64;
+
+/// Test only: `CONDUCTOR_TEST_APPLY_DELAY_MS` makes every context sleep that long per batch it
+/// applies, so the integration tests can watch a context fall behind its source. Unset (always,
+/// outside tests) it costs one load of a cached `None`.
+fn test_apply_delay() -> Option<std::time::Duration> {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        std::env::var("CONDUCTOR_TEST_APPLY_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(std::time::Duration::from_millis)
+    })
+}
+
 impl Actor for ContextActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(MAILBOX_CAPACITY);
+    }
 }
 
 /// Apply one batch from one source.
@@ -75,6 +97,9 @@ pub struct Snapshot;
 pub struct ApplySequenced {
     pub batch: IndexBatch,
     pub mark: Watermark,
+    /// Counts the batch as in flight (sent, not yet applied) until it is dropped after
+    /// handling: the sender's view of how far behind this context is.
+    pub in_flight: Option<InFlightGuard>,
 }
 
 /// Every batch of `source` up to `mark` has reached this context (see
@@ -104,6 +129,9 @@ pub struct MarkDirty {
 impl Handler<ApplySequenced> for ContextActor {
     type Result = ();
     fn handle(&mut self, msg: ApplySequenced, _: &mut Self::Context) {
+        if let Some(delay) = test_apply_delay() {
+            std::thread::sleep(delay);
+        }
         self.index.apply_sequenced(&msg.batch, msg.mark);
     }
 }

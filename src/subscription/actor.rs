@@ -9,8 +9,9 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{DecodedBatch, IndexBatch, KvEvent};
+use crate::index::ContextHandle;
 use crate::index::Watermark;
-use crate::index::actor::{Advance, ApplySequenced, DropSource};
+use crate::index::actor::{Advance, ApplySequenced, DropSource, MAILBOX_CAPACITY};
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::registry::contexts::ContextDirectory;
 use crate::storage::codec::payload_digest;
@@ -46,6 +47,8 @@ pub struct SubscriptionActor {
     replay_cancel: Option<CancellationToken>,
     /// The source's position for the contexts it fed (see [`PushMarks`]).
     marks: SourceMarks,
+    /// Batches waiting for a context to take them (see `hand_off`).
+    waiting_hand_offs: usize,
 }
 
 impl SubscriptionActor {
@@ -92,6 +95,7 @@ impl SubscriptionActor {
             replay_generation: 0,
             replay_cancel: None,
             marks: SourceMarks::new(resume_after),
+            waiting_hand_offs: 0,
             config,
         }
     }
@@ -119,7 +123,7 @@ impl SubscriptionActor {
     fn perform(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
         for action in actions {
             match action {
-                Action::Apply { seq, payload } => self.apply(seq, &payload),
+                Action::Apply { seq, payload } => self.apply(seq, &payload, ctx),
                 Action::DropSource { reason } => {
                     if let Some(suppressed) = self.warn_due("drop_source") {
                         tracing::warn!(service = %self.key, reason = reason.as_str(), suppressed, "dropping everything this source owns");
@@ -166,9 +170,42 @@ impl SubscriptionActor {
         tokio::spawn(task);
     }
 
+    /// Queue `msg` (which counts itself in flight) for its context. Once this source has more
+    /// than [`MAILBOX_CAPACITY`] batches in flight, or the context's mailbox is full, the actor
+    /// handles nothing else until the context applied this batch (`ctx.wait`): its own mailbox
+    /// then fills, the socket tasks wait on it, and the publisher's socket buffers fill, so a
+    /// context that falls behind holds at most that many batches of each source in memory. Order
+    /// per context is kept: nothing later is sent before the waiting batch is in.
+    ///
+    /// The count is the source's own because actix's `try_send` refuses only after the same
+    /// sender handle has overfilled the mailbox once, and each batch is sent through a fresh
+    /// handle (measured: 296 of 300 batches in flight with `try_send` alone).
+    fn hand_off(&mut self, handle: &ContextHandle, msg: ApplySequenced, ctx: &mut Context<Self>) {
+        // Behind a waiting batch, every batch waits its turn: a later one must not overtake it
+        // (the rest of this handler still runs while the wait is queued).
+        let msg = if self.waiting_hand_offs > 0
+            || self.status.in_flight().count() > MAILBOX_CAPACITY as u64
+        {
+            msg
+        } else {
+            match handle.addr().try_send(msg) {
+                Ok(()) => return,
+                Err(SendError::Full(msg)) => msg,
+                // A context forgotten meanwhile (its last source left): nothing to apply.
+                Err(SendError::Closed(_)) => return,
+            }
+        };
+        self.status.update(|s| s.backpressure_waits += 1);
+        self.waiting_hand_offs += 1;
+        let send = handle.addr().send(msg);
+        ctx.wait(actix::fut::wrap_future(send).map(|_, act: &mut Self, _| {
+            act.waiting_hand_offs -= 1;
+        }));
+    }
+
     /// Decode one batch and hand its ops to the contexts. A bad payload is counted and dropped;
     /// it never disturbs what is already indexed.
-    fn apply(&mut self, seq: u64, payload: &[u8]) {
+    fn apply(&mut self, seq: u64, payload: &[u8], ctx: &mut Context<Self>) {
         let mark = Watermark {
             seq,
             digest: payload_digest(payload),
@@ -215,13 +252,15 @@ impl SubscriptionActor {
                 Ok(handle) => {
                     // Adapter contexts list this rank by themselves: an engine store lists its
                     // (instance, rank) in the context it lands in.
-                    handle.addr().do_send(ApplySequenced {
+                    let msg = ApplySequenced {
                         batch: IndexBatch {
                             source: self.key.clone(),
                             ops,
                         },
                         mark,
-                    });
+                        in_flight: Some(self.status.in_flight().guard()),
+                    };
+                    self.hand_off(&handle, msg, ctx);
                     self.marks.sent(&context, seq);
                 }
                 Err(conflict) => {

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use crate::events::InFlight;
+
 use super::state::{Phase, SeqCounters};
 
 /// Whether the publisher's hashes match the registered profile (see `hash_check`).
@@ -59,6 +61,12 @@ pub struct SubscriptionStatus {
     pub engine_recipe: Option<String>,
     /// Unix time (ms) of the last applied batch's publisher timestamp, for lag.
     pub last_batch_ts_ms: Option<u64>,
+    /// Batches handed to contexts and not yet applied by them (read when the snapshot is
+    /// taken): how far the contexts this source feeds are behind it.
+    pub pending_batches: u64,
+    /// Times a batch found a context's mailbox full and the subscription waited for it
+    /// (back-pressure, see `actor`).
+    pub backpressure_waits: u64,
 }
 
 impl SubscriptionStatus {
@@ -69,11 +77,18 @@ impl SubscriptionStatus {
 
 /// Shared cell the actor writes and everyone else reads.
 #[derive(Debug, Clone, Default)]
-pub struct StatusCell(Arc<Mutex<SubscriptionStatus>>);
+pub struct StatusCell(Arc<Mutex<SubscriptionStatus>>, InFlight);
 
 impl StatusCell {
     pub fn get(&self) -> SubscriptionStatus {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        s.pending_batches = self.1.count();
+        s
+    }
+
+    /// The count of this subscription's batches in contexts' mailboxes.
+    pub fn in_flight(&self) -> &InFlight {
+        &self.1
     }
 
     pub fn update(&self, f: impl FnOnce(&mut SubscriptionStatus)) {

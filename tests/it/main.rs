@@ -3,6 +3,7 @@
 
 mod support;
 
+mod backpressure;
 mod bounded_requests;
 mod convergence;
 mod durability;
