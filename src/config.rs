@@ -13,11 +13,16 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::gateway::auth::Tokens;
+
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG_JSON: &str = include_str!("../config/default.json");
 
 pub const CONFIG_PATH_ENV: &str = "CONDUCTOR_CONFIG_PATH";
 pub const LOG_LEVEL_ENV: &str = "CONDUCTOR_LOG_LEVEL";
+/// Overrides the file's `auth_token` when set and not empty, so the secret need not be written
+/// into a configuration file (the Python client reads the same variable).
+pub const AUTH_TOKEN_ENV: &str = "CONDUCTOR_AUTH_TOKEN";
 
 const DEFAULT_HTTP_PORT: u16 = 8080;
 const DEFAULT_RPC_PORT: u16 = 50052;
@@ -56,6 +61,10 @@ pub struct Config {
     pub max_replay_held_bytes: u64,
     /// Each kind of per-subscription warning is logged at most once per interval.
     pub warning_interval_ms: u64,
+    /// Accepted tokens (`auth_token`, or `CONDUCTOR_AUTH_TOKEN`); empty: no authentication.
+    pub auth_tokens: Tokens,
+    /// Reads (queries, listings, status, metrics) need the token too.
+    pub auth_reads: bool,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -89,19 +98,45 @@ impl Config {
         let explicit = std::env::var(CONFIG_PATH_ENV)
             .ok()
             .filter(|p| !p.is_empty());
-        if let Some(path) = explicit {
+        let (mut config, origin) = if let Some(path) = explicit {
             let path = PathBuf::from(path);
-            return Ok((Config::from_file(&path)?, ConfigOrigin::File(path)));
-        }
-        if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-            let path = Path::new(&home)
-                .join(".mooncake")
-                .join("conductor_config.json");
-            if path.exists() {
-                return Ok((Config::from_file(&path)?, ConfigOrigin::File(path)));
+            (Config::from_file(&path)?, ConfigOrigin::File(path))
+        } else {
+            let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+            let path = home.map(|h| {
+                Path::new(&h)
+                    .join(".mooncake")
+                    .join("conductor_config.json")
+            });
+            match path {
+                Some(path) if path.exists() => {
+                    (Config::from_file(&path)?, ConfigOrigin::File(path))
+                }
+                _ => (Config::embedded_default(), ConfigOrigin::Embedded),
             }
+        };
+        config.apply_token_env(std::env::var(AUTH_TOKEN_ENV).ok().as_deref())?;
+        Ok((config, origin))
+    }
+
+    /// The environment's token list (`value`) replaces the file's when set and not empty; then
+    /// `auth_reads` must have a token to ask for.
+    pub fn apply_token_env(&mut self, value: Option<&str>) -> Result<(), ConfigError> {
+        if let Some(text) = value.filter(|v| !v.trim().is_empty()) {
+            self.auth_tokens = Tokens::parse(text).map_err(|message| ConfigError {
+                origin: format!("environment variable {AUTH_TOKEN_ENV}"),
+                field: None,
+                message,
+            })?;
         }
-        Ok((Config::embedded_default(), ConfigOrigin::Embedded))
+        if self.auth_reads && self.auth_tokens.is_empty() {
+            return Err(ConfigError {
+                origin: "configuration".into(),
+                field: Some("auth_reads".into()),
+                message: format!("needs `auth_token` or {AUTH_TOKEN_ENV}"),
+            });
+        }
+        Ok(())
     }
 
     /// The embedded default. It is checked by a unit test, so parsing cannot fail at run time.
@@ -144,6 +179,8 @@ impl Config {
             max_publisher_message_bytes: DEFAULT_PUBLISHER_MESSAGE_LIMIT,
             max_replay_held_bytes: DEFAULT_REPLAY_HELD_LIMIT,
             warning_interval_ms: DEFAULT_WARNING_INTERVAL_MS,
+            auth_tokens: Tokens::default(),
+            auth_reads: false,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -208,6 +245,17 @@ impl Config {
                 "warning_interval_ms" => {
                     config.warning_interval_ms =
                         positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
+                }
+                "auth_token" => {
+                    let text = value
+                        .as_str()
+                        .ok_or_else(|| err(field, "must be a string".into()))?;
+                    config.auth_tokens = Tokens::parse(text).map_err(|m| err(field, m))?;
+                }
+                "auth_reads" => {
+                    config.auth_reads = value
+                        .as_bool()
+                        .ok_or_else(|| err(field, "must be true or false".into()))?
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {
@@ -322,6 +370,39 @@ mod tests {
             e.to_string().contains("broken.json") && e.to_string().contains("invalid JSON"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn tokens_come_from_the_file_unless_the_environment_sets_them() {
+        let mut c = Config::parse(r#"{"auth_token": "a,b", "auth_reads": true}"#, "c").unwrap();
+        assert_eq!(c.auth_tokens, Tokens::parse("a,b").unwrap());
+        assert!(c.auth_reads);
+        c.apply_token_env(Some("  ")).unwrap();
+        assert_eq!(c.auth_tokens.len(), 2, "an empty variable changes nothing");
+        c.apply_token_env(Some("env")).unwrap();
+        assert_eq!(c.auth_tokens, Tokens::parse("env").unwrap());
+        let e = c.apply_token_env(Some("a b")).unwrap_err();
+        assert!(
+            e.to_string().contains(AUTH_TOKEN_ENV) && !e.to_string().contains("a b"),
+            "{e}"
+        );
+
+        let e = Config::parse(r#"{"auth_token": "x,,y"}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("auth_token"));
+        assert!(
+            !e.to_string().contains("x,,y"),
+            "never repeats the secret: {e}"
+        );
+        let e = Config::parse(r#"{"auth_reads": "yes"}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("auth_reads"));
+        let mut c = Config::parse(r#"{"auth_reads": true}"#, "c").unwrap();
+        let e = c.apply_token_env(None).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("auth_reads"), "nothing to ask for");
+        let debug = format!(
+            "{:?}",
+            Config::parse(r#"{"auth_token": "zq9secret"}"#, "c").unwrap()
+        );
+        assert!(!debug.contains("zq9secret"), "{debug}");
     }
 
     #[test]

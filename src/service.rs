@@ -106,7 +106,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         "restoring {} subscriptions",
         registrations.len()
     )));
-    let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone());
+    let auth = crate::gateway::auth::Auth::new(config.auth_tokens.clone(), config.auth_reads);
+    if auth.enabled() {
+        tracing::info!(
+            tokens = config.auth_tokens.len(),
+            reads = config.auth_reads,
+            "registration changes need the service token"
+        );
+    }
+    let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone(), auth);
 
     // The servers answer before any subscription starts: whatever a publisher does at start,
     // `/health` says what the service is doing and an operator can look at `/services/status`.

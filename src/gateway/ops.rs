@@ -7,6 +7,7 @@ use std::time::Instant;
 use actix::Addr;
 
 use crate::error::OpError;
+use crate::gateway::auth::{Access, Auth};
 use crate::gateway::readiness::Readiness;
 use crate::gateway::registration::{FieldNames, MAX_BLOCK_SIZE, RegistrationInput};
 use crate::index::{ContextView, IndexStats, QueryHits};
@@ -48,6 +49,7 @@ pub struct Ops {
     /// Not ready while subscriptions are restored at start; `/health` and `Health` report it.
     readiness: Arc<Readiness>,
     queries: Arc<QueryMetrics>,
+    auth: Arc<Auth>,
 }
 
 impl Ops {
@@ -55,13 +57,21 @@ impl Ops {
         registry: Addr<Registry>,
         contexts: ContextDirectory,
         readiness: Arc<Readiness>,
+        auth: Auth,
     ) -> Self {
         Ops {
             registry,
             contexts,
             readiness,
             queries: Arc::default(),
+            auth: Arc::new(auth),
         }
+    }
+
+    /// Whether a request doing `access` may proceed with this `authorization` value (see
+    /// [`Auth`]). Both transports call it before decoding anything else of the request.
+    pub fn authorize(&self, access: Access, authorization: Option<&[u8]>) -> Result<(), OpError> {
+        self.auth.check(access, authorization)
     }
 
     pub fn is_ready(&self) -> bool {

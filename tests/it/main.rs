@@ -3,6 +3,7 @@
 
 mod support;
 
+mod auth;
 mod durability;
 mod e2e_mixed;
 mod e2e_query;

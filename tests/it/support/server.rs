@@ -30,6 +30,21 @@ impl Server {
 
     /// Start in an existing data directory (restart tests).
     pub async fn start_in(dir: tempfile::TempDir, extra: serde_json::Value) -> Server {
+        Server::start_in_env(dir, extra, &[]).await
+    }
+
+    /// Start with extra config keys and environment variables (the token variable is only ever
+    /// set from `env`, never inherited from the test runner).
+    pub async fn start_with_env(extra: serde_json::Value, env: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        Server::start_in_env(dir, extra, env).await
+    }
+
+    async fn start_in_env(
+        dir: tempfile::TempDir,
+        extra: serde_json::Value,
+        env: &[(&str, &str)],
+    ) -> Server {
         let (http_port, rpc_port) = (free_port(), free_port());
         let mut config = serde_json::json!({
             "http_server_port": http_port,
@@ -53,6 +68,8 @@ impl Server {
         let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
             .env("CONDUCTOR_CONFIG_PATH", &config_path)
             .env("CONDUCTOR_LOG_LEVEL", "debug")
+            .env_remove("CONDUCTOR_AUTH_TOKEN")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
