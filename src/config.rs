@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::gateway::auth::Tokens;
+use crate::registry::policy::{
+    DEFAULT_MAX_NAME_BYTES, DEFAULT_MAX_SUBSCRIPTIONS, HostRule, RegistrationPolicy,
+};
 
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG_JSON: &str = include_str!("../config/default.json");
@@ -36,6 +39,9 @@ const DEFAULT_PUBLISHER_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
 /// Four largest messages: a replay of 30 s at most rarely holds more than a few batches.
 const DEFAULT_REPLAY_HELD_LIMIT: u64 = 256 * 1024 * 1024;
 const DEFAULT_WARNING_INTERVAL_MS: u64 = 10_000;
+/// A base model, a few dozen adapters and block sizes: more is a misconfigured or hostile
+/// publisher (each context is an actor and an index of its own).
+const DEFAULT_MAX_CONTEXTS_PER_SOURCE: u64 = 64;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +71,14 @@ pub struct Config {
     pub auth_tokens: Tokens,
     /// Reads (queries, listings, status, metrics) need the token too.
     pub auth_reads: bool,
+    /// Hosts and CIDR blocks registrations may name in endpoints; `None`: any.
+    pub allowed_endpoint_hosts: Option<Vec<HostRule>>,
+    pub max_subscriptions: u64,
+    /// Longest id or name (instance, tenant, model, adapter, endpoint) a registration or a
+    /// publisher's event may carry.
+    pub max_name_bytes: u64,
+    /// The most contexts one subscription's events may feed.
+    pub max_contexts_per_source: u64,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -117,6 +131,14 @@ impl Config {
         };
         config.apply_token_env(std::env::var(AUTH_TOKEN_ENV).ok().as_deref())?;
         Ok((config, origin))
+    }
+
+    pub fn registration_policy(&self) -> RegistrationPolicy {
+        RegistrationPolicy {
+            allowed_hosts: self.allowed_endpoint_hosts.clone(),
+            max_subscriptions: self.max_subscriptions as usize,
+            max_name_bytes: self.max_name_bytes as usize,
+        }
     }
 
     /// The environment's token list (`value`) replaces the file's when set and not empty; then
@@ -181,6 +203,10 @@ impl Config {
             warning_interval_ms: DEFAULT_WARNING_INTERVAL_MS,
             auth_tokens: Tokens::default(),
             auth_reads: false,
+            allowed_endpoint_hosts: None,
+            max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS as u64,
+            max_name_bytes: DEFAULT_MAX_NAME_BYTES as u64,
+            max_contexts_per_source: DEFAULT_MAX_CONTEXTS_PER_SOURCE,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -256,6 +282,40 @@ impl Config {
                     config.auth_reads = value
                         .as_bool()
                         .ok_or_else(|| err(field, "must be true or false".into()))?
+                }
+                "allowed_endpoint_hosts" => {
+                    let Value::Array(items) = value else {
+                        return Err(err(
+                            field,
+                            "must be an array of hosts or CIDR blocks".into(),
+                        ));
+                    };
+                    if items.is_empty() {
+                        return Err(err(
+                            field,
+                            "must list at least one host; leave it out to allow any".into(),
+                        ));
+                    }
+                    let mut rules = Vec::with_capacity(items.len());
+                    for (i, item) in items.iter().enumerate() {
+                        let name = format!("allowed_endpoint_hosts[{i}]");
+                        let text = item
+                            .as_str()
+                            .ok_or_else(|| err(Some(&name), "must be a string".into()))?;
+                        rules.push(HostRule::parse(text).map_err(|m| err(Some(&name), m))?);
+                    }
+                    config.allowed_endpoint_hosts = Some(rules);
+                }
+                "max_subscriptions" => {
+                    config.max_subscriptions =
+                        positive(value, 1 << 20).map_err(|m| err(field, m))?
+                }
+                "max_name_bytes" => {
+                    config.max_name_bytes = positive(value, 1 << 16).map_err(|m| err(field, m))?
+                }
+                "max_contexts_per_source" => {
+                    config.max_contexts_per_source =
+                        positive(value, 1 << 16).map_err(|m| err(field, m))?
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {
@@ -334,6 +394,37 @@ mod tests {
         assert_eq!(c.max_publisher_message_bytes, 64 << 20);
         assert_eq!(c.max_replay_held_bytes, 256 << 20);
         assert_eq!(c.warning_interval_ms, 10_000);
+        assert_eq!(c.registration_policy(), RegistrationPolicy::default());
+        assert_eq!((c.max_subscriptions, c.max_name_bytes), (4096, 256));
+        assert_eq!(c.max_contexts_per_source, 64);
+        assert!(c.auth_tokens.is_empty() && !c.auth_reads);
+    }
+
+    #[test]
+    fn endpoint_policy_keys() {
+        let c = Config::parse(
+            r#"{"allowed_endpoint_hosts": ["10.0.0.0/8", "::1", "pub"], "max_subscriptions": 3}"#,
+            "c",
+        )
+        .unwrap();
+        assert_eq!(
+            c.registration_policy().allowed_hosts.map(|h| h.len()),
+            Some(3)
+        );
+        assert_eq!(c.registration_policy().max_subscriptions, 3);
+        let e =
+            Config::parse(r#"{"allowed_endpoint_hosts": ["ok", "10.0.0.0/40"]}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("allowed_endpoint_hosts[1]"));
+        let e = Config::parse(r#"{"allowed_endpoint_hosts": []}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("allowed_endpoint_hosts"));
+        for key in [
+            "max_subscriptions",
+            "max_name_bytes",
+            "max_contexts_per_source",
+        ] {
+            let e = Config::parse(&format!(r#"{{"{key}": 0}}"#), "c").unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(key));
+        }
     }
 
     #[test]

@@ -100,6 +100,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         SubscriptionSettings::from_config(&config),
         loaded.store.clone(),
     )
+    .with_policy(config.registration_policy())
     .start();
     let registrations = loaded.recovered.registrations;
     let readiness = Arc::new(Readiness::starting(format!(
@@ -145,6 +146,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         match registry
             .send(Register {
                 config,
+                names: crate::gateway::registration::PYTHON_NAMES,
                 resume_after,
             })
             .await
@@ -202,6 +204,7 @@ async fn start_static_registrations(config: &Config, registry: &actix::Addr<Regi
                     Ok(config) => match registry
                         .send(Register {
                             config,
+                            names: HTTP_NAMES,
                             resume_after: None,
                         })
                         .await

@@ -104,6 +104,7 @@ impl Ops {
         self.registry
             .send(Register {
                 config,
+                names,
                 resume_after: None,
             })
             .await
@@ -195,6 +196,11 @@ impl Ops {
     /// The Prometheus text of `/metrics`.
     pub async fn metrics_text(&self) -> Result<String, OpError> {
         let services = self.list_services().await?;
+        let refused = self
+            .registry
+            .send(crate::registry::Refusals)
+            .await
+            .map_err(unavailable)?;
         let contexts: Vec<IndexStats> = self
             .contexts
             .all()
@@ -206,6 +212,7 @@ impl Ops {
             services: &services,
             contexts: &contexts,
             queries: &self.queries,
+            registrations_refused: &refused,
         }))
     }
 }

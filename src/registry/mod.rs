@@ -6,8 +6,10 @@
 
 pub mod actor;
 pub mod contexts;
+pub mod policy;
 
 pub use actor::{
-    ListServices, Register, RegisterOutcome, Registry, ServiceInfo, ShutdownAll, Unregister,
+    ListServices, Refusals, Register, RegisterOutcome, Registry, ServiceInfo, ShutdownAll,
+    Unregister,
 };
 pub use contexts::{ArbiterPool, ContextDirectory, ProfileConflict};

@@ -4,8 +4,13 @@
 //! (a registration with `lora_name` "" indexes base blocks and every adapter its publisher reports;
 //! a registration for one adapter accepts only that adapter's blocks). Removals and clears carry
 //! no adapter, so they go to every context this source has fed. Store events name their context
-//! themselves (tenant, model, lora, block size), falling back to the registration's model and
-//! block size when the publisher leaves them out.
+//! themselves (model, lora, block size), falling back to the registration's model and block size
+//! when the publisher leaves them out.
+//!
+//! What a publisher's events may ask for is bounded, event by event (the rest of the batch still
+//! applies): a store's events stay in its registered tenant, their block sizes follow the
+//! registration rules, names are at most `max_name_bytes`, and one source feeds at most
+//! `max_contexts_per_source` contexts. Each refusal is reported as [`Refused`], by field.
 
 use std::collections::BTreeSet;
 
@@ -15,7 +20,40 @@ use crate::events::{
 };
 use crate::hashing::Strategy;
 use crate::hashing::derived::{self, BlockRule};
-use crate::model::{ContextKey, PublisherConfig, normalize_tenant};
+use crate::model::{ContextKey, MAX_BLOCK_SIZE, PublisherConfig, normalize_tenant};
+
+/// Bounds on what one source's events may create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteLimits {
+    pub max_contexts: usize,
+    pub max_name_bytes: usize,
+}
+
+impl Default for RouteLimits {
+    fn default() -> Self {
+        RouteLimits {
+            max_contexts: usize::MAX,
+            max_name_bytes: usize::MAX,
+        }
+    }
+}
+
+/// An event refused by a bound: the field (or limit) it broke, and what it asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub field: &'static str,
+    pub detail: String,
+}
+
+/// At most this many characters of a refused name go into a message (a name may be megabytes).
+const PREVIEW_CHARS: usize = 64;
+
+fn preview(text: &str) -> String {
+    match text.char_indices().nth(PREVIEW_CHARS) {
+        None => format!("{text:?}"),
+        Some((end, _)) => format!("{:?}... ({} bytes)", &text[..end], text.len()),
+    }
+}
 
 /// Per-subscription routing state.
 #[derive(Debug)]
@@ -31,6 +69,11 @@ pub struct Router {
     rule: BlockRule,
     /// Every context this source sent blocks to (removals and clears go to all of them).
     fed: BTreeSet<ContextKey>,
+    /// The registered tenant: a store's events are confined to it.
+    tenant: String,
+    limits: RouteLimits,
+    /// Refusals since the last [`Router::take_refused`].
+    refused: Vec<Refused>,
 }
 
 /// The ops of one batch for one context, in event order.
@@ -55,7 +98,71 @@ impl Router {
             partial_pages: config.hash_profile.strategy() != Strategy::VllmV1,
             rule: BlockRule::of(config.hash_profile.strategy()),
             fed,
+            tenant: config.tenant_id.clone(),
+            limits: RouteLimits::default(),
+            refused: Vec::new(),
         }
+    }
+
+    pub fn with_limits(mut self, limits: RouteLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The events refused by [`Router::route`] since the last call.
+    pub fn take_refused(&mut self) -> Vec<Refused> {
+        std::mem::take(&mut self.refused)
+    }
+
+    fn refuse(&mut self, field: &'static str, detail: String) {
+        self.refused.push(Refused { field, detail });
+    }
+
+    /// Whether this source may send blocks to `context`: one it feeds already, or a new one with
+    /// names within bounds while it feeds fewer than `max_contexts`.
+    fn admit(&mut self, context: &ContextKey) -> bool {
+        if self.fed.contains(context) {
+            return true;
+        }
+        let max_name = self.limits.max_name_bytes;
+        for (field, name) in [
+            ("model_name", &context.model_name),
+            ("lora_name", &context.lora_name),
+        ] {
+            if name.len() > max_name {
+                let detail = format!(
+                    "{field} {} is longer than {max_name} bytes (max_name_bytes)",
+                    preview(name)
+                );
+                self.refuse(field, detail);
+                return false;
+            }
+        }
+        if self.fed.len() >= self.limits.max_contexts {
+            let detail = format!(
+                "context {context} would be context {} of this source (max_contexts_per_source = {})",
+                self.fed.len() + 1,
+                self.limits.max_contexts
+            );
+            self.refuse("max_contexts_per_source", detail);
+            return false;
+        }
+        self.fed.insert(context.clone());
+        true
+    }
+
+    /// A store event's tenant must be the registered one.
+    fn own_tenant(&mut self, tenant_id: &str) -> bool {
+        if normalize_tenant(tenant_id) == self.tenant {
+            return true;
+        }
+        let detail = format!(
+            "tenant_id {} is not this store's registered tenant {:?}",
+            preview(tenant_id),
+            self.tenant
+        );
+        self.refuse("tenant_id", detail);
+        false
     }
 
     /// Route this source's removals and clears to `context` too: one it fed before a restart.
@@ -90,7 +197,9 @@ impl Router {
                             continue;
                         }
                     };
-                    self.fed.insert(context.clone());
+                    if !self.admit(&context) {
+                        continue;
+                    }
                     let holder = self.engine_holder.clone();
                     let op = match block_contents(self.rule, &stored) {
                         Some(contents) => IndexOp::StoreChained {
@@ -138,11 +247,12 @@ impl Router {
                     }
                 }
                 KvEvent::StoreStored(object) => {
-                    let Some(context) = self.store_context(&object) else {
-                        ignored.push(IgnoreReason::NoContext);
+                    let Some(context) = self.store_context(&object, ignored) else {
                         continue;
                     };
-                    self.fed.insert(context.clone());
+                    if !self.admit(&context) {
+                        continue;
+                    }
                     let holder = Holder::Shared {
                         backend_id: object.backend_id,
                     };
@@ -157,10 +267,14 @@ impl Router {
                     );
                 }
                 KvEvent::StoreRemoved(object) => {
-                    let Some(context) = self.store_context(&object) else {
-                        ignored.push(IgnoreReason::NoContext);
+                    let Some(context) = self.store_context(&object, ignored) else {
                         continue;
                     };
+                    // Nothing of this source is in a context it never fed: a removal must not
+                    // create one.
+                    if !self.fed.contains(&context) {
+                        continue;
+                    }
                     let holder = Holder::Shared {
                         backend_id: object.backend_id,
                     };
@@ -178,6 +292,9 @@ impl Router {
                     backend_id,
                     tenant_id,
                 } => {
+                    if !self.own_tenant(&tenant_id) {
+                        continue;
+                    }
                     let tenant = normalize_tenant(&tenant_id);
                     for context in self.fed.iter().filter(|c| c.tenant_id == tenant) {
                         let holder = Holder::Shared {
@@ -191,14 +308,29 @@ impl Router {
         out
     }
 
-    fn store_context(&self, object: &StoreObject) -> Option<ContextKey> {
+    /// The context a store event names: `None` when it is refused (tenant, block size) or
+    /// names none (counted in `ignored`).
+    fn store_context(
+        &mut self,
+        object: &StoreObject,
+        ignored: &mut Vec<IgnoreReason>,
+    ) -> Option<ContextKey> {
+        if !self.own_tenant(&object.tenant_id) {
+            return None;
+        }
+        let block_size = object.block_size.unwrap_or(self.block_size);
+        if !(1..=MAX_BLOCK_SIZE).contains(&i128::from(block_size)) {
+            let detail = format!("block_size {block_size} is outside 1..={MAX_BLOCK_SIZE}");
+            self.refuse("block_size", detail);
+            return None;
+        }
         let model = object
             .model_name
             .as_deref()
             .filter(|m| !m.is_empty())
             .unwrap_or(&self.model_name);
-        let block_size = object.block_size.unwrap_or(self.block_size);
-        if model.is_empty() || block_size == 0 {
+        if model.is_empty() {
+            ignored.push(IgnoreReason::NoContext);
             return None;
         }
         let lora = object.lora_name.as_deref().unwrap_or("");
@@ -357,24 +489,44 @@ mod tests {
         assert_eq!(ignored, [IgnoreReason::BlockSizeMismatch]);
     }
 
-    #[test]
-    fn store_events_name_their_context_and_clears_follow_the_tenant() {
-        let mut r = Router::new(&config("", PublisherType::Mooncake));
-        let object = |tenant: &str, model: Option<&str>| StoreObject {
+    fn object(tenant: &str, model: Option<&str>, block_size: Option<u32>) -> StoreObject {
+        StoreObject {
             backend_id: "b".into(),
             object_key: "o".into(),
             tenant_id: tenant.into(),
             model_name: model.map(str::to_owned),
             lora_name: None,
-            block_size: Some(32),
+            block_size,
             tier: Tier::CpuShare,
             hashes: vec![BlockHash(9)],
-        };
+        }
+    }
+
+    fn store_router(tenant: &str) -> Router {
+        let mut cfg = config("", PublisherType::Mooncake);
+        cfg.tenant_id = tenant.into();
+        Router::new(&cfg)
+    }
+
+    fn names(routed: &Routed) -> Vec<String> {
+        routed
+            .iter()
+            .map(|(c, ops)| format!("{c}:{}", ops.len()))
+            .collect()
+    }
+
+    fn fields(refused: &[Refused]) -> Vec<&'static str> {
+        refused.iter().map(|r| r.field).collect()
+    }
+
+    #[test]
+    fn store_events_name_their_context_and_clears_follow_the_tenant() {
+        let mut r = store_router("t1");
         let mut ignored = Vec::new();
         let batch = DecodedBatch {
             events: vec![
-                KvEvent::StoreStored(object("t1", Some("x"))),
-                KvEvent::StoreStored(object("", None)),
+                KvEvent::StoreStored(object("t1", Some("x"), Some(32))),
+                KvEvent::StoreStored(object("t1", None, Some(32))),
                 KvEvent::StoreCleared {
                     backend_id: "b".into(),
                     tenant_id: "t1".into(),
@@ -383,14 +535,123 @@ mod tests {
             ..Default::default()
         };
         let routed = r.route(batch, &mut ignored);
-        let names: Vec<String> = routed
-            .iter()
-            .map(|(c, ops)| format!("{c}:{}", ops.len()))
-            .collect();
         assert_eq!(
-            names,
-            ["t1/x//32:2", "default/m//32:1"],
+            names(&routed),
+            ["t1/x//32:2", "t1/m//32:2"],
             "model falls back to the registration's"
+        );
+        assert!(r.take_refused().is_empty());
+    }
+
+    #[test]
+    fn a_store_is_confined_to_its_tenant_and_to_valid_block_sizes() {
+        let mut r = store_router("t1");
+        let mut ignored = Vec::new();
+        let batch = DecodedBatch {
+            events: vec![
+                KvEvent::StoreStored(object("intruder", Some("x"), Some(32))),
+                KvEvent::StoreStored(object("", Some("x"), Some(32))),
+                KvEvent::StoreStored(object("t1", Some("x"), Some(0))),
+                KvEvent::StoreStored(object("t1", Some("x"), Some((1 << 20) + 1))),
+                KvEvent::StoreStored(object("t1", Some("x"), None)),
+                KvEvent::StoreRemoved(object("intruder", Some("x"), Some(32))),
+                KvEvent::StoreCleared {
+                    backend_id: "b".into(),
+                    tenant_id: "intruder".into(),
+                },
+            ],
+            ..Default::default()
+        };
+        let routed = r.route(batch, &mut ignored);
+        assert_eq!(
+            names(&routed),
+            ["t1/x//16:1"],
+            "the good event still routes"
+        );
+        assert_eq!(
+            fields(&r.take_refused()),
+            [
+                "tenant_id",
+                "tenant_id",
+                "block_size",
+                "block_size",
+                "tenant_id",
+                "tenant_id"
+            ]
+        );
+        assert!(ignored.is_empty());
+        // A default-tenant store accepts events without a tenant.
+        let mut r = store_router("default");
+        let routed = r.route(
+            DecodedBatch {
+                events: vec![KvEvent::StoreStored(object("", None, None))],
+                ..Default::default()
+            },
+            &mut ignored,
+        );
+        assert_eq!(names(&routed), ["default/m//16:1"]);
+    }
+
+    #[test]
+    fn a_removal_never_creates_a_context() {
+        let mut r = store_router("t1");
+        let routed = r.route(
+            DecodedBatch {
+                events: vec![KvEvent::StoreRemoved(object("t1", Some("x"), Some(32)))],
+                ..Default::default()
+            },
+            &mut Vec::new(),
+        );
+        assert!(routed.is_empty());
+    }
+
+    #[test]
+    fn one_source_feeds_at_most_max_contexts() {
+        let limits = RouteLimits {
+            max_contexts: 2,
+            max_name_bytes: 8,
+        };
+        let mut r = Router::new(&config("", PublisherType::Vllm)).with_limits(limits);
+        let (routed, ignored) = route(
+            &mut r,
+            vec![
+                stored(Some("a"), 16),
+                stored(Some("b"), 16),
+                stored(None, 16),
+                stored(Some("a"), 16),
+                stored(Some("adapter-name-too-long"), 16),
+            ],
+        );
+        assert_eq!(
+            routed,
+            ["a:2", ":1"],
+            "the base context was fed from the start"
+        );
+        assert!(ignored.is_empty());
+        let refused = r.take_refused();
+        assert_eq!(fields(&refused), ["max_contexts_per_source", "lora_name"]);
+        assert!(
+            refused[0].detail.contains("max_contexts_per_source = 2"),
+            "{refused:?}"
+        );
+        assert!(r.take_refused().is_empty(), "taken");
+
+        let mut r = store_router("t1").with_limits(limits);
+        let long = "m".repeat(10_000);
+        let mut ignored = Vec::new();
+        r.route(
+            DecodedBatch {
+                events: vec![KvEvent::StoreStored(object("t1", Some(&long), Some(16)))],
+                ..Default::default()
+            },
+            &mut ignored,
+        );
+        let refused = r.take_refused();
+        assert_eq!(fields(&refused), ["model_name"]);
+        assert!(
+            refused[0].detail.len() < 200,
+            "a preview only: {}",
+            refused[0].detail
         );
     }
 

@@ -4,6 +4,7 @@
 mod support;
 
 mod auth;
+mod caps;
 mod durability;
 mod e2e_mixed;
 mod e2e_query;
