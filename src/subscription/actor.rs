@@ -426,13 +426,19 @@ impl Handler<Replayed> for SubscriptionActor {
                 self.seq.on_replay_end()
             }
             ReplayEvent::Failed { reason, oversized } => {
-                self.status
-                    .update(|s| s.oversized_messages += u64::from(oversized));
                 if let Some(suppressed) = self.warn_due("replay_failed") {
                     tracing::warn!(service = %self.key, %reason, suppressed, "replay failed");
                 }
                 self.replay_cancel = None;
-                self.seq.on_replay_failed()
+                let actions = self.seq.on_replay_failed();
+                // One update with the failed replay counted, so that no reader sees the
+                // oversized answer without the replay it failed.
+                let counters = self.seq.counters();
+                self.status.update(|s| {
+                    s.oversized_messages += u64::from(oversized);
+                    s.seq = counters;
+                });
+                actions
             }
         };
         self.perform(actions, ctx);
