@@ -13,11 +13,19 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::gateway::auth::Tokens;
+use crate::registry::policy::{
+    DEFAULT_MAX_NAME_BYTES, DEFAULT_MAX_SUBSCRIPTIONS, HostRule, RegistrationPolicy,
+};
+
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG_JSON: &str = include_str!("../config/default.json");
 
 pub const CONFIG_PATH_ENV: &str = "CONDUCTOR_CONFIG_PATH";
 pub const LOG_LEVEL_ENV: &str = "CONDUCTOR_LOG_LEVEL";
+/// Overrides the file's `auth_token` when set and not empty, so the secret need not be written
+/// into a configuration file (the Python client reads the same variable).
+pub const AUTH_TOKEN_ENV: &str = "CONDUCTOR_AUTH_TOKEN";
 
 const DEFAULT_HTTP_PORT: u16 = 8080;
 const DEFAULT_RPC_PORT: u16 = 50052;
@@ -35,6 +43,9 @@ const DEFAULT_WARNING_INTERVAL_MS: u64 = 10_000;
 const DEFAULT_MAX_QUERY_TOKENS: u64 = 4 << 20;
 /// Four bodies at the default body limit.
 const DEFAULT_INFLIGHT_BODY_BYTES: u64 = 256 * 1024 * 1024;
+/// A base model, a few dozen adapters and block sizes: more is a misconfigured or hostile
+/// publisher (each context is an actor and an index of its own).
+const DEFAULT_MAX_CONTEXTS_PER_SOURCE: u64 = 64;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +76,18 @@ pub struct Config {
     /// Bytes of large HTTP request bodies (over 1 MiB each) held at once; a request that cannot
     /// get its share in time is answered 503.
     pub http_inflight_body_bytes: u64,
+    /// Accepted tokens (`auth_token`, or `CONDUCTOR_AUTH_TOKEN`); empty: no authentication.
+    pub auth_tokens: Tokens,
+    /// Reads (queries, listings, status, metrics) need the token too.
+    pub auth_reads: bool,
+    /// Hosts and CIDR blocks registrations may name in endpoints; `None`: any.
+    pub allowed_endpoint_hosts: Option<Vec<HostRule>>,
+    pub max_subscriptions: u64,
+    /// Longest id or name (instance, tenant, model, adapter, endpoint) a registration or a
+    /// publisher's event may carry.
+    pub max_name_bytes: u64,
+    /// The most contexts one subscription's events may feed.
+    pub max_contexts_per_source: u64,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -98,19 +121,53 @@ impl Config {
         let explicit = std::env::var(CONFIG_PATH_ENV)
             .ok()
             .filter(|p| !p.is_empty());
-        if let Some(path) = explicit {
+        let (mut config, origin) = if let Some(path) = explicit {
             let path = PathBuf::from(path);
-            return Ok((Config::from_file(&path)?, ConfigOrigin::File(path)));
-        }
-        if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-            let path = Path::new(&home)
-                .join(".mooncake")
-                .join("conductor_config.json");
-            if path.exists() {
-                return Ok((Config::from_file(&path)?, ConfigOrigin::File(path)));
+            (Config::from_file(&path)?, ConfigOrigin::File(path))
+        } else {
+            let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+            let path = home.map(|h| {
+                Path::new(&h)
+                    .join(".mooncake")
+                    .join("conductor_config.json")
+            });
+            match path {
+                Some(path) if path.exists() => {
+                    (Config::from_file(&path)?, ConfigOrigin::File(path))
+                }
+                _ => (Config::embedded_default(), ConfigOrigin::Embedded),
             }
+        };
+        config.apply_token_env(std::env::var(AUTH_TOKEN_ENV).ok().as_deref())?;
+        Ok((config, origin))
+    }
+
+    pub fn registration_policy(&self) -> RegistrationPolicy {
+        RegistrationPolicy {
+            allowed_hosts: self.allowed_endpoint_hosts.clone(),
+            max_subscriptions: self.max_subscriptions as usize,
+            max_name_bytes: self.max_name_bytes as usize,
         }
-        Ok((Config::embedded_default(), ConfigOrigin::Embedded))
+    }
+
+    /// The environment's token list (`value`) replaces the file's when set and not empty; then
+    /// `auth_reads` must have a token to ask for.
+    pub fn apply_token_env(&mut self, value: Option<&str>) -> Result<(), ConfigError> {
+        if let Some(text) = value.filter(|v| !v.trim().is_empty()) {
+            self.auth_tokens = Tokens::parse(text).map_err(|message| ConfigError {
+                origin: format!("environment variable {AUTH_TOKEN_ENV}"),
+                field: None,
+                message,
+            })?;
+        }
+        if self.auth_reads && self.auth_tokens.is_empty() {
+            return Err(ConfigError {
+                origin: "configuration".into(),
+                field: Some("auth_reads".into()),
+                message: format!("needs `auth_token` or {AUTH_TOKEN_ENV}"),
+            });
+        }
+        Ok(())
     }
 
     /// The embedded default. It is checked by a unit test, so parsing cannot fail at run time.
@@ -155,6 +212,12 @@ impl Config {
             warning_interval_ms: DEFAULT_WARNING_INTERVAL_MS,
             max_query_tokens: DEFAULT_MAX_QUERY_TOKENS as usize,
             http_inflight_body_bytes: DEFAULT_INFLIGHT_BODY_BYTES,
+            auth_tokens: Tokens::default(),
+            auth_reads: false,
+            allowed_endpoint_hosts: None,
+            max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS as u64,
+            max_name_bytes: DEFAULT_MAX_NAME_BYTES as u64,
+            max_contexts_per_source: DEFAULT_MAX_CONTEXTS_PER_SOURCE,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -227,6 +290,51 @@ impl Config {
                 "http_inflight_body_bytes" => {
                     config.http_inflight_body_bytes =
                         positive(value, 1 << 40).map_err(|m| err(field, m))?
+                }
+                "auth_token" => {
+                    let text = value
+                        .as_str()
+                        .ok_or_else(|| err(field, "must be a string".into()))?;
+                    config.auth_tokens = Tokens::parse(text).map_err(|m| err(field, m))?;
+                }
+                "auth_reads" => {
+                    config.auth_reads = value
+                        .as_bool()
+                        .ok_or_else(|| err(field, "must be true or false".into()))?
+                }
+                "allowed_endpoint_hosts" => {
+                    let Value::Array(items) = value else {
+                        return Err(err(
+                            field,
+                            "must be an array of hosts or CIDR blocks".into(),
+                        ));
+                    };
+                    if items.is_empty() {
+                        return Err(err(
+                            field,
+                            "must list at least one host; leave it out to allow any".into(),
+                        ));
+                    }
+                    let mut rules = Vec::with_capacity(items.len());
+                    for (i, item) in items.iter().enumerate() {
+                        let name = format!("allowed_endpoint_hosts[{i}]");
+                        let text = item
+                            .as_str()
+                            .ok_or_else(|| err(Some(&name), "must be a string".into()))?;
+                        rules.push(HostRule::parse(text).map_err(|m| err(Some(&name), m))?);
+                    }
+                    config.allowed_endpoint_hosts = Some(rules);
+                }
+                "max_subscriptions" => {
+                    config.max_subscriptions =
+                        positive(value, 1 << 20).map_err(|m| err(field, m))?
+                }
+                "max_name_bytes" => {
+                    config.max_name_bytes = positive(value, 1 << 16).map_err(|m| err(field, m))?
+                }
+                "max_contexts_per_source" => {
+                    config.max_contexts_per_source =
+                        positive(value, 1 << 16).map_err(|m| err(field, m))?
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {
@@ -307,6 +415,37 @@ mod tests {
         assert_eq!(c.warning_interval_ms, 10_000);
         assert_eq!(c.max_query_tokens, 4 << 20);
         assert_eq!(c.http_inflight_body_bytes, 256 << 20);
+        assert_eq!(c.registration_policy(), RegistrationPolicy::default());
+        assert_eq!((c.max_subscriptions, c.max_name_bytes), (4096, 256));
+        assert_eq!(c.max_contexts_per_source, 64);
+        assert!(c.auth_tokens.is_empty() && !c.auth_reads);
+    }
+
+    #[test]
+    fn endpoint_policy_keys() {
+        let c = Config::parse(
+            r#"{"allowed_endpoint_hosts": ["10.0.0.0/8", "::1", "pub"], "max_subscriptions": 3}"#,
+            "c",
+        )
+        .unwrap();
+        assert_eq!(
+            c.registration_policy().allowed_hosts.map(|h| h.len()),
+            Some(3)
+        );
+        assert_eq!(c.registration_policy().max_subscriptions, 3);
+        let e =
+            Config::parse(r#"{"allowed_endpoint_hosts": ["ok", "10.0.0.0/40"]}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("allowed_endpoint_hosts[1]"));
+        let e = Config::parse(r#"{"allowed_endpoint_hosts": []}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("allowed_endpoint_hosts"));
+        for key in [
+            "max_subscriptions",
+            "max_name_bytes",
+            "max_contexts_per_source",
+        ] {
+            let e = Config::parse(&format!(r#"{{"{key}": 0}}"#), "c").unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(key));
+        }
     }
 
     #[test]
@@ -347,6 +486,39 @@ mod tests {
             e.to_string().contains("broken.json") && e.to_string().contains("invalid JSON"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn tokens_come_from_the_file_unless_the_environment_sets_them() {
+        let mut c = Config::parse(r#"{"auth_token": "a,b", "auth_reads": true}"#, "c").unwrap();
+        assert_eq!(c.auth_tokens, Tokens::parse("a,b").unwrap());
+        assert!(c.auth_reads);
+        c.apply_token_env(Some("  ")).unwrap();
+        assert_eq!(c.auth_tokens.len(), 2, "an empty variable changes nothing");
+        c.apply_token_env(Some("env")).unwrap();
+        assert_eq!(c.auth_tokens, Tokens::parse("env").unwrap());
+        let e = c.apply_token_env(Some("a b")).unwrap_err();
+        assert!(
+            e.to_string().contains(AUTH_TOKEN_ENV) && !e.to_string().contains("a b"),
+            "{e}"
+        );
+
+        let e = Config::parse(r#"{"auth_token": "x,,y"}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("auth_token"));
+        assert!(
+            !e.to_string().contains("x,,y"),
+            "never repeats the secret: {e}"
+        );
+        let e = Config::parse(r#"{"auth_reads": "yes"}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("auth_reads"));
+        let mut c = Config::parse(r#"{"auth_reads": true}"#, "c").unwrap();
+        let e = c.apply_token_env(None).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("auth_reads"), "nothing to ask for");
+        let debug = format!(
+            "{:?}",
+            Config::parse(r#"{"auth_token": "zq9secret"}"#, "c").unwrap()
+        );
+        assert!(!debug.contains("zq9secret"), "{debug}");
     }
 
     #[test]

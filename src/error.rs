@@ -16,11 +16,13 @@ pub enum Code {
     RpcTimeout,
     ConductorUnavailable,
     ServiceNotFound,
+    /// A request without a valid token while the service requires one (`auth_token`).
+    Unauthorized,
 }
 
 impl Code {
     /// Every code, for tables and tests.
-    pub const ALL: [Code; 7] = [
+    pub const ALL: [Code; 8] = [
         Code::Ok,
         Code::InternalError,
         Code::InvalidParams,
@@ -28,6 +30,7 @@ impl Code {
         Code::RpcTimeout,
         Code::ConductorUnavailable,
         Code::ServiceNotFound,
+        Code::Unauthorized,
     ];
 
     /// The integer the seed API returns for this code.
@@ -40,6 +43,9 @@ impl Code {
             Code::RpcTimeout => -901,
             Code::ConductorUnavailable => -2000,
             Code::ServiceNotFound => -2001,
+            // Not in the seed's table, which predates authentication: the next free value of
+            // the Conductor's own range.
+            Code::Unauthorized => -2002,
         }
     }
 
@@ -53,6 +59,7 @@ impl Code {
             Code::RpcTimeout => "RPC_TIMEOUT",
             Code::ConductorUnavailable => "CONDUCTOR_UNAVAILABLE",
             Code::ServiceNotFound => "SERVICE_NOT_FOUND",
+            Code::Unauthorized => "UNAUTHORIZED",
         }
     }
 
@@ -61,6 +68,7 @@ impl Code {
         match self {
             Code::Ok => 200,
             Code::InvalidParams => 400,
+            Code::Unauthorized => 401,
             Code::ServiceNotFound => 404,
             Code::ConductorUnavailable => 503,
             Code::RpcTimeout => 504,
@@ -134,6 +142,16 @@ impl OpError {
         }
     }
 
+    /// A missing or wrong token. The message never echoes what the caller sent.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        OpError {
+            code: Code::Unauthorized,
+            field: None,
+            reason: "unauthorized",
+            message: message.into(),
+        }
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         OpError {
             code: Code::ConductorUnavailable,
@@ -161,6 +179,7 @@ mod tests {
                 ("RPC_TIMEOUT", -901),
                 ("CONDUCTOR_UNAVAILABLE", -2000),
                 ("SERVICE_NOT_FOUND", -2001),
+                ("UNAUTHORIZED", -2002),
             ]
         );
     }

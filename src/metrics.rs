@@ -76,6 +76,8 @@ pub struct Scrape<'a> {
     /// The latest checkpoint round had a failed write.
     pub storage_degraded: bool,
     pub checkpoint_failures: u64,
+    /// Registrations refused by the policy, by label.
+    pub registrations_refused: &'a std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// Render the Prometheus text format.
@@ -243,6 +245,33 @@ pub fn render(s: &Scrape<'_>) -> String {
                 esc(&svc.config.subscription_key().to_string())
             );
         }
+    }
+    header(
+        w,
+        "conductor_events_refused_total",
+        "counter",
+        "Events refused by a bound, by the field or limit they broke",
+    );
+    for svc in s.services {
+        for (field, n) in &svc.status.refused {
+            let _ = writeln!(
+                w,
+                "conductor_events_refused_total{{service=\"{}\",field=\"{field}\"}} {n}",
+                esc(&svc.config.subscription_key().to_string())
+            );
+        }
+    }
+    header(
+        w,
+        "conductor_registrations_refused_total",
+        "counter",
+        "Registrations refused by the endpoint policy or a cap, by field or limit",
+    );
+    for (field, n) in s.registrations_refused {
+        let _ = writeln!(
+            w,
+            "conductor_registrations_refused_total{{field=\"{field}\"}} {n}"
+        );
     }
     let sum = |f: fn(&IndexStats) -> u64| s.contexts.iter().map(f).sum::<u64>();
     gauge(

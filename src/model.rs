@@ -9,6 +9,10 @@ pub use crate::hashing::HashProfile;
 pub const DEFAULT_TENANT: &str = "default";
 
 /// Normalize a tenant id: empty means [`DEFAULT_TENANT`].
+/// Largest accepted block size, in registrations and in store events: far above any engine's,
+/// small enough that token counts of a query never overflow.
+pub const MAX_BLOCK_SIZE: i128 = 1 << 20;
+
 pub fn normalize_tenant(tenant_id: &str) -> String {
     if tenant_id.is_empty() {
         DEFAULT_TENANT.to_owned()

@@ -105,14 +105,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         SubscriptionSettings::from_config(&config),
         loaded.store.clone(),
     )
+    .with_policy(config.registration_policy())
     .start();
     let registrations = loaded.recovered.registrations;
     let readiness = Arc::new(Readiness::starting(format!(
         "restoring {} subscriptions",
         registrations.len()
     )));
+    let auth = crate::gateway::auth::Auth::new(config.auth_tokens.clone(), config.auth_reads);
+    if auth.enabled() {
+        tracing::info!(
+            tokens = config.auth_tokens.len(),
+            reads = config.auth_reads,
+            "registration changes need the service token"
+        );
+    }
     let storage_health = Arc::new(StorageHealth::default());
-    let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone())
+    let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone(), auth)
         .with_max_query_tokens(config.max_query_tokens)
         .with_storage_health(storage_health.clone());
 
@@ -152,6 +161,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         match registry
             .send(Register {
                 config,
+                names: crate::gateway::registration::PYTHON_NAMES,
                 resume_after,
             })
             .await
@@ -221,6 +231,7 @@ async fn start_static_registrations(config: &Config, registry: &actix::Addr<Regi
                 Ok(config) => match registry
                     .send(Register {
                         config,
+                        names: HTTP_NAMES,
                         resume_after: None,
                     })
                     .await

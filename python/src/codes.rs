@@ -11,6 +11,8 @@ pub const RPC_FAIL: i32 = -900;
 pub const RPC_TIMEOUT: i32 = -901;
 pub const CONDUCTOR_UNAVAILABLE: i32 = -2000;
 pub const SERVICE_NOT_FOUND: i32 = -2001;
+/// The service requires a token (`CONDUCTOR_AUTH_TOKEN`) and the request had none or a wrong one.
+pub const UNAUTHORIZED: i32 = -2002;
 
 /// `health_check()` statuses: a separate, non-negative scale.
 pub const HEALTH_OK: i32 = 0;

@@ -23,6 +23,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::runtime::Runtime;
+use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
@@ -30,6 +31,9 @@ use codes::{
     CONDUCTOR_UNAVAILABLE, HEALTH_NOT_INITIALIZED, HEALTH_OK, HEALTH_UNREACHABLE, INTERNAL_ERROR,
     INVALID_PARAMS, OK, RPC_FAIL, RPC_TIMEOUT,
 };
+
+/// The service token, if the service requires one: the same variable the service reads.
+const AUTH_TOKEN_ENV: &str = "CONDUCTOR_AUTH_TOKEN";
 
 type RpcClient = pb::conductor_client::ConductorClient<Channel>;
 
@@ -45,7 +49,7 @@ const MAX_TIMEOUT_MS: i64 = i32::MAX as i64;
 struct Connection {
     /// Cheap to clone (the channel is shared), so calls never hold the lock while on the network.
     client: RpcClient,
-    request_timeout: Duration,
+    meta: Meta,
     /// Only for `repr()`.
     addr: String,
 }
@@ -90,19 +94,20 @@ impl ConductorClient {
     /// `Err` carries the result code: CONDUCTOR_UNAVAILABLE when not connected, else a transport code.
     fn call<T, F, Fut>(&self, py: Python<'_>, rpc: F) -> Result<T, i32>
     where
-        F: FnOnce(RpcClient, Duration) -> Fut + Send,
+        F: FnOnce(RpcClient, Meta) -> Fut + Send,
         Fut: Future<Output = Result<Response<T>, Status>> + Send,
         T: Send,
     {
-        let (client, timeout) = match self.conn().as_ref() {
-            Some(c) => (c.client.clone(), c.request_timeout),
+        let (client, meta) = match self.conn().as_ref() {
+            Some(c) => (c.client.clone(), c.meta.clone()),
             None => return Err(CONDUCTOR_UNAVAILABLE),
         };
         let rt = self.runtime.get().ok_or(CONDUCTOR_UNAVAILABLE)?;
+        let timeout = meta.timeout;
         py.detach(move || {
             rt.block_on(async move {
                 // The local timer is authoritative; the header only lets the server give up early.
-                match tokio::time::timeout(timeout, rpc(client, timeout)).await {
+                match tokio::time::timeout(timeout, rpc(client, meta)).await {
                     Ok(Ok(resp)) => Ok(resp.into_inner()),
                     Ok(Err(status)) => Err(codes::from_status(&status)),
                     Err(_elapsed) => Err(RPC_TIMEOUT),
@@ -112,11 +117,39 @@ impl ConductorClient {
     }
 }
 
-/// A request carrying the deadline as `grpc-timeout`.
-fn request<T>(message: T, timeout: Duration) -> Request<T> {
+/// What every request of a connection carries besides its message.
+#[derive(Clone)]
+struct Meta {
+    timeout: Duration,
+    /// `Bearer <token>`, sent as `authorization` metadata when the variable is set.
+    authorization: Option<AsciiMetadataValue>,
+}
+
+/// A request carrying the deadline as `grpc-timeout`, and the token if there is one.
+fn request<T>(message: T, meta: &Meta) -> Request<T> {
     let mut req = Request::new(message);
-    req.set_timeout(timeout);
+    req.set_timeout(meta.timeout);
+    if let Some(value) = &meta.authorization {
+        req.metadata_mut().insert("authorization", value.clone());
+    }
     req
+}
+
+/// `Bearer <token>` from `CONDUCTOR_AUTH_TOKEN`: `Ok(None)` when unset or empty, `Err` when it
+/// cannot travel as metadata. The service accepts a comma-separated list during a rotation;
+/// a client that shares its environment sends the first entry.
+fn authorization_from_env() -> Result<Option<AsciiMetadataValue>, ()> {
+    let Ok(text) = std::env::var(AUTH_TOKEN_ENV) else {
+        return Ok(None);
+    };
+    let token = text.split(',').next().unwrap_or("").trim();
+    if token.is_empty() {
+        return Ok(None);
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(());
+    }
+    format!("Bearer {token}").parse().map(Some).map_err(|_| ())
 }
 
 fn millis(ms: i64) -> Option<Duration> {
@@ -127,11 +160,15 @@ fn millis(ms: i64) -> Option<Duration> {
 ///
 /// The TCP connect and HTTP/2 preface alone succeed against any listening socket, so without the
 /// round trip a wrong port would pass setup() and fail only at the first request.
-async fn connect(endpoint: Endpoint, timeout: Duration) -> Result<RpcClient, i32> {
+async fn connect(endpoint: Endpoint, meta: &Meta, timeout: Duration) -> Result<RpcClient, i32> {
     let attempt = async {
         let channel = endpoint.connect().await.map_err(|_| RPC_FAIL)?;
         let mut client = RpcClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
-        match client.health(request(pb::HealthRequest {}, timeout)).await {
+        let probe = Meta {
+            timeout,
+            ..meta.clone()
+        };
+        match client.health(request(pb::HealthRequest {}, &probe)).await {
             // A recovering server (ready == false) is still a reachable Conductor.
             Ok(_) => Ok(client),
             // A server without Health still answered in gRPC: the connection is good.
@@ -161,8 +198,10 @@ impl ConductorClient {
     /// uninitialized. The connection is established and checked before returning, within
     /// `connect_timeout_ms`; `request_timeout_ms` bounds each later request.
     ///
-    /// Returns OK, INVALID_PARAMS for an address without a port separator (or a malformed one) or
-    /// a non-positive timeout, RPC_FAIL when the service cannot be reached within the timeout.
+    /// Returns OK, INVALID_PARAMS for an address without a port separator (or a malformed one), a
+    /// non-positive timeout or a `CONDUCTOR_AUTH_TOKEN` that is not visible ASCII, RPC_FAIL when
+    /// the service cannot be reached within the timeout. The token variable is read here: every
+    /// request of this connection sends it as `authorization: Bearer <token>`.
     #[pyo3(signature = (conductor_addr, connect_timeout_ms = 1000, request_timeout_ms = 3000))]
     fn setup(
         &self,
@@ -183,15 +222,22 @@ impl ConductorClient {
         let Ok(endpoint) = Endpoint::from_shared(uri) else {
             return INVALID_PARAMS;
         };
+        let Ok(authorization) = authorization_from_env() else {
+            return INVALID_PARAMS;
+        };
+        let meta = Meta {
+            timeout: request_timeout,
+            authorization,
+        };
         let endpoint = endpoint.connect_timeout(connect_timeout).tcp_nodelay(true);
         let Some(rt) = self.runtime() else {
             return INTERNAL_ERROR;
         };
-        match py.detach(|| rt.block_on(connect(endpoint, connect_timeout))) {
+        match py.detach(|| rt.block_on(connect(endpoint, &meta, connect_timeout))) {
             Ok(client) => {
                 *self.conn() = Some(Connection {
                     client,
-                    request_timeout,
+                    meta,
                     addr: conductor_addr,
                 });
                 OK
@@ -217,7 +263,7 @@ impl ConductorClient {
             return HEALTH_NOT_INITIALIZED;
         }
         match self.call(py, |mut c, t| async move {
-            c.list_services(request(pb::ListServicesRequest {}, t))
+            c.list_services(request(pb::ListServicesRequest {}, &t))
                 .await
         }) {
             Ok(resp) if resp.ret == OK => HEALTH_OK,
@@ -270,7 +316,10 @@ impl ConductorClient {
             cache_salt,
             instance_filter,
         };
-        match self.call(py, |mut c, t| async move { c.query(request(msg, t)).await }) {
+        match self.call(
+            py,
+            |mut c, t| async move { c.query(request(msg, &t)).await },
+        ) {
             Ok(resp) if resp.ret == OK => convert::query_result(py, OK, Some(resp)),
             Ok(resp) => convert::query_result(py, resp.ret, None),
             Err(code) => convert::query_result(py, code, None),
@@ -288,7 +337,7 @@ impl ConductorClient {
         Ok(
             match self.call(
                 py,
-                |mut c, t| async move { c.register(request(msg, t)).await },
+                |mut c, t| async move { c.register(request(msg, &t)).await },
             ) {
                 Ok(resp) => resp.ret,
                 Err(code) => code,
@@ -313,10 +362,9 @@ impl ConductorClient {
             tenant_id,
             dp_rank,
         };
-        match self.call(
-            py,
-            |mut c, t| async move { c.unregister(request(msg, t)).await },
-        ) {
+        match self.call(py, |mut c, t| async move {
+            c.unregister(request(msg, &t)).await
+        }) {
             Ok(resp) => resp.ret,
             Err(code) => code,
         }
@@ -326,7 +374,7 @@ impl ConductorClient {
     /// On failure ret is negative, context_count is 0 and contexts is [].
     fn get_global_view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         match self.call(py, |mut c, t| async move {
-            c.get_global_view(request(pb::GetGlobalViewRequest {}, t))
+            c.get_global_view(request(pb::GetGlobalViewRequest {}, &t))
                 .await
         }) {
             Ok(resp) if resp.ret == OK => convert::global_view(py, OK, Some(resp)),
@@ -341,7 +389,7 @@ impl ConductorClient {
     /// services is [].
     fn list_services<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         match self.call(py, |mut c, t| async move {
-            c.list_services(request(pb::ListServicesRequest {}, t))
+            c.list_services(request(pb::ListServicesRequest {}, &t))
                 .await
         }) {
             Ok(resp) if resp.ret == OK => convert::services(py, OK, Some(resp)),
@@ -393,6 +441,8 @@ mod _conductor {
     const CONDUCTOR_UNAVAILABLE: i32 = super::codes::CONDUCTOR_UNAVAILABLE;
     #[pymodule_export]
     const SERVICE_NOT_FOUND: i32 = super::codes::SERVICE_NOT_FOUND;
+    #[pymodule_export]
+    const UNAUTHORIZED: i32 = super::codes::UNAUTHORIZED;
     #[pymodule_export]
     const HEALTH_OK: i32 = super::codes::HEALTH_OK;
     #[pymodule_export]

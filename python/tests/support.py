@@ -234,28 +234,40 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float =
     raise RuntimeError(f"mooncake_conductor did not accept on port {port} within {timeout} s")
 
 
-def wait_for_ready(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+def wait_for_ready(http_port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    """Waits for HTTP /health to answer 200: the listeners answer while subscriptions are
+    restored, and registration changes wait for that (and are refused after 10 s)."""
+    import urllib.error
+    import urllib.request
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(
-                f"mooncake_conductor exited with {proc.returncode} before ready:\n"
+                f"mooncake_conductor exited with {proc.returncode} before it was ready:\n"
                 + log.read_text(errors="replace")[-4000:]
             )
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=1) as r:
                 if r.status == 200:
                     return
-        except OSError:
+        except (OSError, urllib.error.URLError):
             pass
         time.sleep(0.05)
-    raise RuntimeError(f"mooncake_conductor not ready within {timeout} s")
+    raise RuntimeError(f"mooncake_conductor was not ready within {timeout} s")
 
 
 class ConductorProcess:
     """A mooncake_conductor on free loopback ports with a temporary config and data dir."""
 
-    def __init__(self, binary: str, workdir: Path, args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        args: Sequence[str] = (),
+        extra_config: Optional[Dict[str, object]] = None,
+        env: Optional[Dict[str, str]] = None,
+    ) -> None:
         self.http_port = free_port()
         self.rpc_port = free_port()
         self.addr = f"127.0.0.1:{self.rpc_port}"
@@ -270,12 +282,15 @@ class ConductorProcess:
                     "bind_address": "127.0.0.1",
                     "kvevent_instance": {},
                     "data_dir": str(data_dir),
+                    **(extra_config or {}),
                 }
             )
         )
         self.log = workdir / "conductor.log"
         self._command = [binary, *args]
-        self._env = dict(os.environ, CONDUCTOR_CONFIG_PATH=str(config))
+        # The service's token comes from `config` or `env` only, never from the test runner.
+        inherited = {k: v for k, v in os.environ.items() if k != "CONDUCTOR_AUTH_TOKEN"}
+        self._env = dict(inherited, CONDUCTOR_CONFIG_PATH=str(config), **(env or {}))
         self._spawn()
 
     def _spawn(self) -> None:

@@ -1,10 +1,12 @@
 //! The tonic service: translate protobuf messages to the operation layer and back. Failures of an
 //! operation are answers (`ret` + `error`), not gRPC errors; gRPC status codes are left to real
-//! transport problems.
+//! transport problems. So is a missing service token: `ret` UNAUTHORIZED, checked from the
+//! `authorization` metadata before anything else.
 
 use tonic::{Request, Response, Status};
 
 use crate::error::{Code, OpError};
+use crate::gateway::auth::Access;
 use crate::gateway::grpc_wire::{QueryByHashRequestIn, QueryReply, QueryRequestIn, error_detail};
 use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
 use crate::gateway::pb;
@@ -19,6 +21,11 @@ pub struct GrpcService {
 impl GrpcService {
     pub fn new(ops: Ops) -> Self {
         GrpcService { ops }
+    }
+
+    fn authorize<T>(&self, access: Access, request: &Request<T>) -> Result<(), OpError> {
+        let value = request.metadata().get("authorization");
+        self.ops.authorize(access, value.map(|v| v.as_bytes()))
     }
 }
 
@@ -45,6 +52,10 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
+        if let Err(e) = self.authorize(Access::Write, &request) {
+            let (ret, error) = ret_of::<()>(&Err(e));
+            return Ok(Response::new(pb::RegisterResponse { ret, error }));
+        }
         let r = request.into_inner();
         let input = RegistrationInput {
             instance_id: r.instance_id,
@@ -72,6 +83,10 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
         &self,
         request: Request<pb::UnregisterRequest>,
     ) -> Result<Response<pb::UnregisterResponse>, Status> {
+        if let Err(e) = self.authorize(Access::Write, &request) {
+            let (ret, error) = ret_of::<()>(&Err(e));
+            return Ok(Response::new(pb::UnregisterResponse { ret, error }));
+        }
         let r = request.into_inner();
         let result = self
             .ops
@@ -85,6 +100,9 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
         &self,
         request: Request<QueryRequestIn>,
     ) -> Result<Response<QueryReply>, Status> {
+        if let Err(e) = self.authorize(Access::Read, &request) {
+            return Ok(Response::new(QueryReply::new(Err(e))));
+        }
         let r = request.into_inner().0;
         let input = QueryInput {
             model_name: r.model_name,
@@ -104,6 +122,9 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
         &self,
         request: Request<QueryByHashRequestIn>,
     ) -> Result<Response<QueryReply>, Status> {
+        if let Err(e) = self.authorize(Access::Read, &request) {
+            return Ok(Response::new(QueryReply::new(Err(e))));
+        }
         let r = request.into_inner().0;
         let input = QueryByHashInput {
             model_name: r.model_name,
@@ -120,8 +141,16 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
 
     async fn get_global_view(
         &self,
-        _: Request<pb::GetGlobalViewRequest>,
+        request: Request<pb::GetGlobalViewRequest>,
     ) -> Result<Response<pb::GetGlobalViewResponse>, Status> {
+        if let Err(e) = self.authorize(Access::Read, &request) {
+            let (ret, error) = ret_of::<()>(&Err(e));
+            return Ok(Response::new(pb::GetGlobalViewResponse {
+                ret,
+                error,
+                ..Default::default()
+            }));
+        }
         let contexts: Vec<pb::ContextView> = self
             .ops
             .global_view()
@@ -157,9 +186,12 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
 
     async fn list_services(
         &self,
-        _: Request<pb::ListServicesRequest>,
+        request: Request<pb::ListServicesRequest>,
     ) -> Result<Response<pb::ListServicesResponse>, Status> {
-        let result = self.ops.list_services().await;
+        let result = match self.authorize(Access::Read, &request) {
+            Ok(()) => self.ops.list_services().await,
+            Err(e) => Err(e),
+        };
         let (ret, error) = ret_of(&result);
         let services: Vec<pb::ServiceEntry> = result
             .unwrap_or_default()

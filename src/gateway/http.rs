@@ -1,7 +1,8 @@
 //! The HTTP API. Bodies are JSON or msgpack: the request's `Content-Type` picks the decoder and
 //! `Accept` (default: the request's type, JSON for GETs) the encoder. Validation errors answer 400
 //! `{"error", "reason", "field"?}` with the reference's reasons; an unknown service 404; a wrong
-//! method 405; a body over the limit 413; internal failures 500.
+//! method 405; a body over the limit 413; internal failures 500. With a service token configured
+//! (see [`crate::gateway::auth`]), a request without it answers 401 before its body is read.
 
 use axum::Router;
 use axum::body::Body;
@@ -12,6 +13,7 @@ use axum::routing::{get, post};
 use serde_json::{Value as Json, json};
 
 use crate::error::{Code, OpError};
+use crate::gateway::auth::Access;
 use crate::gateway::body_budget::{self, BodyBudget, Share};
 use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
 use crate::gateway::registration::{HTTP_NAMES, HTTP_REGISTER_SCHEMA, RegistrationInput};
@@ -62,6 +64,10 @@ pub fn router(ops: Ops, limits: BodyLimits) -> Router {
         .route("/services/status", get(services_status))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_token,
+        ))
         .method_not_allowed_fallback(|| async {
             plain_error(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed")
         })
@@ -142,18 +148,40 @@ fn plain_error(status: StatusCode, message: &str) -> Response {
 }
 
 fn error_response(e: &OpError, format: Format) -> Response {
-    let status = match e.code {
-        Code::InvalidParams => StatusCode::BAD_REQUEST,
-        Code::ServiceNotFound => StatusCode::NOT_FOUND,
-        Code::ConductorUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Code::RpcTimeout => StatusCode::GATEWAY_TIMEOUT,
-        Code::Ok | Code::InternalError | Code::RpcFail => StatusCode::INTERNAL_SERVER_ERROR,
-    };
+    let status =
+        StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut body = json!({ "error": e.message, "reason": e.reason });
     if let Some(field) = e.field.as_ref().filter(|f| !f.is_empty()) {
         body["field"] = json!(field);
     }
-    encode(status, &body, format)
+    let mut response = encode(status, &body, format);
+    if e.code == Code::Unauthorized {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+/// Refuse a request that needs the service token and lacks it, before its body is read (so an
+/// unauthenticated peer cannot make the service decode anything).
+async fn require_token(
+    State(state): State<Http>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let access = match request.uri().path() {
+        "/register" | "/unregister" => Access::Write,
+        "/health" => Access::Health,
+        _ => Access::Read,
+    };
+    let headers = request.headers();
+    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    if let Err(e) = state.ops.authorize(access, authorization) {
+        let request_format = Format::of_content_type(headers).unwrap_or(Format::Json);
+        return error_response(&e, Format::for_reply(headers, request_format));
+    }
+    next.run(request).await
 }
 
 /// A decoded POST body, with the format to answer in and the body budget's share it holds
@@ -536,7 +564,8 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
             "hash_check": st.hash_check.as_str(), "hash_check_ok": st.hash_check_ok,
             "hash_check_mismatch": st.hash_check_mismatch, "engine_recipe": st.engine_recipe,
             "translating": st.hash_check == HashCheckState::Mismatch, "batches": st.seq.applied,
-            "events": st.events, "ignored": st.ignored, "decode_errors": st.decode_errors,
+            "events": st.events, "ignored": st.ignored, "refused": st.refused,
+            "decode_errors": st.decode_errors,
             "frame_errors": st.frame_errors, "invalid_events": st.invalid_events,
             "oversized_messages": st.oversized_messages, "disconnects": st.disconnects,
             "rank_mismatches": st.rank_mismatches, "gaps": st.seq.gaps, "restarts": st.seq.restarts,

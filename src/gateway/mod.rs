@@ -1,9 +1,10 @@
 //! The gateway: gRPC and HTTP adapters over one operation layer.
 //!
-//! Layout: [`ops`] transport-neutral operations; [`readiness`] what `/health` reports;
-//! [`registration`] registration input and its validation; [`request`] request bodies decoded
-//! field by field (JSON through serde_json, msgpack through [`msgpack_de`]) into [`value`]'s
-//! fields; [`body_budget`] the bytes of large bodies in flight; [`grpc`] the tonic service and
+//! Layout: [`auth`] the optional shared token; [`ops`] transport-neutral operations;
+//! [`readiness`] what `/health` reports; [`registration`] registration input and its validation;
+//! [`request`] request bodies decoded field by field (JSON through serde_json, msgpack through
+//! [`msgpack_de`]) into [`value`]'s fields; [`body_budget`] the bytes of large bodies in flight;
+//! [`grpc`] the tonic service and
 //! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API and [`http_body`] its
 //! answer shapes; [`workers`] the threads both servers run on.
 //!
@@ -36,6 +37,7 @@
 //! decoding an answer into its maps (`benches/answers.rs`). The HTTP/1.1 path has one write
 //! each way and no task hand-off. Measured effects are in the README's benchmark section.
 
+pub mod auth;
 pub mod body_budget;
 pub mod grpc;
 pub mod grpc_wire;

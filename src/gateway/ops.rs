@@ -7,6 +7,7 @@ use std::time::Instant;
 use actix::Addr;
 
 use crate::error::OpError;
+use crate::gateway::auth::{Access, Auth};
 use crate::gateway::readiness::Readiness;
 use crate::gateway::registration::{FieldNames, MAX_BLOCK_SIZE, RegistrationInput};
 use crate::index::{ContextView, IndexStats, QueryHits};
@@ -52,6 +53,7 @@ pub struct Ops {
     /// Most token ids (or block hashes) in one query; HTTP already stops decoding past it.
     max_query_tokens: usize,
     storage: Arc<StorageHealth>,
+    auth: Arc<Auth>,
 }
 
 impl Ops {
@@ -59,6 +61,7 @@ impl Ops {
         registry: Addr<Registry>,
         contexts: ContextDirectory,
         readiness: Arc<Readiness>,
+        auth: Auth,
     ) -> Self {
         Ops {
             registry,
@@ -67,6 +70,7 @@ impl Ops {
             queries: Arc::default(),
             max_query_tokens: usize::MAX,
             storage: Arc::default(),
+            auth: Arc::new(auth),
         }
     }
 
@@ -83,6 +87,12 @@ impl Ops {
     pub fn with_max_query_tokens(mut self, max: usize) -> Self {
         self.max_query_tokens = max;
         self
+    }
+
+    /// Whether a request doing `access` may proceed with this `authorization` value (see
+    /// [`Auth`]). Both transports call it before decoding anything else of the request.
+    pub fn authorize(&self, access: Access, authorization: Option<&[u8]>) -> Result<(), OpError> {
+        self.auth.check(access, authorization)
     }
 
     pub fn is_ready(&self) -> bool {
@@ -119,6 +129,7 @@ impl Ops {
         self.registry
             .send(Register {
                 config,
+                names,
                 resume_after: None,
             })
             .await
@@ -219,6 +230,11 @@ impl Ops {
     /// The Prometheus text of `/metrics`.
     pub async fn metrics_text(&self) -> Result<String, OpError> {
         let services = self.list_services().await?;
+        let refused = self
+            .registry
+            .send(crate::registry::Refusals)
+            .await
+            .map_err(unavailable)?;
         let contexts: Vec<IndexStats> = self
             .contexts
             .all()
@@ -232,6 +248,7 @@ impl Ops {
             queries: &self.queries,
             storage_degraded: self.storage.degraded().is_some(),
             checkpoint_failures: self.storage.failures_total(),
+            registrations_refused: &refused,
         }))
     }
 }

@@ -12,9 +12,7 @@ use crate::gateway::value::{Fields, Val};
 use crate::hashing::HashProfile;
 use crate::model::{PublisherConfig, PublisherType, normalize_tenant};
 
-/// Largest accepted block size: far above any engine's, small enough that token counts of a
-/// query never overflow.
-pub const MAX_BLOCK_SIZE: i128 = 1 << 20;
+pub use crate::model::MAX_BLOCK_SIZE;
 
 /// Fields HTTP `/register` and static config entries accept.
 pub const HTTP_REGISTER_SCHEMA: Schema = &[

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use crate::error::OpError;
+use crate::gateway::registration::FieldNames;
 use crate::index::actor::{AttachRank, DetachSource, GetStats};
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::subscription::actor::{Stop, SubscriptionActor};
@@ -13,6 +14,7 @@ use crate::subscription::settings::SubscriptionSettings;
 use crate::subscription::status::{StatusCell, SubscriptionStatus};
 
 use super::contexts::ContextDirectory;
+use super::policy::{Refusal, RegistrationPolicy};
 use super::subscriptions::SubscriptionDirectory;
 use crate::storage::KvStore;
 use crate::storage::checkpoint::{delete_registration, put_registration};
@@ -34,6 +36,9 @@ pub struct Registry {
     settings: SubscriptionSettings,
     /// Registrations are written here before they are acknowledged, so they survive a restart.
     store: Arc<dyn KvStore>,
+    policy: RegistrationPolicy,
+    /// Registrations refused by the policy, by label (`conductor_registrations_refused_total`).
+    refused: BTreeMap<&'static str, u64>,
 }
 
 impl Registry {
@@ -50,14 +55,30 @@ impl Registry {
             endpoints: HashMap::new(),
             settings,
             store,
+            policy: RegistrationPolicy::default(),
+            refused: BTreeMap::new(),
         }
+    }
+
+    pub fn with_policy(mut self, policy: RegistrationPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    fn refuse(&mut self, refusal: Refusal) -> OpError {
+        *self.refused.entry(refusal.label).or_default() += 1;
+        refusal.error
     }
 
     fn register(
         &mut self,
         config: PublisherConfig,
+        names: FieldNames,
         resume_after: Option<crate::index::Watermark>,
     ) -> Result<RegisterOutcome, OpError> {
+        if let Err(refusal) = self.policy.check(&config, names) {
+            return Err(self.refuse(refusal));
+        }
         let key = config.subscription_key();
         let key_text = key.to_string();
         if let Some(existing) = self.services.get(&key_text) {
@@ -74,6 +95,9 @@ impl Registry {
                 "conflicting active registration for endpoint: {} (used by {owner})",
                 config.endpoint
             )));
+        }
+        if let Err(refusal) = self.policy.check_capacity(self.services.len()) {
+            return Err(self.refuse(refusal));
         }
         let context_key = config.context_key();
         // A failed write must leave no trace: the rank is attached only once the registration
@@ -148,6 +172,8 @@ impl Actor for Registry {
 #[rtype(result = "Result<RegisterOutcome, OpError>")]
 pub struct Register {
     pub config: PublisherConfig,
+    /// How the caller names its fields, for the policy's errors.
+    pub names: FieldNames,
     pub resume_after: Option<crate::index::Watermark>,
 }
 
@@ -174,6 +200,11 @@ pub struct ServiceInfo {
     pub status: SubscriptionStatus,
 }
 
+/// Registrations refused by the policy so far, by label.
+#[derive(Message)]
+#[rtype(result = "BTreeMap<&'static str, u64>")]
+pub struct Refusals;
+
 /// Stop every subscription (service shutdown). Replies once all have stopped.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -184,7 +215,7 @@ impl Handler<Register> for Registry {
 
     fn handle(&mut self, msg: Register, _ctx: &mut Context<Self>) -> Self::Result {
         let context = msg.config.context_key();
-        let outcome = self.register(msg.config, msg.resume_after);
+        let outcome = self.register(msg.config, msg.names, msg.resume_after);
         // The rank listing was queued to the context; a round trip behind it means the caller
         // sees its instance in the global view as soon as registration answers.
         let barrier = matches!(outcome, Ok(RegisterOutcome::Created))
@@ -262,6 +293,14 @@ impl Handler<ListServices> for Registry {
                 status: e.status.get(),
             })
             .collect()
+    }
+}
+
+impl Handler<Refusals> for Registry {
+    type Result = MessageResult<Refusals>;
+
+    fn handle(&mut self, _: Refusals, _ctx: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.refused.clone())
     }
 }
 

@@ -6,10 +6,12 @@
 
 pub mod actor;
 pub mod contexts;
+pub mod policy;
 pub mod subscriptions;
 
 pub use actor::{
-    ListServices, Register, RegisterOutcome, Registry, ServiceInfo, ShutdownAll, Unregister,
+    ListServices, Refusals, Register, RegisterOutcome, Registry, ServiceInfo, ShutdownAll,
+    Unregister,
 };
 pub use contexts::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use subscriptions::SubscriptionDirectory;

@@ -19,7 +19,7 @@ use crate::wire;
 
 use super::hash_check::HashCheck;
 use super::marks::SourceMarks;
-use super::route::Router;
+use super::route::{Refused, RouteLimits, Router};
 use super::settings::SubscriptionSettings;
 use super::socket::{self, FrameSink, LinkLoss, ReplayEvent};
 use super::state::{Action, SeqState};
@@ -74,7 +74,10 @@ impl SubscriptionActor {
             seq.resume_verified(mark.seq, mark.digest);
         }
         let key = config.subscription_key();
-        let mut router = Router::new(&config);
+        let mut router = Router::new(&config).with_limits(RouteLimits {
+            max_contexts: settings.max_contexts,
+            max_name_bytes: settings.max_name_bytes,
+        });
         // Contexts recovered from disk that this source fed: its removals and clears must still
         // reach them (an adapter's context, a store's contexts), or their blocks would stay.
         for handle in contexts.all() {
@@ -244,6 +247,8 @@ impl SubscriptionActor {
         let mut ignored = std::mem::take(&mut batch.ignored);
         let ts = batch.ts;
         let routed = self.router.route(batch, &mut ignored);
+        let refused = self.router.take_refused();
+        self.report_refused(seq, &refused);
         for (context, ops) in routed {
             match self
                 .contexts
@@ -285,6 +290,34 @@ impl SubscriptionActor {
             (s.hash_check, s.hash_check_ok, s.hash_check_mismatch) = hash_check;
             s.engine_recipe = engine_recipe;
             s.last_batch_ts_ms = timestamp_ms(ts, self.config.publisher_type.is_engine());
+        });
+    }
+
+    /// Count refused events by field, and warn once per interval per field, with the first
+    /// refusal of this batch as the example.
+    fn report_refused(&mut self, seq: u64, refused: &[Refused]) {
+        if refused.is_empty() {
+            return;
+        }
+        let mut by_field: Vec<(&'static str, u64, &str)> = Vec::new();
+        for r in refused {
+            match by_field.iter_mut().find(|(f, _, _)| *f == r.field) {
+                Some((_, n, _)) => *n += 1,
+                None => by_field.push((r.field, 1, &r.detail)),
+            }
+        }
+        for &(field, count, example) in &by_field {
+            if let Some(suppressed) = self.warn_due(field) {
+                tracing::warn!(
+                    service = %self.key, seq, field, count, suppressed,
+                    "events refused: {example}"
+                );
+            }
+        }
+        self.status.update(|s| {
+            for &(field, count, _) in &by_field {
+                *s.refused.entry(field).or_default() += count;
+            }
         });
     }
 
@@ -471,13 +504,19 @@ impl Handler<Replayed> for SubscriptionActor {
                 self.seq.on_replay_end()
             }
             ReplayEvent::Failed { reason, oversized } => {
-                self.status
-                    .update(|s| s.oversized_messages += u64::from(oversized));
                 if let Some(suppressed) = self.warn_due("replay_failed") {
                     tracing::warn!(service = %self.key, %reason, suppressed, "replay failed");
                 }
                 self.replay_cancel = None;
-                self.seq.on_replay_failed()
+                let actions = self.seq.on_replay_failed();
+                // One update with the failed replay counted, so that no reader sees the
+                // oversized answer without the replay it failed.
+                let counters = self.seq.counters();
+                self.status.update(|s| {
+                    s.oversized_messages += u64::from(oversized);
+                    s.seq = counters;
+                });
+                actions
             }
         };
         self.perform(actions, ctx);

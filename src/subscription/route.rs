@@ -4,8 +4,13 @@
 //! (a registration with `lora_name` "" indexes base blocks and every adapter its publisher reports;
 //! a registration for one adapter accepts only that adapter's blocks). Removals and clears carry
 //! no adapter, so they go to every context this source has fed. Store events name their context
-//! themselves (tenant, model, lora, block size), falling back to the registration's model and
-//! block size when the publisher leaves them out.
+//! themselves (model, lora, block size), falling back to the registration's model and block size
+//! when the publisher leaves them out.
+//!
+//! What a publisher's events may ask for is bounded, event by event (the rest of the batch still
+//! applies): a store's events stay in its registered tenant, their block sizes follow the
+//! registration rules, names are at most `max_name_bytes`, and one source feeds at most
+//! `max_contexts_per_source` contexts. Each refusal is reported as [`Refused`], by field.
 
 use std::collections::BTreeSet;
 
@@ -15,7 +20,40 @@ use crate::events::{
 };
 use crate::hashing::Strategy;
 use crate::hashing::derived::{self, BlockRule};
-use crate::model::{ContextKey, PublisherConfig, normalize_tenant};
+use crate::model::{ContextKey, MAX_BLOCK_SIZE, PublisherConfig, normalize_tenant};
+
+/// Bounds on what one source's events may create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteLimits {
+    pub max_contexts: usize,
+    pub max_name_bytes: usize,
+}
+
+impl Default for RouteLimits {
+    fn default() -> Self {
+        RouteLimits {
+            max_contexts: usize::MAX,
+            max_name_bytes: usize::MAX,
+        }
+    }
+}
+
+/// An event refused by a bound: the field (or limit) it broke, and what it asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub field: &'static str,
+    pub detail: String,
+}
+
+/// At most this many characters of a refused name go into a message (a name may be megabytes).
+const PREVIEW_CHARS: usize = 64;
+
+fn preview(text: &str) -> String {
+    match text.char_indices().nth(PREVIEW_CHARS) {
+        None => format!("{text:?}"),
+        Some((end, _)) => format!("{:?}... ({} bytes)", &text[..end], text.len()),
+    }
+}
 
 /// Per-subscription routing state.
 #[derive(Debug)]
@@ -31,6 +69,11 @@ pub struct Router {
     rule: BlockRule,
     /// Every context this source sent blocks to (removals and clears go to all of them).
     fed: BTreeSet<ContextKey>,
+    /// The registered tenant: a store's events are confined to it.
+    tenant: String,
+    limits: RouteLimits,
+    /// Refusals since the last [`Router::take_refused`].
+    refused: Vec<Refused>,
 }
 
 /// The ops of one batch for one context, in event order.
@@ -55,7 +98,71 @@ impl Router {
             partial_pages: config.hash_profile.strategy() != Strategy::VllmV1,
             rule: BlockRule::of(config.hash_profile.strategy()),
             fed,
+            tenant: config.tenant_id.clone(),
+            limits: RouteLimits::default(),
+            refused: Vec::new(),
         }
+    }
+
+    pub fn with_limits(mut self, limits: RouteLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The events refused by [`Router::route`] since the last call.
+    pub fn take_refused(&mut self) -> Vec<Refused> {
+        std::mem::take(&mut self.refused)
+    }
+
+    fn refuse(&mut self, field: &'static str, detail: String) {
+        self.refused.push(Refused { field, detail });
+    }
+
+    /// Whether this source may send blocks to `context`: one it feeds already, or a new one with
+    /// names within bounds while it feeds fewer than `max_contexts`.
+    fn admit(&mut self, context: &ContextKey) -> bool {
+        if self.fed.contains(context) {
+            return true;
+        }
+        let max_name = self.limits.max_name_bytes;
+        for (field, name) in [
+            ("model_name", &context.model_name),
+            ("lora_name", &context.lora_name),
+        ] {
+            if name.len() > max_name {
+                let detail = format!(
+                    "{field} {} is longer than {max_name} bytes (max_name_bytes)",
+                    preview(name)
+                );
+                self.refuse(field, detail);
+                return false;
+            }
+        }
+        if self.fed.len() >= self.limits.max_contexts {
+            let detail = format!(
+                "context {context} would be context {} of this source (max_contexts_per_source = {})",
+                self.fed.len() + 1,
+                self.limits.max_contexts
+            );
+            self.refuse("max_contexts_per_source", detail);
+            return false;
+        }
+        self.fed.insert(context.clone());
+        true
+    }
+
+    /// A store event's tenant must be the registered one.
+    fn own_tenant(&mut self, tenant_id: &str) -> bool {
+        if normalize_tenant(tenant_id) == self.tenant {
+            return true;
+        }
+        let detail = format!(
+            "tenant_id {} is not this store's registered tenant {:?}",
+            preview(tenant_id),
+            self.tenant
+        );
+        self.refuse("tenant_id", detail);
+        false
     }
 
     /// Route this source's removals and clears to `context` too: one it fed before a restart.
@@ -90,7 +197,9 @@ impl Router {
                             continue;
                         }
                     };
-                    self.fed.insert(context.clone());
+                    if !self.admit(&context) {
+                        continue;
+                    }
                     let holder = self.engine_holder.clone();
                     let op = match block_contents(self.rule, &stored) {
                         Some(contents) => IndexOp::StoreChained {
@@ -138,11 +247,12 @@ impl Router {
                     }
                 }
                 KvEvent::StoreStored(object) => {
-                    let Some(context) = self.store_context(&object) else {
-                        ignored.push(IgnoreReason::NoContext);
+                    let Some(context) = self.store_context(&object, ignored) else {
                         continue;
                     };
-                    self.fed.insert(context.clone());
+                    if !self.admit(&context) {
+                        continue;
+                    }
                     let holder = Holder::Shared {
                         backend_id: object.backend_id,
                     };
@@ -157,10 +267,14 @@ impl Router {
                     );
                 }
                 KvEvent::StoreRemoved(object) => {
-                    let Some(context) = self.store_context(&object) else {
-                        ignored.push(IgnoreReason::NoContext);
+                    let Some(context) = self.store_context(&object, ignored) else {
                         continue;
                     };
+                    // Nothing of this source is in a context it never fed: a removal must not
+                    // create one.
+                    if !self.fed.contains(&context) {
+                        continue;
+                    }
                     let holder = Holder::Shared {
                         backend_id: object.backend_id,
                     };
@@ -178,6 +292,9 @@ impl Router {
                     backend_id,
                     tenant_id,
                 } => {
+                    if !self.own_tenant(&tenant_id) {
+                        continue;
+                    }
                     let tenant = normalize_tenant(&tenant_id);
                     for context in self.fed.iter().filter(|c| c.tenant_id == tenant) {
                         let holder = Holder::Shared {
@@ -191,14 +308,29 @@ impl Router {
         out
     }
 
-    fn store_context(&self, object: &StoreObject) -> Option<ContextKey> {
+    /// The context a store event names: `None` when it is refused (tenant, block size) or
+    /// names none (counted in `ignored`).
+    fn store_context(
+        &mut self,
+        object: &StoreObject,
+        ignored: &mut Vec<IgnoreReason>,
+    ) -> Option<ContextKey> {
+        if !self.own_tenant(&object.tenant_id) {
+            return None;
+        }
+        let block_size = object.block_size.unwrap_or(self.block_size);
+        if !(1..=MAX_BLOCK_SIZE).contains(&i128::from(block_size)) {
+            let detail = format!("block_size {block_size} is outside 1..={MAX_BLOCK_SIZE}");
+            self.refuse("block_size", detail);
+            return None;
+        }
         let model = object
             .model_name
             .as_deref()
             .filter(|m| !m.is_empty())
             .unwrap_or(&self.model_name);
-        let block_size = object.block_size.unwrap_or(self.block_size);
-        if model.is_empty() || block_size == 0 {
+        if model.is_empty() {
+            ignored.push(IgnoreReason::NoContext);
             return None;
         }
         let lora = object.lora_name.as_deref().unwrap_or("");
@@ -260,233 +392,5 @@ fn push(out: &mut Routed, context: ContextKey, op: IndexOp) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::events::{EngineRemoved, EngineStored};
-    use crate::hashing::HashProfile;
-    use crate::model::{BlockHash, PublisherType, Tier};
-
-    fn config(lora: &str, kind: PublisherType) -> PublisherConfig {
-        let profile = crate::hashing::profile::test_vllm_cbor();
-        PublisherConfig {
-            instance_id: "i".into(),
-            endpoint: "tcp://127.0.0.1:1".into(),
-            replay_endpoint: String::new(),
-            publisher_type: kind,
-            model_name: "m".into(),
-            lora_name: lora.into(),
-            tenant_id: "default".into(),
-            block_size: 16,
-            dp_rank: 2,
-            cache_group: None,
-            hash_profile: profile,
-        }
-    }
-
-    fn stored(lora: Option<&str>, block_size: u32) -> KvEvent {
-        KvEvent::Stored(EngineStored {
-            hashes: vec![BlockHash(1)],
-            parent: None,
-            tokens: None,
-            block_size,
-            lora_name: lora.map(str::to_owned),
-            cache_salt: None,
-            extras: Vec::new(),
-            tier: Tier::Device,
-        })
-    }
-
-    fn route(router: &mut Router, events: Vec<KvEvent>) -> (Vec<String>, Vec<IgnoreReason>) {
-        let mut ignored = Vec::new();
-        let batch = DecodedBatch {
-            events,
-            ..Default::default()
-        };
-        let routed = router.route(batch, &mut ignored);
-        (
-            routed
-                .iter()
-                .map(|(c, ops)| format!("{}:{}", c.lora_name, ops.len()))
-                .collect(),
-            ignored,
-        )
-    }
-
-    #[test]
-    fn a_base_registration_indexes_every_adapter_in_its_own_context() {
-        let mut r = Router::new(&config("", PublisherType::Vllm));
-        let (routed, ignored) = route(
-            &mut r,
-            vec![
-                stored(None, 16),
-                stored(Some("ad"), 16),
-                stored(Some(""), 16),
-            ],
-        );
-        assert_eq!(routed, [":2", "ad:1"]);
-        assert!(ignored.is_empty());
-        // Removals and clears carry no adapter: they go to every context this source fed.
-        let removed = KvEvent::Removed(EngineRemoved {
-            hashes: vec![BlockHash(1)],
-            tier: Tier::Device,
-        });
-        let (routed, _) = route(&mut r, vec![removed, KvEvent::AllCleared]);
-        assert_eq!(routed, [":2", "ad:2"]);
-    }
-
-    #[test]
-    fn an_adapter_registration_accepts_only_its_adapter() {
-        let mut r = Router::new(&config("ad", PublisherType::Vllm));
-        let (routed, ignored) = route(
-            &mut r,
-            vec![
-                stored(Some("ad"), 16),
-                stored(Some("other"), 16),
-                stored(None, 16),
-            ],
-        );
-        assert_eq!(routed, ["ad:1"]);
-        assert_eq!(ignored, [IgnoreReason::OtherLora, IgnoreReason::OtherLora]);
-    }
-
-    #[test]
-    fn another_block_size_is_ignored_for_vllm() {
-        let mut r = Router::new(&config("", PublisherType::Vllm));
-        let (routed, ignored) = route(&mut r, vec![stored(None, 8)]);
-        assert!(routed.is_empty());
-        assert_eq!(ignored, [IgnoreReason::BlockSizeMismatch]);
-    }
-
-    #[test]
-    fn store_events_name_their_context_and_clears_follow_the_tenant() {
-        let mut r = Router::new(&config("", PublisherType::Mooncake));
-        let object = |tenant: &str, model: Option<&str>| StoreObject {
-            backend_id: "b".into(),
-            object_key: "o".into(),
-            tenant_id: tenant.into(),
-            model_name: model.map(str::to_owned),
-            lora_name: None,
-            block_size: Some(32),
-            tier: Tier::CpuShare,
-            hashes: vec![BlockHash(9)],
-        };
-        let mut ignored = Vec::new();
-        let batch = DecodedBatch {
-            events: vec![
-                KvEvent::StoreStored(object("t1", Some("x"))),
-                KvEvent::StoreStored(object("", None)),
-                KvEvent::StoreCleared {
-                    backend_id: "b".into(),
-                    tenant_id: "t1".into(),
-                },
-            ],
-            ..Default::default()
-        };
-        let routed = r.route(batch, &mut ignored);
-        let names: Vec<String> = routed
-            .iter()
-            .map(|(c, ops)| format!("{c}:{}", ops.len()))
-            .collect();
-        assert_eq!(
-            names,
-            ["t1/x//32:2", "default/m//32:1"],
-            "model falls back to the registration's"
-        );
-    }
-
-    /// Route one stored event of `strategy` and apply it to a fresh context of that profile;
-    /// the answer for the same prompt tokens from a query.
-    fn ingest_then_query(profile: HashProfile, stored: EngineStored, query: &[i32]) -> u64 {
-        let mut cfg = config("", PublisherType::Sglang);
-        cfg.hash_profile = profile.clone();
-        cfg.block_size = 4;
-        let mut r = Router::new(&cfg);
-        let batch = DecodedBatch {
-            events: vec![KvEvent::Stored(stored)],
-            ..Default::default()
-        };
-        let routed = r.route(batch, &mut Vec::new());
-        let (key, ops) = routed.into_iter().next().expect("one context");
-        assert!(
-            matches!(ops[0], IndexOp::StoreChained { .. }),
-            "{:?}",
-            ops[0]
-        );
-        let mut index = crate::index::ContextIndex::new(key, profile);
-        index.apply(&crate::events::IndexBatch {
-            source: cfg.subscription_key(),
-            ops,
-        });
-        let hits = index.reader().query_tokens(query, "", None);
-        hits.hits["i"].rank_matches[&2].device
-    }
-
-    fn engine_event(tokens: EventTokens, n_hashes: u64, block_size: u32) -> EngineStored {
-        EngineStored {
-            hashes: (0..n_hashes).map(|h| BlockHash(0xabc0 + h)).collect(),
-            parent: None,
-            tokens: Some(tokens),
-            block_size,
-            lora_name: None,
-            cache_salt: None,
-            extras: Vec::new(),
-            tier: Tier::Device,
-        }
-    }
-
-    #[test]
-    fn ingested_contents_and_query_tokens_give_the_same_keys() {
-        let vllm = config("", PublisherType::Vllm).hash_profile;
-        let tokens: Vec<i64> = (1..=8).collect();
-        let query: Vec<i32> = (1..=10).collect();
-        let event = engine_event(EventTokens::Flat(tokens.clone()), 2, 4);
-        assert_eq!(ingest_then_query(vllm, event, &query), 8);
-
-        // SGLang: a short final page of two tokens is its own block.
-        let sglang =
-            HashProfile::resolve(Some("sglang"), Some("sha256_raw"), None, Some("first64_be"))
-                .unwrap();
-        let event = engine_event(EventTokens::Flat((1..=10).collect()), 3, 4);
-        assert_eq!(ingest_then_query(sglang, event, &query), 10);
-
-        // Bigram: 10 tokens are 9 pairs, pages of 4 pairs, the last one short.
-        let bigram = HashProfile::resolve(
-            Some("sglang_bigram"),
-            Some("sha256_raw"),
-            None,
-            Some("first64_be"),
-        )
-        .unwrap();
-        let pairs: Vec<(i64, i64)> = (1..10).map(|t| (t, t + 1)).collect();
-        let event = engine_event(EventTokens::Bigram(pairs), 3, 4);
-        assert_eq!(ingest_then_query(bigram, event, &query), 9);
-    }
-
-    #[test]
-    fn contents_that_do_not_split_into_the_published_blocks_are_not_used() {
-        let rule = BlockRule::FullBlocks;
-        let short = engine_event(EventTokens::Flat((1..=7).collect()), 2, 4);
-        assert_eq!(
-            block_contents(rule, &short),
-            None,
-            "7 tokens are not 2 full blocks"
-        );
-        let extra = engine_event(EventTokens::Flat((1..=12).collect()), 2, 4);
-        assert_eq!(block_contents(rule, &extra), None, "12 tokens are 3 blocks");
-        let pairs = engine_event(EventTokens::Bigram(vec![(1, 2)]), 1, 4);
-        assert_eq!(
-            block_contents(rule, &pairs),
-            None,
-            "pairs under a flat rule"
-        );
-        let mut no_tokens = engine_event(EventTokens::Flat(vec![]), 1, 4);
-        no_tokens.tokens = None;
-        assert_eq!(block_contents(rule, &no_tokens), None);
-        let mut salted = engine_event(EventTokens::Flat((1..=4).collect()), 1, 4);
-        salted.cache_salt = Some("s".into());
-        assert_eq!(
-            block_contents(rule, &salted).unwrap().root,
-            derived::root("s")
-        );
-    }
-}
+#[path = "route_tests.rs"]
+mod tests;

@@ -15,6 +15,10 @@ pub struct SubscriptionSettings {
     pub max_held_bytes: usize,
     /// Each kind of per-subscription warning is logged at most once per interval.
     pub warn_interval: Duration,
+    /// The most contexts this source's events may feed; events for more are refused.
+    pub max_contexts: usize,
+    /// Longest model or adapter name an event may create a context for.
+    pub max_name_bytes: usize,
 }
 
 impl SubscriptionSettings {
@@ -24,6 +28,8 @@ impl SubscriptionSettings {
             max_message_bytes: config.max_publisher_message_bytes as usize,
             max_held_bytes: config.max_replay_held_bytes as usize,
             warn_interval: Duration::from_millis(config.warning_interval_ms),
+            max_contexts: config.max_contexts_per_source as usize,
+            max_name_bytes: config.max_name_bytes as usize,
         }
     }
 }

@@ -52,6 +52,9 @@ pub struct SubscriptionStatus {
     pub events: BTreeMap<&'static str, u64>,
     /// Events skipped on purpose, by reason.
     pub ignored: BTreeMap<&'static str, u64>,
+    /// Events refused by a bound (tenant, block size, name length, contexts per source), by the
+    /// field or limit they broke.
+    pub refused: BTreeMap<&'static str, u64>,
     /// Routed ops refused because the target context has another hash profile.
     pub profile_conflicts: u64,
     pub hash_check: HashCheckState,

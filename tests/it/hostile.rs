@@ -230,7 +230,7 @@ async fn an_offline_unregister_removes_a_registration_from_a_stopped_service() {
 }
 
 /// The server log without ANSI colour codes.
-fn plain_log(server: &Server) -> String {
+pub(crate) fn plain_log(server: &Server) -> String {
     let log = server.log();
     let mut out = String::with_capacity(log.len());
     let mut chars = log.chars();

@@ -3,8 +3,10 @@
 
 mod support;
 
+mod auth;
 mod backpressure;
 mod bounded_requests;
+mod caps;
 mod convergence;
 mod durability;
 mod durable_state;

@@ -12,6 +12,7 @@ RPC_FAIL: Final[int]  # -900
 RPC_TIMEOUT: Final[int]  # -901
 CONDUCTOR_UNAVAILABLE: Final[int]  # -2000
 SERVICE_NOT_FOUND: Final[int]  # -2001
+UNAUTHORIZED: Final[int]  # -2002
 HEALTH_OK: Final[int]  # 0
 HEALTH_NOT_INITIALIZED: Final[int]  # 1
 HEALTH_UNREACHABLE: Final[int]  # 2
@@ -32,7 +33,9 @@ class ConductorClient:
         request_timeout_ms: int = 3000,
     ) -> int:
         """Connect to ``host:port``. Returns OK, INVALID_PARAMS (no port separator, malformed
-        address, non-positive timeout) or RPC_FAIL (not reachable within connect_timeout_ms).
+        address, non-positive timeout, a CONDUCTOR_AUTH_TOKEN that is not visible ASCII) or
+        RPC_FAIL (not reachable within connect_timeout_ms). Every later request sends the token
+        read here from CONDUCTOR_AUTH_TOKEN, if set.
         Each attempt replaces the previous connection; a failed one leaves the client
         uninitialized."""
     def close(self) -> int:

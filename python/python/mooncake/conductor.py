@@ -14,6 +14,9 @@ Behaviour beyond the API reference:
   deadline) gives ``RPC_TIMEOUT``; every other transport failure gives ``RPC_FAIL``.
 * ``query()`` returns ``INVALID_PARAMS`` for token IDs outside the signed 32-bit range and
   raises ``TypeError`` for arguments of the wrong type.
+* When the service requires a token, ``setup()`` reads it from the ``CONDUCTOR_AUTH_TOKEN``
+  environment variable (the first entry of a comma-separated list) and every request sends it;
+  a request refused for a missing or wrong token gives ``UNAUTHORIZED``.
 * Each client owns a small background runtime, created by its first ``setup()``. Calls release
   the GIL while waiting on the network. Do not use a connected client across ``os.fork()``.
 """
@@ -30,6 +33,7 @@ try:
         RPC_FAIL,
         RPC_TIMEOUT,
         SERVICE_NOT_FOUND,
+        UNAUTHORIZED,
         ConductorClient,
     )
 except ImportError as exc:  # the native extension is absent or cannot load
@@ -62,6 +66,7 @@ __all__ = [
     "RPC_TIMEOUT",
     "CONDUCTOR_UNAVAILABLE",
     "SERVICE_NOT_FOUND",
+    "UNAUTHORIZED",
     "HEALTH_OK",
     "HEALTH_NOT_INITIALIZED",
     "HEALTH_UNREACHABLE",

@@ -7,6 +7,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub struct HttpResponse {
     pub status: u16,
     pub content_type: String,
+    /// Every header, names lower-cased.
+    pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
@@ -19,6 +21,14 @@ impl HttpResponse {
     /// Decode a msgpack body into JSON values for easy comparison.
     pub fn msgpack(&self) -> serde_json::Value {
         rmp_serde::from_slice(&self.body).unwrap_or_else(|e| panic!("not msgpack: {e}"))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn text(&self) -> String {
@@ -77,8 +87,10 @@ fn parse(raw: &[u8]) -> HttpResponse {
         .expect("status");
     let mut content_type = String::new();
     let mut chunked = false;
+    let mut headers = Vec::new();
     for line in lines {
         let (k, v) = line.split_once(':').unwrap_or((line, ""));
+        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
         match k.trim().to_ascii_lowercase().as_str() {
             "content-type" => content_type = v.trim().to_owned(),
             "transfer-encoding" => chunked = v.trim().eq_ignore_ascii_case("chunked"),
@@ -91,6 +103,7 @@ fn parse(raw: &[u8]) -> HttpResponse {
     HttpResponse {
         status,
         content_type,
+        headers,
         body,
     }
 }

@@ -30,7 +30,7 @@ impl Server {
 
     /// Start in an existing data directory (restart tests).
     pub async fn start_in(dir: tempfile::TempDir, extra: serde_json::Value) -> Server {
-        Server::start_in_with_env(dir, extra, &[]).await
+        Server::start_in_env::<&str>(dir, extra, &[]).await
     }
 
     /// Like [`Server::start_in`], with extra environment variables for the service.
@@ -38,6 +38,21 @@ impl Server {
         dir: tempfile::TempDir,
         extra: serde_json::Value,
         env: &[(&str, &std::path::Path)],
+    ) -> Server {
+        Server::start_in_env(dir, extra, env).await
+    }
+
+    /// Start with extra config keys and environment variables (the token variable is only ever
+    /// set from `env`, never inherited from the test runner).
+    pub async fn start_with_env(extra: serde_json::Value, env: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        Server::start_in_env(dir, extra, env).await
+    }
+
+    async fn start_in_env<V: AsRef<std::ffi::OsStr> + Copy>(
+        dir: tempfile::TempDir,
+        extra: serde_json::Value,
+        env: &[(&str, V)],
     ) -> Server {
         let (http_port, rpc_port) = (free_port(), free_port());
         let mut config = serde_json::json!({
@@ -60,9 +75,10 @@ impl Server {
         .expect("write config");
         let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
-            .envs(env.iter().copied())
             .env("CONDUCTOR_CONFIG_PATH", &config_path)
             .env("CONDUCTOR_LOG_LEVEL", "debug")
+            .env_remove("CONDUCTOR_AUTH_TOKEN")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -1,0 +1,340 @@
+//! Endpoint policy and caps: registrations outside the allowed hosts, over the subscription cap
+//! or with over-long names are refused naming the field and counted; a store whose events name
+//! too many contexts, another tenant or a bad block size has those events refused and counted
+//! while its good events of the same batch still apply.
+
+use serde_json::{Value, json};
+
+use crate::e2e_query::{handshake, register_request};
+use crate::http_api::{expect_error, reg};
+use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::player::Player;
+use crate::support::server::Server;
+use crate::support::{WAIT, eventually, free_port, http};
+
+fn with_endpoint(mut body: Value, key: &str, endpoint: &str) -> Value {
+    body[key] = json!(endpoint);
+    body
+}
+
+/// The value of the sample of `metric` whose labels contain `labels`.
+fn sample(metrics: &str, metric: &str, labels: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{metric}{{")) && l.contains(labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_outside_the_policy_are_refused_naming_the_field() {
+    let server = Server::start_with(json!({
+        "allowed_endpoint_hosts": ["127.0.0.1/32", "::1", "publisher.internal"],
+        "max_subscriptions": 2,
+        "max_name_bytes": 16,
+    }))
+    .await;
+    let port = free_port();
+    for endpoint in [
+        format!("tcp://127.0.0.2:{port}"),
+        format!("tcp://localhost:{port}"),
+        format!("tcp://[::2]:{port}"),
+        format!("tcp://10.0.0.1:{port}"),
+    ] {
+        let body = with_endpoint(reg("e0", port), "endpoint", &endpoint);
+        expect_error(
+            &server,
+            "/register",
+            body,
+            400,
+            "not_allowed",
+            Some("endpoint"),
+        )
+        .await;
+    }
+    let body = with_endpoint(
+        reg("e0", port),
+        "replay_endpoint",
+        &format!("tcp://192.168.1.1:{port}"),
+    );
+    expect_error(
+        &server,
+        "/register",
+        body,
+        400,
+        "not_allowed",
+        Some("replay_endpoint"),
+    )
+    .await;
+    let r = http::post_json(server.http_port, "/register", &{
+        let mut b = reg("e0", port);
+        b["instance_id"] = json!("x".repeat(17));
+        b
+    })
+    .await;
+    let j = r.json();
+    assert_eq!(
+        (r.status, &j["reason"], &j["field"]),
+        (400, &json!("too_long"), &json!("instance_id")),
+        "{j}"
+    );
+    assert!(
+        j["error"].as_str().unwrap().contains("max_name_bytes"),
+        "{j}"
+    );
+    let mut long_model = reg("e0", port);
+    long_model["modelname"] = json!("m".repeat(17));
+    expect_error(
+        &server,
+        "/register",
+        long_model,
+        400,
+        "too_long",
+        Some("modelname"),
+    )
+    .await;
+    let mut long_lora = reg("e0", port);
+    long_lora["lora_name"] = json!("l".repeat(17));
+    expect_error(
+        &server,
+        "/register",
+        long_lora,
+        400,
+        "too_long",
+        Some("lora_name"),
+    )
+    .await;
+
+    // gRPC applies the same policy (and names fields as the Python API does).
+    let mut r = engine::registration(
+        "g0",
+        (&format!("tcp://127.0.0.3:{port}"), None),
+        "vLLM",
+        "m",
+        16,
+        0,
+        vllm_cbor_profile(),
+    );
+    let reply = server
+        .grpc()
+        .await
+        .register(register_request(&r))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.ret, -600);
+    assert_eq!(
+        reply.error.as_ref().map(|e| e.field.as_str()),
+        Some("endpoint")
+    );
+    r["endpoint"] = json!(format!("tcp://127.0.0.1:{port}"));
+    r["tenant_id"] = json!("t".repeat(17));
+    let reply = server
+        .grpc()
+        .await
+        .register(register_request(&r))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.ret, -600);
+    let error = reply.error.expect("detail");
+    assert_eq!(
+        (error.field.as_str(), error.reason.as_str()),
+        ("tenant_id", "too_long")
+    );
+
+    // Inside the policy: an allowed IPv4 address, an allowed IPv6 address.
+    let ok = http::post_json(server.http_port, "/register", &reg("e0", port)).await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let v6 = with_endpoint(reg("e1", port), "endpoint", &format!("tcp://[::1]:{port}"));
+    let ok = http::post_json(server.http_port, "/register", &v6).await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    // The third subscription is over the cap, and fits again once one is gone.
+    let third = reg("e2", free_port());
+    let r = http::post_json(server.http_port, "/register", &third).await;
+    let j = r.json();
+    assert_eq!(
+        (r.status, &j["reason"]),
+        (400, &json!("limit_exceeded")),
+        "{j}"
+    );
+    assert!(
+        j["error"].as_str().unwrap().contains("max_subscriptions"),
+        "{j}"
+    );
+    let gone = http::post_json(
+        server.http_port,
+        "/unregister",
+        &json!({"instance_id": "e1", "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!(gone.status, 200);
+    let r = http::post_json(server.http_port, "/register", &third).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let metrics = http::get(server.http_port, "/metrics").await.text();
+    let refused = |field: &str| {
+        sample(
+            &metrics,
+            "conductor_registrations_refused_total",
+            &format!("field=\"{field}\""),
+        )
+    };
+    assert_eq!(refused("endpoint"), Some(5), "{metrics}");
+    assert_eq!(refused("replay_endpoint"), Some(1), "{metrics}");
+    assert_eq!(refused("instance_id"), Some(1), "{metrics}");
+    assert_eq!(refused("model_name"), Some(1), "{metrics}");
+    assert_eq!(refused("tenant_id"), Some(1), "{metrics}");
+    assert_eq!(refused("max_subscriptions"), Some(1), "{metrics}");
+}
+
+/// A Mooncake store object event with `tenant`, `model`, `lora` and `block_size`.
+fn object(
+    tenant: &str,
+    model: &str,
+    lora: Option<&str>,
+    block_size: u64,
+    hash: u64,
+) -> rmpv::Value {
+    let mut event = engine::mooncake_event("stored", model, 16, "backend-a", "obj", "cpu", hash);
+    if let rmpv::Value::Map(fields) = &mut event {
+        for (k, v) in fields.iter_mut() {
+            match k.as_str() {
+                Some("tenant_id") => *v = rmpv::Value::from(tenant),
+                Some("lora_name") => *v = lora.map_or(rmpv::Value::Nil, rmpv::Value::from),
+                Some("block_size") => *v = rmpv::Value::from(block_size),
+                _ => {}
+            }
+        }
+    }
+    event
+}
+
+async fn status_of(server: &Server, service: &str) -> Value {
+    let s = http::get(server.http_port, "/services/status").await.json();
+    s["services"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["service"] == service).cloned())
+        .unwrap_or(json!(null))
+}
+
+/// Each context of the global view as `tenant/model/lora/block_size` with its block count.
+async fn contexts(server: &Server) -> Vec<(String, u64)> {
+    let view = http::get(server.http_port, "/global_view").await.json();
+    view["contexts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|c| {
+                    let name = format!(
+                        "{}/{}/{}/{}",
+                        c["tenant_id"].as_str().unwrap_or_default(),
+                        c["model_name"].as_str().unwrap_or_default(),
+                        c["lora_name"].as_str().unwrap_or_default(),
+                        c["block_size"]
+                    );
+                    (name, c["prefix_count"].as_u64().unwrap_or_default())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn contexts_become(server: &Server, expected: &[(&str, u64)]) {
+    let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| (n.to_string(), *c)).collect();
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let now = contexts(server).await;
+        if now == expected {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "contexts {now:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_naming_too_many_contexts_or_another_tenant_is_refused_event_by_event() {
+    let server = Server::start_with(json!({
+        "max_contexts_per_source": 2,
+        "warning_interval_ms": 60_000,
+    }))
+    .await;
+    let mut store = Player::start(false, 1).await;
+    let mut r = engine::registration(
+        "store",
+        (&store.endpoint, None),
+        "Mooncake",
+        "m",
+        16,
+        0,
+        vllm_cbor_profile(),
+    );
+    r["tenant_id"] = json!("t1");
+    let reply = server.grpc().await.register(register_request(&r)).await;
+    assert_eq!(reply.unwrap().into_inner().ret, 0);
+
+    // One batch: two good contexts, then a third and a fourth (over the cap), another tenant's
+    // event, and block sizes a registration would refuse; then more for the good contexts.
+    let batch = engine::mooncake_batch(vec![
+        object("t1", "m", None, 16, 1),
+        object("t1", "m", Some("ad"), 16, 2),
+        object("t1", "m2", None, 16, 3),
+        object("t1", "m", Some("other"), 16, 4),
+        object("intruder", "m", None, 16, 5),
+        object("t1", "m", None, 1 << 30, 6),
+        object("t1", "m", None, 1 << 21, 7),
+        object("t1", "m", None, 16, 8),
+        object("t1", "m", Some("ad"), 16, 9),
+    ]);
+    handshake(&server, &mut store, "store|t1|0", batch).await;
+
+    // Only the first two contexts exist, each with both its good blocks (also those after the
+    // refused events).
+    contexts_become(&server, &[("t1/m//16", 2), ("t1/m/ad/16", 2)]).await;
+    let st = status_of(&server, "store|t1|0").await;
+    assert_eq!(
+        st["refused"],
+        json!({"max_contexts_per_source": 2, "tenant_id": 1, "block_size": 2}),
+        "{st}"
+    );
+
+    // The good contexts keep working in later batches; refusals keep being counted.
+    let later = engine::mooncake_batch(vec![
+        object("t1", "m3", None, 16, 10),
+        object("t1", "m", None, 16, 11),
+    ]);
+    let seq = store.publish(later).await;
+    eventually("the later batch", WAIT, || async {
+        (status_of(&server, "store|t1|0").await["last_seq"] == json!(seq)).then_some(())
+    })
+    .await;
+    contexts_become(&server, &[("t1/m//16", 3), ("t1/m/ad/16", 2)]).await;
+    let st = status_of(&server, "store|t1|0").await;
+    assert_eq!(st["refused"]["max_contexts_per_source"], json!(3), "{st}");
+
+    let metrics = http::get(server.http_port, "/metrics").await.text();
+    let refused = |field: &str| {
+        sample(
+            &metrics,
+            "conductor_events_refused_total",
+            &format!("service=\"store|t1|0\",field=\"{field}\""),
+        )
+    };
+    assert_eq!(refused("max_contexts_per_source"), Some(3), "{metrics}");
+    assert_eq!(refused("tenant_id"), Some(1), "{metrics}");
+    assert_eq!(refused("block_size"), Some(2), "{metrics}");
+    // Rate-limited: one warning per kind within the interval, each naming its field.
+    let log = crate::hostile::plain_log(&server);
+    let warnings = |field: &str| {
+        log.lines()
+            .filter(|l| l.contains("events refused") && l.contains(&format!("field=\"{field}\"")))
+            .count()
+    };
+    assert_eq!(warnings("max_contexts_per_source"), 1, "{log}");
+    assert_eq!(warnings("tenant_id"), 1, "{log}");
+    assert_eq!(warnings("block_size"), 1, "{log}");
+}
