@@ -27,10 +27,10 @@ const DEFAULT_HTTP_BODY_LIMIT: u64 = 64 * 1024 * 1024;
 const DEFAULT_RPC_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
 /// The largest real vLLM batch is about 10 MB (a 1 M-token prefill step stored at once, see
 /// `docs/zmtp.md`); 64 MiB leaves room for larger engines and equals the HTTP body limit.
-const DEFAULT_PUBLISHER_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
+pub const DEFAULT_PUBLISHER_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
 /// Four largest messages: a replay of 30 s at most rarely holds more than a few batches.
-const DEFAULT_REPLAY_HELD_LIMIT: u64 = 256 * 1024 * 1024;
-const DEFAULT_WARNING_INTERVAL_MS: u64 = 10_000;
+pub const DEFAULT_REPLAY_HELD_LIMIT: u64 = 256 * 1024 * 1024;
+pub const DEFAULT_WARNING_INTERVAL_MS: u64 = 10_000;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]
