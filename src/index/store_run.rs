@@ -56,8 +56,12 @@ pub(super) fn apply(
     {
         // Hints only; registered as a reader so the arrays they look at stay while they do.
         let reading = table.reading();
-        run.items.iter().for_each(|it| table.prefetch(&reading, it.0));
-        run.items.iter().for_each(|it| table.prefetch_record(&reading, it.0));
+        run.items
+            .iter()
+            .for_each(|it| table.prefetch(&reading, it.0));
+        run.items
+            .iter()
+            .for_each(|it| table.prefetch_record(&reading, it.0));
     }
     // Counting sort by shard, keeping the order within a shard.
     let mut start = [0usize; SHARDS + 1];

@@ -358,8 +358,6 @@ impl Blocks {
         }
     }
 
-
-
     /// Make room for one more block, so that a following [`Self::probe`] can be followed by
     /// [`Self::insert`] at the position it found.
     #[inline]
