@@ -6,6 +6,7 @@ mod support;
 mod durability;
 mod e2e_mixed;
 mod e2e_query;
+mod fixtures;
 mod hostile;
 mod http_api;
 mod http_errors;

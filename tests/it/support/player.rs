@@ -24,6 +24,11 @@ impl Player {
         }
     }
 
+    /// Connections the PUB accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.publisher.accepted()
+    }
+
     pub fn next_seq(&self) -> u64 {
         self.publisher.next_seq()
     }
