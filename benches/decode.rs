@@ -1,6 +1,6 @@
 //! Decode throughput of a recorded vLLM 0.33 batch (32 `BlockStored` × 16 blocks of 16 tokens
 //! with token ids, then a run of 64 single-hash `BlockRemoved`, as vLLM's block pool emits them),
-//! in blocks per second. The payload is `tests/fixtures/events/vllm_bench_batch.hex`, encoded by
+//! in blocks per second. The payload is the frame of `tests/fixtures/events/vllm_bench_batch.jsonl`, encoded by
 //! vLLM's own classes. End-to-end ingest aims at 2 M blocks/s, so decoding must be far above it.
 
 use std::hint::black_box;
@@ -8,18 +8,17 @@ use std::time::Instant;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mooncake_conductor::events::KvEvent;
+use mooncake_conductor::fixture::format::Fixture;
 use mooncake_conductor::hashing::IndexProjection;
 use mooncake_conductor::model::PublisherType;
 use mooncake_conductor::wire::decode;
 
-const PAYLOAD_HEX: &str = include_str!("../tests/fixtures/events/vllm_bench_batch.hex");
+const FIXTURE: &str = include_str!("../tests/fixtures/events/vllm_bench_batch.jsonl");
 
 fn payload() -> Vec<u8> {
-    let hex = PAYLOAD_HEX.trim();
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("the fixture is hex"))
-        .collect()
+    let path = std::path::Path::new("vllm_bench_batch.jsonl");
+    let fixture = Fixture::read(FIXTURE.as_bytes(), path).expect("the fixture reads");
+    fixture.frames[0].payload.to_vec()
 }
 
 fn blocks_in(payload: &[u8]) -> u64 {

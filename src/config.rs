@@ -35,17 +35,17 @@ const DEFAULT_HTTP_BODY_LIMIT: u64 = 64 * 1024 * 1024;
 const DEFAULT_RPC_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
 /// The largest real vLLM batch is about 10 MB (a 1 M-token prefill step stored at once, see
 /// `docs/zmtp.md`); 64 MiB leaves room for larger engines and equals the HTTP body limit.
-const DEFAULT_PUBLISHER_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
+pub const DEFAULT_PUBLISHER_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
 /// Four largest messages: a replay of 30 s at most rarely holds more than a few batches.
-const DEFAULT_REPLAY_HELD_LIMIT: u64 = 256 * 1024 * 1024;
-const DEFAULT_WARNING_INTERVAL_MS: u64 = 10_000;
+pub const DEFAULT_REPLAY_HELD_LIMIT: u64 = 256 * 1024 * 1024;
+pub const DEFAULT_WARNING_INTERVAL_MS: u64 = 10_000;
 /// 4 Mi tokens: longer than any model's context today, and 16 MiB as `Vec<i32>`.
 const DEFAULT_MAX_QUERY_TOKENS: u64 = 4 << 20;
 /// Four bodies at the default body limit.
 const DEFAULT_INFLIGHT_BODY_BYTES: u64 = 256 * 1024 * 1024;
 /// A base model, a few dozen adapters and block sizes: more is a misconfigured or hostile
 /// publisher (each context is an actor and an index of its own).
-const DEFAULT_MAX_CONTEXTS_PER_SOURCE: u64 = 64;
+pub const DEFAULT_MAX_CONTEXTS_PER_SOURCE: u64 = 64;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,12 +4,14 @@
 //! engine hash chains; [`wire`] publisher payload decoders; [`events`] normalized events;
 //! [`index`] per-context prefix indexes; [`subscription`] one actor per publisher; [`registry`]
 //! subscriptions and contexts; [`gateway`] gRPC and HTTP over one operation layer; [`metrics`]
-//! Prometheus text; [`service`] the running service; [`config`] its configuration.
+//! Prometheus text; [`service`] the running service; [`config`] its configuration; [`fixture`]
+//! recorded event fixtures (`record`, `play`, `check`).
 
 pub mod admin;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod fixture;
 pub mod gateway;
 pub mod hashing;
 pub mod index;

@@ -2,6 +2,8 @@
 //! Operational commands on the configured data directory (with the service stopped):
 //! `mooncake_conductor dump [FILTER]`, `mooncake_conductor verify`, `mooncake_conductor compact`,
 //! `mooncake_conductor unregister INSTANCE [--tenant T] [--dp-rank R]`.
+//! Fixture tools, which need no configuration: `mooncake_conductor record|play|check ...`
+//! (`docs/fixtures.md`).
 
 use std::process::ExitCode;
 
@@ -10,7 +12,7 @@ use mooncake_conductor::storage::KvStore;
 use mooncake_conductor::storage::rocks::RocksStore;
 use mooncake_conductor::{admin, service};
 
-const USAGE: &str = "usage: mooncake_conductor [dump [FILTER] | verify | compact | unregister INSTANCE [--tenant T] [--dp-rank R]]";
+const USAGE: &str = "usage: mooncake_conductor [dump [FILTER] | verify | compact | unregister INSTANCE [--tenant T] [--dp-rank R] | record ... | play FILE ... | check FILE ...]";
 
 fn main() -> ExitCode {
     let level = LogLevel::parse(std::env::var(LOG_LEVEL_ENV).ok().as_deref());
@@ -21,6 +23,17 @@ fn main() -> ExitCode {
     if let Err(warning) = level {
         tracing::warn!("{warning}");
     }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // The fixture tools talk to publishers and files only: no configuration, no data directory.
+    if let Some(command @ ("record" | "play" | "check")) = args.first().map(String::as_str) {
+        return match mooncake_conductor::fixture::run_command(command, &args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let (config, origin) = match Config::load() {
         Ok(loaded) => loaded,
         Err(e) => {
@@ -29,7 +42,6 @@ fn main() -> ExitCode {
         }
     };
     tracing::info!(%origin, "configuration loaded");
-    let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         None => service::run_until_signal(config).map_err(|e| e.to_string()),
         Some(command @ ("dump" | "verify" | "compact")) => {

@@ -256,7 +256,8 @@ async fn start_static_registrations(config: &Config, registry: &actix::Addr<Regi
     }
 }
 
-async fn wait_for_signal() {
+/// SIGINT or SIGTERM (Ctrl-C where those cannot be installed).
+pub async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::interrupt()),

@@ -203,6 +203,24 @@ impl SeqState {
         }
     }
 
+    /// Start by asking for the publisher's whole buffer, from the stream start (a recorder wants
+    /// what was published before it joined too). Nothing without a replay socket, or once a
+    /// batch was seen or a replay runs.
+    pub fn begin_from_start(&mut self) -> Vec<Action> {
+        if !self.has_replay || self.replay.is_some() || self.last.is_some() {
+            return Vec::new();
+        }
+        self.replay = Some(Replay {
+            expected: self.stream_start,
+            held: VecDeque::new(),
+            held_bytes: 0,
+            incomplete: false,
+        });
+        vec![Action::RequestReplay {
+            from_seq: self.stream_start,
+        }]
+    }
+
     /// A batch from the live stream.
     pub fn on_live(&mut self, seq: u64, payload: Bytes) -> Vec<Action> {
         if let Some(replay) = &mut self.replay {

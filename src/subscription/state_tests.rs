@@ -259,3 +259,22 @@ fn a_resume_whose_batch_the_publisher_no_longer_has_is_dropped() {
     // The new stream is then followed from its start, through the replay socket.
     assert_eq!(live(&mut s, &[6]), ["R:0"]);
 }
+
+#[test]
+fn a_start_from_the_stream_start_replays_the_whole_buffer_then_goes_live() {
+    let mut s = SeqState::new(0, true, 100);
+    assert_eq!(trace(&s.begin_from_start()), ["R:0"]);
+    // Only once, and not while the replay runs.
+    assert!(s.begin_from_start().is_empty());
+    assert!(live(&mut s, &[3]).is_empty(), "held while replaying");
+    let replayed: Vec<String> = [0, 1, 2]
+        .iter()
+        .flat_map(|&q| trace(&s.on_replayed(q, p(q), digest(q))))
+        .collect();
+    assert_eq!(replayed, ["0", "1", "2"]);
+    assert_eq!(trace(&s.on_replay_end()), ["3"]);
+    assert_eq!(s.phase(), Phase::Live);
+    // Without a replay socket there is nothing to ask.
+    let mut plain = SeqState::new(0, false, 100);
+    assert!(plain.begin_from_start().is_empty());
+}

@@ -12,6 +12,7 @@ mod durability;
 mod durable_state;
 mod e2e_mixed;
 mod e2e_query;
+mod fixtures;
 mod hostile;
 mod http_api;
 mod http_errors;

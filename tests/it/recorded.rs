@@ -1,28 +1,20 @@
-//! The recorded engine payloads (`tests/fixtures/events/`, captured from vLLM 0.33 and SGLang
-//! 0.5.23's own publisher classes) played by the fixture player into the running binary: each
-//! subscription's counters and the resulting index must match the manifest's decoded events.
+//! The recorded engine payloads (`tests/fixtures/events/*.jsonl`, captured from vLLM 0.33 and
+//! SGLang 0.5.23's own publisher classes) served by `mooncake_conductor play` into the running
+//! binary: each subscription's counters and the resulting index must match the manifest's
+//! decoded events.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::{handshake, register_request};
+use crate::e2e_query::register_request;
 use crate::support::engine::{self, sglang_profile, vllm_cbor_profile};
-use crate::support::player::Player;
 use crate::support::server::Server;
-use crate::support::{WAIT, eventually, http};
+use crate::support::tool::{self, Tool};
+use crate::support::{WAIT, eventually, free_port, http};
 
 fn fixture_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/events")
-}
-
-fn payload(name: &str) -> Vec<u8> {
-    let hex = std::fs::read_to_string(fixture_dir().join(format!("{name}.hex"))).expect("fixture");
-    let hex: String = hex.split_whitespace().collect();
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-        .collect()
 }
 
 fn hash(v: &Value) -> u64 {
@@ -68,6 +60,7 @@ async fn recorded_engine_payloads_index_what_they_say() {
             .unwrap();
     let server = Server::start().await;
     let mut checked = 0;
+    let mut players = Vec::new();
     for (n, fixture) in manifest["fixtures"].as_array().unwrap().iter().enumerate() {
         let (name, kind) = (
             fixture["name"].as_str().unwrap(),
@@ -90,10 +83,27 @@ async fn recorded_engine_payloads_index_what_they_say() {
         };
         let rank = fixture["expect"]["dp_rank"].as_u64().unwrap_or(0) as u32;
         let (instance, model_name) = (format!("i{n}"), format!("model-{name}"));
-        let mut player = Player::start(false, 0).await;
+        // The fixture file as its publisher serves it: `play` waits for the subscriber, sends the
+        // batch, and re-sends it while it lingers (the Conductor ignores the duplicates; a PUB
+        // drops what it sends before the subscription arrived).
+        let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+        let file = fixture_dir().join(format!("{name}.jsonl"));
+        let player = Tool::spawn(&[
+            "play",
+            file.to_str().unwrap(),
+            "--bind",
+            &endpoint,
+            "--as-fast",
+            "--wait-subscriber",
+            "20",
+            "--linger",
+            "1.5",
+            "--repeat-last",
+            "0.05",
+        ]);
         let reg = engine::registration(
             &instance,
-            (&player.endpoint, None),
+            (&endpoint, None),
             kind,
             &model_name,
             block_size as u32,
@@ -108,13 +118,17 @@ async fn recorded_engine_payloads_index_what_they_say() {
             .unwrap()
             .into_inner();
         assert_eq!(reply.ret, 0, "{name}: {:?}", reply.error);
-        handshake(
-            &server,
-            &mut player,
-            &format!("{instance}|default|{rank}"),
-            payload(name),
-        )
+        let service = format!("{instance}|default|{rank}");
+        eventually(&format!("{name}: the batch applied"), WAIT, || async {
+            let status = http::get(server.http_port, "/services/status").await.json();
+            status["services"]
+                .as_array()?
+                .iter()
+                .any(|s| s["service"] == service.as_str() && s["last_seq"] == json!(0))
+                .then_some(())
+        })
         .await;
+        players.push((name.to_owned(), player));
 
         let count = |k: &str| events.iter().filter(|e| e["kind"] == k).count() as u64;
         let status = http::get(server.http_port, "/services/status").await.json();
@@ -187,6 +201,10 @@ async fn recorded_engine_payloads_index_what_they_say() {
         )
         .await;
         checked += 1;
+    }
+    for (name, player) in players {
+        let out = player.finish(std::time::Duration::from_secs(30)).await;
+        assert!(out.status.success(), "{name}: {}", tool::stderr(&out));
     }
     assert!(
         checked >= 6,

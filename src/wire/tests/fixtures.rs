@@ -25,14 +25,15 @@ pub(super) fn manifest() -> Vec<Value> {
         .clone()
 }
 
+/// The one frame of a recorded fixture file (`docs/fixtures.md`).
 pub(super) fn payload(name: &str) -> Vec<u8> {
-    let text = std::fs::read_to_string(dir().join(format!("{name}.hex"))).expect("fixture file");
-    let hex = text.trim();
-    assert!(hex.len().is_multiple_of(2), "{name}: odd hex length");
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-        .collect()
+    let path = dir().join(format!("{name}.jsonl"));
+    let fixture = crate::fixture::format::Fixture::read_file(&path).expect("fixture file");
+    assert_eq!(fixture.frames.len(), 1, "{name}: one recorded batch");
+    // Written by the recorder script exactly as the Rust writer writes it.
+    let text = std::fs::read_to_string(&path).expect("fixture file");
+    assert_eq!(fixture.to_text(), text, "{name}: canonical fixture text");
+    fixture.frames[0].payload.to_vec()
 }
 
 /// All fixtures with their publisher and the projection a registration of that engine uses.

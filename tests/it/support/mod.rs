@@ -8,6 +8,7 @@ pub mod http;
 pub mod player;
 pub mod raw_zmtp;
 pub mod server;
+pub mod tool;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

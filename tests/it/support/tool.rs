@@ -1,0 +1,71 @@
+//! The binary's fixture commands (`record`, `play`, `check`) as child processes, each bounded in
+//! time: a command still running at its deadline is killed and fails the test.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Tool {
+    child: Option<Child>,
+    what: String,
+}
+
+impl Tool {
+    pub fn spawn(args: &[&str]) -> Tool {
+        let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+            .args(args)
+            // No configuration is read by these commands; an unreadable one proves it.
+            .env("CONDUCTOR_CONFIG_PATH", "/nonexistent/conductor.json")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn mooncake_conductor");
+        Tool {
+            child: Some(child),
+            what: args.join(" "),
+        }
+    }
+
+    /// Wait for the exit, at most `timeout`.
+    pub async fn finish(mut self, timeout: Duration) -> Output {
+        let deadline = Instant::now() + timeout;
+        let mut child = self.child.take().expect("not finished yet");
+        loop {
+            match child.try_wait().expect("poll child") {
+                Some(_) => return child.wait_with_output().expect("child output"),
+                None if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let out = child.wait_with_output().expect("child output");
+                    panic!(
+                        "`{}` still ran after {timeout:?}; stderr:\n{}",
+                        self.what,
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                None => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+}
+
+impl Drop for Tool {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Run a command to its end, at most `timeout`.
+pub async fn run(args: &[&str], timeout: Duration) -> Output {
+    Tool::spawn(args).finish(timeout).await
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
