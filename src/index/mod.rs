@@ -176,25 +176,27 @@
 //! One process, one seeded workload (64 instances x 2 ranks, 32 shared system prompts, 4,000
 //! prompts published as engines do, 15 % tail evictions, 2.7 M live pairs), both indexes checked
 //! to give the same per-holder overlap on 3,000 queries; ours keyed by derived keys with the
-//! published hashes as aliases, answering into a reused answer. Figures of two runs on the shared
-//! 2-core machine (ours / Dynamo's `ConcurrentRadixTreeCompressed`):
+//! published hashes as aliases, answering into a reused answer. Ratios of runs in the same
+//! process (ours / Dynamo's `ConcurrentRadixTreeCompressed`) on the shared 2-core machine, with
+//! the reads under a per-shard `RwLock` (before) and lock-free with prefetching (after):
 //!
-//! | figure | ours | Dynamo | ratio |
-//! |---|---|---|---|
-//! | apply, M block ops/s | 3.6, 4.6 | 6.5, 7.2 | 0.56, 0.64 |
-//! | 2,048-token query by keys, p50 / p99 | 6.8-7.1 / 15-17 us | 2.9-3.4 / 5.5-7.0 us | 2.1-2.4 / 2.4-2.7 |
-//! | 2,048-token query from tokens, p50 / p99 | 9.6-10.9 / 26-34 us | 4.3-5.0 / 7.5-9.4 us | 2.2 / 3.4-3.6 |
-//! | 1M-token full hit from tokens | 3.2-3.3 ms | 0.33 ms | 10 |
-//! | RSS per (block, holder) | 12.2 B | 34.9 B | 0.35 |
+//! | figure | before | after |
+//! |---|---|---|
+//! | apply, M block ops/s | 0.56-0.75 | 0.79-0.92 |
+//! | 2,048-token query by keys, p50 | 2.1-2.8 | 1.40-1.53 |
+//! | 2,048-token query from tokens, p50 | 2.2-2.7 | 1.29-1.38 |
+//! | 1M-token full hit from tokens | 3.2-3.9 ms (10x) | 3.3-3.5 ms (load average 2.5), 7-8 ms (load 5-6) |
+//! | RSS per (block, holder) | 12.2 B (0.35x) | 12.3 B (0.35x) |
 //!
-//! What bounds ours: each block of a walk is one shard read lock and one hash probe (about 30 ns
-//! on this machine, 1.8 ms of the 1M-token query), where the tree follows an edge it already
-//! holds; deriving a key costs about 25 ns per 16-token block; a 64 x 2 answer costs about 5 us
-//! even reused (Dynamo answers device overlap per worker only). On apply (a profile of the
-//! whole build, workload generation included), the table's probes take 31 % of the samples, the
-//! alias map's inserts 14 % and the grouped store 11 %. Closing the gap needs reads without a lock per
-//! block (an epoch- or seqlock-protected table, or edges that carry their successors), which is
-//! the next step for this module.
+//! What bounds ours now: a walk step is still a hash probe per block (the tree follows an edge
+//! it already holds and compares the blocks along it in order), about 35-40 ns per block on a
+//! 1M-token prompt whose table fits in the caches, spread over locating, prefetching and
+//! probing; the 64 x 2 answer and the cursors' bookkeeping are about a quarter of a 2,048-token
+//! query. On apply, the alias map's inserts (one random access per stored block into a
+//! `HashMap` that cannot be prefetched) are a fifth of the time, the table's stores (now with
+//! their lines prefetched per run) a third. Closing the rest needs blocks that carry their
+//! successors (so a walk along a stored chain reads records in order, without probes) and an
+//! alias table of our own.
 
 pub mod actor;
 mod aliases;

@@ -36,7 +36,10 @@ fn main() -> ExitCode {
             _ => usage(),
         },
         Some("--profile") => match args.get(2).map(String::as_str) {
-            Some(way @ ("keys" | "tokens" | "dynamo-keys" | "dynamo-tokens" | "apply" | "long")) => {
+            Some(
+                way @ ("keys" | "tokens" | "dynamo-keys" | "dynamo-tokens" | "apply" | "long"
+                | "long-keys" | "long-tokens"),
+            ) => {
                 profile(way);
                 ExitCode::SUCCESS
             }
@@ -53,6 +56,39 @@ fn profile(way: &str) {
         for _ in 0..3 {
             black_box(long_query().is_ok());
         }
+        return;
+    }
+    if way == "long-keys" || way == "long-tokens" {
+        // Ours only, built once, then the 1M-token query many times (for `perf stat`).
+        let mut rng = workload::Rng::new(SEED ^ 0x1_000_000);
+        let tokens = rng.tokens(LONG_TOKENS);
+        let n = LONG_TOKENS / BLOCK_SIZE;
+        let batch = PublisherBatch {
+            holder: 0,
+            events: (0..n)
+                .step_by(16)
+                .map(|s| Event::Store {
+                    prompt: 0,
+                    start: s as u32,
+                    end: (s + 16).min(n) as u32,
+                })
+                .collect(),
+        };
+        let mut ours = ours::Ours::new();
+        let keys = [ours.prompt(&tokens)];
+        ours.apply(&ours.batch(&batch, &keys));
+        let mut query_keys = ours.query_keys(&tokens);
+        let mut answer = QueryHits::default();
+        let t = Instant::now();
+        for _ in 0..100 {
+            if way == "long-keys" {
+                ours.query_into(&mut query_keys, &mut answer);
+            } else {
+                ours.query_tokens_into(&tokens, &mut answer);
+            }
+        }
+        eprintln!("{way}: {:.2} ms per query", t.elapsed().as_secs_f64() * 10.0);
+        black_box(&answer);
         return;
     }
     let w = workload::generate(SEED);
@@ -95,7 +131,7 @@ fn profile(way: &str) {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: dynamo-compare [--rss-child ours|dynamo | --profile keys|tokens|dynamo-keys|dynamo-tokens|apply|long]");
+    eprintln!("usage: dynamo-compare [--rss-child ours|dynamo | --profile keys|tokens|dynamo-keys|dynamo-tokens|apply|long|long-keys|long-tokens]");
     ExitCode::from(2)
 }
 
