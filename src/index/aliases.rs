@@ -50,19 +50,6 @@ impl Hasher for MixHasher {
     }
 }
 
-/// Persisted aliases hashed into a map outside any lock: recovery builds it in the thread that
-/// reads them, while the pairs load, so the inserts (a map of up to one entry per block) are
-/// off the restart's critical path.
-pub struct LoadedAliases(HashMap<u64, u64, SeededMix>);
-
-impl LoadedAliases {
-    pub fn build(all: Vec<(u64, u64)>) -> Self {
-        let mut map = HashMap::with_capacity_and_hasher(all.len(), SeededMix::default());
-        map.extend(all);
-        LoadedAliases(map)
-    }
-}
-
 #[derive(Default)]
 pub(crate) struct Aliases {
     map: RwLock<HashMap<u64, u64, SeededMix>>,
@@ -106,16 +93,6 @@ impl Aliases {
         let mut map = write_lock(&self.map);
         map.reserve(all.len());
         map.extend(all);
-    }
-
-    /// Add aliases built by [`LoadedAliases::build`] (recovery): nothing is recorded as changed.
-    pub fn install(&self, loaded: LoadedAliases) {
-        let mut map = write_lock(&self.map);
-        if map.is_empty() {
-            *map = loaded.0;
-        } else {
-            map.extend(loaded.0);
-        }
     }
 
     /// Keep the aliases `keep(hash, key)` accepts; pushes the dropped hashes onto `changed`.

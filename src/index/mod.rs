@@ -225,7 +225,6 @@ pub use actor::{
     ApplyBatch, AttachRank, ContextActor, ContextHandle, DetachOutcome, DetachSource, DropSource,
     GetStats, Snapshot,
 };
-pub use aliases::LoadedAliases;
 pub use context::{ApplyReport, ContextIndex};
 pub use handle::{ContextView, IndexReader, IndexStats};
 pub use persist::{ContextChanges, HolderRecord, Restorer, Watermark};

@@ -19,7 +19,6 @@ use crate::events::{Holder, IndexBatch};
 use crate::hashing::HashProfile;
 use crate::model::{BlockHash, ContextKey, SubscriptionKey};
 
-use super::aliases::LoadedAliases;
 use super::context::{ApplyReport, ContextIndex};
 use super::holder::HolderState;
 
@@ -360,11 +359,6 @@ impl Restorer {
     /// Persisted aliases, all at once (one lock, one allocation).
     pub fn aliases(&mut self, all: Vec<(u64, u64)>) {
         self.index.shared.aliases.load(all);
-    }
-
-    /// Persisted aliases already hashed into a map (see [`LoadedAliases`]).
-    pub fn install_aliases(&mut self, loaded: LoadedAliases) {
-        self.index.shared.aliases.install(loaded);
     }
 
     pub fn attach(&mut self, source: &SubscriptionKey, instance_id: &str, dp_rank: u32) {

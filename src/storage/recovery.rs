@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::index::{ContextIndex, LoadedAliases, Restorer, Watermark};
+use crate::index::{ContextIndex, Restorer, Watermark};
 use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
 
 use super::codec;
@@ -82,8 +82,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             restorer.watermark(source, mark);
             Ok(())
         })?;
-        // The aliases are read, and hashed into their map, in a thread of their own while the
-        // pairs load.
+        // The aliases are read in a thread of their own while the pairs load.
         let (aliases, loaded) = std::thread::scope(|scope| {
             let aliases = scope.spawn(|| {
                 let mut all = Vec::new();
@@ -92,7 +91,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
                         all.push(codec::decode_alias(k, v)?);
                         Ok(())
                     })
-                    .map(|()| LoadedAliases::build(all))
+                    .map(|()| all)
             });
             let loaded = load_pairs(store, &ctx, &mut restorer);
             let aliases = aliases
@@ -100,7 +99,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
                 .unwrap_or_else(|_| Err(StorageError::Io("alias scanner panicked".into())));
             (aliases, loaded)
         });
-        restorer.install_aliases(aliases?);
+        restorer.aliases(aliases?);
         pairs += loaded?;
         let mut index = restorer.finish();
         // Sources whose registration is gone: never keep what cannot be vouched for.
