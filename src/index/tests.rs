@@ -325,30 +325,6 @@ fn unregistered_instances_do_not_appear() {
 }
 
 #[test]
-fn the_walk_hashes_only_what_it_needs_and_never_under_a_lock() {
-    let mut ix = new_index();
-    put(&mut ix, "a", 0, Tier::Device, &P[..2]);
-    put(&mut ix, "b", 0, Tier::Device, &P[..3]);
-    let mut keys = TestKeys::full(&P);
-    keys.probe = Some(ix.reader());
-    let hits = ix.query(&mut keys, None).hits;
-    assert_eq!(hits["b"].disk, 3 * BS);
-    // Block 3 is where the last cursor stopped: 4 blocks looked up, the other 2 hashed ahead.
-    assert_eq!(query::keys_hashed(4, P.len()), 6);
-    assert_eq!(keys.first_asks(), (0..6).collect::<Vec<_>>());
-    // A long prompt: the lookahead is bounded, the tail is never hashed.
-    let long: Vec<u64> = P.iter().copied().chain(100..200).collect();
-    let mut keys = TestKeys::full(&long);
-    keys.probe = Some(ix.reader());
-    ix.query(&mut keys, Some("a"));
-    assert_eq!(query::keys_hashed(3, long.len()), 10);
-    assert_eq!(keys.first_asks(), (0..10).collect::<Vec<_>>());
-    let mut keys = TestKeys::full(&long);
-    ix.query(&mut keys, None);
-    assert_eq!(keys.first_asks(), (0..11).collect::<Vec<_>>());
-}
-
-#[test]
 fn invalid_tiers_are_counted_and_ignored() {
     let mut ix = new_index();
     let r = put(&mut ix, "a", 0, Tier::CpuShare, &P);

@@ -22,6 +22,8 @@
 
 mod arena;
 mod blocks;
+#[cfg(test)]
+mod blocks_tests;
 mod prefetch;
 #[cfg(test)]
 mod ref_tests;
@@ -40,7 +42,7 @@ use crate::model::Tier;
 use blocks::{Blocks, IDX_BITS, Probe};
 pub(crate) use sets::is_inline;
 use sets::{SetWriter, Sets};
-use view::{Reading, ShardView};
+use view::{Reading, ShardView, ShardWrite};
 
 pub(crate) const DEVICE: u8 = 1;
 pub(crate) const CPU_LOCAL: u8 = 2;
@@ -283,37 +285,6 @@ impl Shard {
     fn held_key(&self, sets: &Sets, idx: u32, id: u32) -> Option<u64> {
         let key = self.blocks.key(idx)?;
         (sets.bits_of(self.blocks.val(idx), id) != 0).then_some(key)
-    }
-}
-
-/// A shard under its write lock, inside a write section of its view: ending the section (also
-/// on unwind) publishes the shard's arrays and frees replaced ones when no lock-free reader can
-/// hold them.
-struct ShardWrite<'a> {
-    guard: RwLockWriteGuard<'a, Shard>,
-    view: &'a ShardView,
-    readers: &'a AtomicUsize,
-}
-
-impl std::ops::Deref for ShardWrite<'_> {
-    type Target = Shard;
-    fn deref(&self) -> &Shard {
-        &self.guard
-    }
-}
-
-impl std::ops::DerefMut for ShardWrite<'_> {
-    fn deref_mut(&mut self) -> &mut Shard {
-        &mut self.guard
-    }
-}
-
-impl Drop for ShardWrite<'_> {
-    fn drop(&mut self) {
-        self.view.end_write(self.guard.blocks.arrays_ptr());
-        if self.guard.blocks.has_retired() && view::no_readers(self.readers) {
-            self.guard.blocks.drop_retired();
-        }
     }
 }
 

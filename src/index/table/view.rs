@@ -20,6 +20,9 @@
 
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
 
+use std::sync::RwLockWriteGuard;
+
+use super::Shard;
 use super::blocks::Arrays;
 
 /// One shard's version (odd while its writer is inside a write section) and current arrays.
@@ -108,4 +111,35 @@ impl Drop for Reading<'_> {
 /// Whether replaced arrays may be freed: after `end_write` published the new pointer.
 pub(super) fn no_readers(readers: &AtomicUsize) -> bool {
     readers.load(Ordering::SeqCst) == 0
+}
+
+/// A shard under its write lock, inside a write section of its view: ending the section (also
+/// on unwind) publishes the shard's arrays and frees replaced ones when no lock-free reader can
+/// hold them.
+pub(super) struct ShardWrite<'a> {
+    pub(super) guard: RwLockWriteGuard<'a, Shard>,
+    pub(super) view: &'a ShardView,
+    pub(super) readers: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for ShardWrite<'_> {
+    type Target = Shard;
+    fn deref(&self) -> &Shard {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for ShardWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Shard {
+        &mut self.guard
+    }
+}
+
+impl Drop for ShardWrite<'_> {
+    fn drop(&mut self) {
+        self.view.end_write(self.guard.blocks.arrays_ptr());
+        if self.guard.blocks.has_retired() && no_readers(self.readers) {
+            self.guard.blocks.drop_retired();
+        }
+    }
 }

@@ -259,3 +259,27 @@ fn a_backend_tier_that_ends_mid_prompt_ends_that_phase_for_every_rank() {
     assert_eq!(rank_of(&ix, &keys, "z", 0), counts(0, 0, 9, 12));
     assert_eq!(rank_of(&ix, &keys, "a", 0), counts(3, 3, 9, 12));
 }
+
+#[test]
+fn the_walk_hashes_only_what_it_needs_and_never_under_a_lock() {
+    let mut ix = new_index();
+    put(&mut ix, "a", 0, Tier::Device, &P[..2]);
+    put(&mut ix, "b", 0, Tier::Device, &P[..3]);
+    let mut keys = TestKeys::full(&P);
+    keys.probe = Some(ix.reader());
+    let hits = ix.query(&mut keys, None).hits;
+    assert_eq!(hits["b"].disk, 3 * BS);
+    // Block 3 is where the last cursor stopped: 4 blocks looked up, the other 2 hashed ahead.
+    assert_eq!(super::query::keys_hashed(4, P.len()), 6);
+    assert_eq!(keys.first_asks(), (0..6).collect::<Vec<_>>());
+    // A long prompt: the lookahead is bounded, the tail is never hashed.
+    let long: Vec<u64> = P.iter().copied().chain(100..200).collect();
+    let mut keys = TestKeys::full(&long);
+    keys.probe = Some(ix.reader());
+    ix.query(&mut keys, Some("a"));
+    assert_eq!(super::query::keys_hashed(3, long.len()), 10);
+    assert_eq!(keys.first_asks(), (0..10).collect::<Vec<_>>());
+    let mut keys = TestKeys::full(&long);
+    ix.query(&mut keys, None);
+    assert_eq!(keys.first_asks(), (0..11).collect::<Vec<_>>());
+}
