@@ -1,8 +1,9 @@
 """The recorded engine scenarios (tests/fixtures/events/scenarios/, produced by vLLM 0.33's and
 SGLang 0.5.23's own caches) replayed into the real server: registered and queried through
-``ConductorClient``, published on a real PUB socket with the recorded seqs, and every answer
-compared with what the engine's own cache state says."""
+``ConductorClient``, each fixture's frames published on a real PUB socket with the recorded seqs,
+and every answer compared with what the engine's own cache state says (``<name>.expect.json``)."""
 
+import base64
 import json
 import urllib.request
 from pathlib import Path
@@ -15,26 +16,22 @@ from support import free_port, wait_until
 pytestmark = pytest.mark.server
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "events" / "scenarios"
-INSTANCE = "engine-0"
 TIERS = ("device", "cpu_local", "cpu_share", "disk")
 
 
 def load(path: Path):
-    header, batches, queries = None, [], []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        entry = json.loads(line)
-        if entry["kind"] == "scenario":
-            header = entry
-        elif entry["kind"] == "batch":
-            batches.append((entry["seq"], bytes.fromhex(entry["payload_hex"])))
-        elif entry["kind"] == "query":
-            queries.append(entry)
-        else:
-            raise ValueError(f"{path.name}: unknown line kind {entry['kind']!r}")
-    assert header and batches and queries, f"{path.name}: header, batches and queries"
-    return header, batches, queries
+    """A fixture (docs/fixtures.md, version 1) and its queries and expected answers."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    header, frames = lines[0], lines[1:]
+    assert (header["format"], header["version"]) == ("mooncake-conductor-fixture", 1), path.name
+    assert header["frames"] == len(frames) > 0, f"{path.name}: truncated or empty"
+    batches = [(f["seq"], base64.b64decode(f["topic"]), base64.b64decode(f["payload"])) for f in frames]
+    stem = path.name[: -len(".jsonl")]
+    queries = json.loads((SCENARIOS / f"{stem}.queries.json").read_text())
+    expected = json.loads((SCENARIOS / f"{stem}.expect.json").read_text())
+    assert queries and len(queries) == len(expected), f"{path.name}: an answer per query"
+    assert [e["query"] for e in expected] == list(range(len(queries)))
+    return header, batches, queries, [e["instances"] for e in expected]
 
 
 def service_status(conductor, service):
@@ -53,50 +50,59 @@ class Publisher:
         self.sock = self._ctx.socket(zmq.PUB)
         self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
 
-    def send(self, seq, payload):
-        self.sock.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+    def send(self, seq, topic, payload):
+        self.sock.send_multipart([topic, seq.to_bytes(8, "big"), payload])
 
     def close(self):
         self.sock.close(linger=0)
         self._ctx.term()
 
 
-def row_counts(row):
-    return [row[t] for t in TIERS]
+def counts(row):
+    return {t: row[t] for t in TIERS}
+
+
+def answer(hits):
+    """A query result's hits in ``check``'s shape: the four counts and each rank's."""
+    return {
+        instance: dict(counts(row), rank_matches={r: counts(t) for r, t in row["rank_matches"].items()})
+        for instance, row in hits.items()
+    }
 
 
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.jsonl")), ids=lambda p: p.stem)
 def test_recorded_scenario_answers_like_the_engine(client, conductor, path):
-    header, batches, queries = load(path)
-    reg = header["registration"]
+    header, batches, queries, expected = load(path)
+    instance = header["instance_id"]
     publisher = Publisher()
     try:
         config = {
-            "instance_id": INSTANCE,
+            "instance_id": instance,
             "endpoint": publisher.endpoint,
-            "publisher_type": reg["publisher_type"],
-            "model_name": reg["model_name"],
-            "lora_name": reg["lora_name"] or "",
-            "block_size": reg["block_size"],
-            "dp_rank": reg["dp_rank"],
-            "hash_profile": dict(reg["hash_profile"]),
+            "publisher_type": header["publisher_type"],
+            "model_name": header["model_name"],
+            "lora_name": header.get("lora_name", ""),
+            "block_size": header["block_size"],
+            "dp_rank": header["dp_rank"],
+            "hash_profile": dict(header["hash_profile"]),
         }
         assert client.register(config) == OK
-        service = f"{INSTANCE}|default|{reg['dp_rank']}"
+        service = f"{instance}|default|{header['dp_rank']}"
 
         # The SUB joins asynchronously and PUB drops what it sends before that: resend the first
         # batch (the Conductor ignores a repeated seq) until it is applied.
-        first_seq, first = batches[0]
+        first_seq = batches[0][0]
 
         def first_applied():
-            publisher.send(first_seq, first)
+            publisher.send(*batches[0])
             status = service_status(conductor, service)
             return status is not None and status["last_seq"] == first_seq
 
         assert wait_until(first_applied, timeout=15, interval=0.1), f"{path.stem}: first batch never applied"
-        for seq, payload in batches[1:]:
-            publisher.send(seq, payload)
+        for batch in batches[1:]:
+            publisher.send(*batch)
         last_seq = batches[-1][0]
+        assert last_seq == header["last_seq"]
         status = wait_until(
             lambda: (s := service_status(conductor, service)) and s["last_seq"] == last_seq and s, timeout=10
         )
@@ -111,27 +117,24 @@ def test_recorded_scenario_answers_like_the_engine(client, conductor, path):
         publisher.close()
 
     wrong = []
-    for i, q in enumerate(queries):
+    for i, (q, want) in enumerate(zip(queries, expected)):
         result = client.query(
-            reg["model_name"],
+            header["model_name"],
             lora_name=q["lora_name"] or "",
-            block_size=reg["block_size"],
+            block_size=header["block_size"],
             token_ids=q["token_ids"],
             cache_salt=q["cache_salt"] or "",
-            instance_filter=INSTANCE,
+            instance_filter=q["instance"],
         )
         assert result["ret"] == OK, result
-        want = q["expect"]
-        row = result["hits"].get(INSTANCE)
+        row = result["hits"].get(instance)
         if row is None:
-            wrong.append(f"query {i}: no row for {INSTANCE}, engine says {want}")
+            wrong.append(f"query {i}: no row for {instance}, engine says {want}")
             continue
-        got_ranks = {r: row_counts(t) for r, t in row["rank_matches"].items()}
-        want_ranks = {r: row_counts(t) for r, t in want["rank_matches"].items()}
-        if row_counts(row) != row_counts(want) or got_ranks != want_ranks or row["longest_matched"] != row["disk"]:
+        got = answer(result["hits"])
+        if got != want or row["longest_matched"] != row["disk"]:
             wrong.append(
-                f"query {i} ({q['why']}): got {row_counts(row)} ranks {got_ranks}, "
-                f"engine says {row_counts(want)} ranks {want_ranks}"
+                f"query {i} ({q['why']}): got {got} (longest_matched {row['longest_matched']}), engine says {want}"
             )
     assert not wrong, f"{path.stem}:\n" + "\n".join(wrong)
 

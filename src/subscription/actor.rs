@@ -15,9 +15,9 @@ use crate::index::actor::{Advance, ApplySequenced, DropSource, MAILBOX_CAPACITY}
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::registry::contexts::ContextDirectory;
 use crate::storage::codec::payload_digest;
-use crate::wire;
 
 use super::hash_check::HashCheck;
+use super::ingest::{Rejected, RoutedBatch, decode_and_route};
 use super::marks::SourceMarks;
 use super::route::{Refused, RouteLimits, Router};
 use super::settings::SubscriptionSettings;
@@ -216,37 +216,40 @@ impl SubscriptionActor {
         // Consumed whatever follows: a batch that cannot be decoded or applies nothing moves
         // the source's position all the same.
         self.marks.consumed(mark);
-        let projection = self.config.hash_profile.index_projection();
-        let mut batch = match wire::decode(self.config.publisher_type, payload, projection) {
+        let mut counts = EventCounts::default();
+        let (key, hash_check) = (&self.key, &mut self.hash_check);
+        let inspect = |batch: &DecodedBatch| {
+            for message in &batch.invalid {
+                tracing::debug!(service = %key, seq, "invalid event skipped: {message}");
+            }
+            observe_hashes(hash_check, batch);
+            counts = EventCounts::of(batch);
+        };
+        let batch = match decode_and_route(&self.config, &mut self.router, payload, inspect) {
             Ok(batch) => batch,
-            Err(e) => {
+            Err(Rejected::Undecodable(e)) => {
                 if let Some(suppressed) = self.warn_due("undecodable") {
                     tracing::warn!(service = %self.key, seq, error = %e, suppressed, "undecodable batch dropped");
                 }
                 self.status.update(|s| s.decode_errors += 1);
                 return;
             }
-        };
-        if self.config.publisher_type.is_engine()
-            && batch.dp_rank.is_some_and(|r| r != self.config.dp_rank)
-        {
-            if let Some(suppressed) = self.warn_due("rank_mismatch") {
-                tracing::warn!(
-                    service = %self.key, seq, batch_rank = ?batch.dp_rank, suppressed,
-                    "batch from another DP rank than registered; rejected whole"
-                );
+            Err(Rejected::OtherRank(batch_rank)) => {
+                if let Some(suppressed) = self.warn_due("rank_mismatch") {
+                    tracing::warn!(
+                        service = %self.key, seq, ?batch_rank, suppressed,
+                        "batch from another DP rank than registered; rejected whole"
+                    );
+                }
+                self.status.update(|s| s.rank_mismatches += 1);
+                return;
             }
-            self.status.update(|s| s.rank_mismatches += 1);
-            return;
-        }
-        for message in &batch.invalid {
-            tracing::debug!(service = %self.key, seq, "invalid event skipped: {message}");
-        }
-        self.check_hashes(&batch);
-        let mut counts = EventCounts::of(&batch);
-        let mut ignored = std::mem::take(&mut batch.ignored);
-        let ts = batch.ts;
-        let routed = self.router.route(batch, &mut ignored);
+        };
+        let RoutedBatch {
+            ts,
+            routed,
+            ignored,
+        } = batch;
         let refused = self.router.take_refused();
         self.report_refused(seq, &refused);
         for (context, ops) in routed {
@@ -325,14 +328,15 @@ impl SubscriptionActor {
     fn warn_due(&mut self, kind: &'static str) -> Option<u64> {
         self.warnings.check(kind, Instant::now())
     }
+}
 
-    fn check_hashes(&mut self, batch: &DecodedBatch) {
-        for event in &batch.events {
-            match event {
-                KvEvent::Stored(stored) => self.hash_check.observe_stored(stored),
-                KvEvent::AllCleared => self.hash_check.forget_all(),
-                _ => {}
-            }
+/// Show the runtime profile check the blocks a batch stores (a clear resets it).
+fn observe_hashes(hash_check: &mut HashCheck, batch: &DecodedBatch) {
+    for event in &batch.events {
+        match event {
+            KvEvent::Stored(stored) => hash_check.observe_stored(stored),
+            KvEvent::AllCleared => hash_check.forget_all(),
+            _ => {}
         }
     }
 }
