@@ -9,55 +9,19 @@
 //! The writer inserts; readers (queries by hash) look up under the read lock, never while
 //! hashing. Aliases of blocks no holder keeps any more are swept once they outnumber the blocks.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::RwLock;
 
-use super::table::{mix64, random_seed, read_lock, write_lock};
-
-/// Engine hashes are 64-bit digests already: one seeded bijective mix spreads them (SipHash, the
-/// std default, cost a quarter of ingest time here). The seed is per process, so a publisher
-/// cannot aim hashes at one probe chain.
-#[derive(Clone, Copy)]
-struct SeededMix(u64);
-
-impl Default for SeededMix {
-    fn default() -> Self {
-        SeededMix(random_seed())
-    }
-}
-
-impl BuildHasher for SeededMix {
-    type Hasher = MixHasher;
-    fn build_hasher(&self) -> MixHasher {
-        MixHasher(self.0)
-    }
-}
-
-struct MixHasher(u64);
-
-impl Hasher for MixHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = mix64(self.0 ^ u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, x: u64) {
-        self.0 = mix64(self.0 ^ x);
-    }
-}
+use super::alias_table::AliasTable;
+use super::table::{read_lock, write_lock};
 
 #[derive(Default)]
 pub(crate) struct Aliases {
-    map: RwLock<HashMap<u64, u64, SeededMix>>,
+    map: RwLock<AliasTable>,
 }
 
 impl Aliases {
     pub fn get(&self, hash: u64) -> Option<u64> {
-        read_lock(&self.map).get(&hash).copied()
+        read_lock(&self.map).get(hash)
     }
 
     /// Each hash's derived key, under one read lock.
@@ -71,7 +35,7 @@ impl Aliases {
     pub fn resolve_into(&self, hashes: impl Iterator<Item = u64>, out: &mut Vec<Option<u64>>) {
         out.clear();
         let map = read_lock(&self.map);
-        out.extend(hashes.map(|h| map.get(&h).copied()));
+        out.extend(hashes.map(|h| map.get(h)));
     }
 
     pub fn len(&self) -> usize {
@@ -80,7 +44,11 @@ impl Aliases {
 
     /// Record `hash → key` pairs; pushes onto `changed` every hash whose alias is new or moved.
     pub fn insert(&self, pairs: impl Iterator<Item = (u64, u64)>, changed: &mut Vec<u64>) {
+        let pairs: Vec<(u64, u64)> = pairs.collect();
         let mut map = write_lock(&self.map);
+        map.reserve(pairs.len());
+        // Every pair's line first, so the inserts' cache misses overlap (see `alias_table`).
+        pairs.iter().for_each(|&(hash, _)| map.prefetch(hash));
         for (hash, key) in pairs {
             if map.insert(hash, key) != Some(key) {
                 changed.push(hash);
@@ -92,12 +60,14 @@ impl Aliases {
     pub fn load(&self, all: Vec<(u64, u64)>) {
         let mut map = write_lock(&self.map);
         map.reserve(all.len());
-        map.extend(all);
+        for (hash, key) in all {
+            map.insert(hash, key);
+        }
     }
 
     /// Keep the aliases `keep(hash, key)` accepts; pushes the dropped hashes onto `changed`.
     pub fn retain(&self, mut keep: impl FnMut(u64, u64) -> bool, changed: &mut Vec<u64>) {
-        write_lock(&self.map).retain(|&h, &mut k| {
+        write_lock(&self.map).retain(|h, k| {
             let kept = keep(h, k);
             if !kept {
                 changed.push(h);
@@ -108,7 +78,7 @@ impl Aliases {
 
     /// Every alias, sorted by hash (snapshots).
     pub fn all(&self) -> Vec<(u64, u64)> {
-        let mut all: Vec<(u64, u64)> = read_lock(&self.map).iter().map(|(&h, &k)| (h, k)).collect();
+        let mut all: Vec<(u64, u64)> = read_lock(&self.map).iter().collect();
         all.sort_unstable();
         all
     }

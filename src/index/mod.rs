@@ -199,6 +199,7 @@
 //! alias table of our own.
 
 pub mod actor;
+mod alias_table;
 mod aliases;
 pub mod context;
 pub mod handle;

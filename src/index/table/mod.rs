@@ -40,6 +40,7 @@ use std::sync::{MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGua
 use crate::model::Tier;
 
 use blocks::{Blocks, IDX_BITS, Probe};
+pub(crate) use prefetch::prefetch as prefetch_line;
 pub(crate) use sets::is_inline;
 use sets::{SetWriter, Sets};
 use view::{Reading, ShardView, ShardWrite};

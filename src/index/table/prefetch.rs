@@ -8,7 +8,7 @@
 /// Ask the CPU to bring the cache line of `p` into its caches. A hint only: nothing is read,
 /// and any address, even a dangling one, is allowed.
 #[inline(always)]
-pub(super) fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: PREFETCHT0 never faults and has no effect a program can observe except timing;
     // the pointer is never dereferenced.
