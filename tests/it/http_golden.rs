@@ -36,7 +36,8 @@ fn encode_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-async fn run_file(path: &Path, bless: bool) -> usize {
+/// Run one file's exchanges; returns how many ran and a line per mismatch.
+async fn run_file(path: &Path, bless: bool) -> (usize, Vec<String>) {
     let text = std::fs::read_to_string(path).expect("fixture file");
     let mut doc: Value = serde_json::from_str(&text).expect("fixture JSON");
     let config = doc.get("config").cloned().unwrap_or_else(|| json!({}));
@@ -85,7 +86,8 @@ async fn run_file(path: &Path, bless: bool) -> usize {
         );
         if got != want {
             failures.push(format!(
-                "{name}: got {} {} {:?} ({}), want {} {} {:?} ({})",
+                "{}: {name}: got {} {} {:?} ({}), want {} {} {:?} ({})",
+                path.file_name().unwrap().to_string_lossy(),
                 got.0,
                 got.1,
                 String::from_utf8_lossy(got.2),
@@ -103,13 +105,7 @@ async fn run_file(path: &Path, bless: bool) -> usize {
         out.push('\n');
         std::fs::write(path, out).unwrap();
     }
-    assert!(
-        failures.is_empty(),
-        "{}:\n{}",
-        path.display(),
-        failures.join("\n")
-    );
-    n
+    (n, failures)
 }
 
 /// Every route's golden exchanges, JSON and msgpack, every error reason.
@@ -137,9 +133,17 @@ async fn every_route_answers_the_golden_bytes() {
     ] {
         assert!(names.iter().any(|n| n == route), "no golden file {route}");
     }
-    let mut total = 0;
+    let (mut total, mut failures) = (0, Vec::new());
     for file in &files {
-        total += run_file(file, bless).await;
+        let (n, mut failed) = run_file(file, bless).await;
+        total += n;
+        failures.append(&mut failed);
     }
+    assert!(
+        failures.is_empty(),
+        "{} of {total} golden exchanges differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     assert!(total > 100, "only {total} golden exchanges");
 }
