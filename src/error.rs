@@ -98,9 +98,17 @@ pub struct OpError {
     /// Machine-readable reason (`missing`, `invalid_type`, `invalid_value`, `out_of_range`, ...).
     pub reason: &'static str,
     pub message: String,
+    /// The position of the offending element within `field` (HTTP reports it as `index`).
+    pub index: Option<u64>,
 }
 
 impl OpError {
+    /// The same error about element `index` of its field.
+    pub fn at(mut self, index: usize) -> Self {
+        self.index = Some(index as u64);
+        self
+    }
+
     pub fn invalid(
         field: impl Into<String>,
         reason: &'static str,
@@ -111,6 +119,7 @@ impl OpError {
             field: Some(field.into()),
             reason,
             message: message.into(),
+            index: None,
         }
     }
 
@@ -121,6 +130,7 @@ impl OpError {
             field: None,
             reason: "invalid_registration",
             message: message.into(),
+            index: None,
         }
     }
 
@@ -130,6 +140,7 @@ impl OpError {
             field: None,
             reason: "not_found",
             message: message.into(),
+            index: None,
         }
     }
 
@@ -139,6 +150,7 @@ impl OpError {
             field: None,
             reason: "internal",
             message: message.into(),
+            index: None,
         }
     }
 
@@ -149,6 +161,7 @@ impl OpError {
             field: None,
             reason: "unauthorized",
             message: message.into(),
+            index: None,
         }
     }
 
@@ -158,6 +171,7 @@ impl OpError {
             field: None,
             reason: "unavailable",
             message: message.into(),
+            index: None,
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::gateway::grpc::GrpcService;
 use crate::gateway::ops::Ops;
 use crate::gateway::pb;
 use crate::gateway::readiness::Readiness;
-use crate::gateway::registration::{HTTP_NAMES, HTTP_REGISTER_SCHEMA, RegistrationInput};
+use crate::gateway::registration::{HTTP_NAMES, HTTP_REGISTER_SCHEMA};
 use crate::gateway::request::{Limits, RootSeed};
 use crate::gateway::workers::{Routers, Workers};
 use crate::registry::{
@@ -226,7 +226,7 @@ async fn start_static_registrations(config: &Config, registry: &actix::Addr<Regi
             },
         };
         let fields = crate::gateway::request::from_json_map(entry, seed);
-        let result = match fields.and_then(RegistrationInput::from_http) {
+        let result = match fields.and_then(crate::gateway::http_register::registration_from_http) {
             Ok(input) => match input.validate(HTTP_NAMES) {
                 Ok(config) => match registry
                     .send(Register {

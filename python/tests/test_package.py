@@ -135,4 +135,5 @@ def test_import_error_when_native_extension_is_missing(blocker):
     assert "mooncake._conductor" in message
     assert "package with Conductor support" in message
     assert "rebuild" in message and "pip install ./python" in message
+    assert "a rebuild with `WITH_CONDUCTOR=ON`" in message
     assert "CAUSE: ImportError" in message or "CAUSE: ModuleNotFoundError" in message

@@ -1,7 +1,8 @@
-//! The HTTP API. Bodies are JSON or msgpack: the request's `Content-Type` picks the decoder and
-//! `Accept` (default: the request's type, JSON for GETs) the encoder. Validation errors answer 400
-//! `{"error", "reason", "field"?}` with the reference's reasons; an unknown service 404; a wrong
-//! method 405; a body over the limit 413; internal failures 500. With a service token configured
+//! The HTTP API. Bodies are JSON or msgpack: the request's `Content-Type` picks the decoder (a
+//! POST without one is refused) and `Accept` (default: the request's type, JSON for GETs and
+//! bodies of another type) the encoder, for every answer. Validation errors answer 400
+//! `{"error", "reason", "field"?, "index"?}` with the reference's reasons; an unknown service 404;
+//! a wrong method 405; a body over the limit 413; internal failures 500. With a service token configured
 //! (see [`crate::gateway::auth`]), a request without it answers 401 before its body is read.
 
 use axum::Router;
@@ -12,11 +13,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value as Json, json};
 
-use crate::error::{Code, OpError};
+use crate::error::OpError;
 use crate::gateway::auth::Access;
 use crate::gateway::body_budget::{self, BodyBudget, Share};
+use crate::gateway::http_register::registration_from_http;
+use crate::gateway::http_reply::{
+    ContextRow, Format, GlobalView, Listing, Registered, ServiceRow, Unregistered, encode,
+    error_response, plain_error, reason_error, with_body,
+};
 use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
-use crate::gateway::registration::{HTTP_NAMES, HTTP_REGISTER_SCHEMA, RegistrationInput};
+use crate::gateway::registration::{HTTP_NAMES, HTTP_REGISTER_SCHEMA};
 use crate::gateway::request::{self, Kind, Limits, RootSeed, Schema};
 use crate::gateway::value::{Fields, Val};
 use crate::metrics::Transport;
@@ -68,70 +74,19 @@ pub fn router(ops: Ops, limits: BodyLimits) -> Router {
             state.clone(),
             require_token,
         ))
-        .method_not_allowed_fallback(|| async {
-            plain_error(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed")
+        .method_not_allowed_fallback(|headers: HeaderMap| async move {
+            let format = Format::of_request(&headers);
+            plain_error(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed", format)
         })
-        .fallback(|| async { plain_error(StatusCode::NOT_FOUND, "Not found") })
+        .fallback(|headers: HeaderMap| async move {
+            plain_error(
+                StatusCode::NOT_FOUND,
+                "Not found",
+                Format::of_request(&headers),
+            )
+        })
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Format {
-    Json,
-    Msgpack,
-}
-
-impl Format {
-    fn of_content_type(headers: &HeaderMap) -> Option<Format> {
-        let ct = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("application/json");
-        let ct = ct.to_ascii_lowercase();
-        if ct.contains("msgpack") {
-            Some(Format::Msgpack)
-        } else if ct.contains("json") {
-            Some(Format::Json)
-        } else {
-            None
-        }
-    }
-
-    fn for_reply(headers: &HeaderMap, request: Format) -> Format {
-        let accept = headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_ascii_lowercase();
-        if accept.contains("msgpack") {
-            Format::Msgpack
-        } else if accept.contains("json") {
-            Format::Json
-        } else {
-            request
-        }
-    }
-}
-
-fn encode<T: serde::Serialize + ?Sized>(status: StatusCode, body: &T, format: Format) -> Response {
-    let bytes = match format {
-        Format::Json => serde_json::to_vec(body).unwrap_or_default(),
-        Format::Msgpack => rmp_serde::to_vec_named(body).unwrap_or_default(),
-    };
-    with_body(status, bytes, format)
-}
-
-fn with_body(status: StatusCode, bytes: Vec<u8>, format: Format) -> Response {
-    let content_type = match format {
-        Format::Json => "application/json",
-        Format::Msgpack => "application/msgpack",
-    };
-    let mut response = (status, bytes).into_response();
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
 }
 
 /// A query answer: msgpack from the hand-written writer (the common router encoding), JSON
@@ -141,26 +96,6 @@ fn hits_response(hits: &crate::index::QueryHits, format: Format) -> Response {
         Format::Msgpack => with_body(StatusCode::OK, hits_msgpack(hits), format),
         Format::Json => encode(StatusCode::OK, &HitsBody(hits), format),
     }
-}
-
-fn plain_error(status: StatusCode, message: &str) -> Response {
-    encode(status, &json!({ "error": message }), Format::Json)
-}
-
-fn error_response(e: &OpError, format: Format) -> Response {
-    let status =
-        StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut body = json!({ "error": e.message, "reason": e.reason });
-    if let Some(field) = e.field.as_ref().filter(|f| !f.is_empty()) {
-        body["field"] = json!(field);
-    }
-    let mut response = encode(status, &body, format);
-    if e.code == Code::Unauthorized {
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
-    response
 }
 
 /// Refuse a request that needs the service token and lacks it, before its body is read (so an
@@ -178,8 +113,7 @@ async fn require_token(
     let headers = request.headers();
     let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
     if let Err(e) = state.ops.authorize(access, authorization) {
-        let request_format = Format::of_content_type(headers).unwrap_or(Format::Json);
-        return error_response(&e, Format::for_reply(headers, request_format));
+        return error_response(&e, Format::of_request(headers));
     }
     next.run(request).await
 }
@@ -203,16 +137,12 @@ async fn decode_body(state: &Http, request: Request, schema: Schema) -> Result<D
             "unsupported_content_type",
             "Content-Type must be application/json or application/msgpack",
         );
-        return Err(error_response(&e, Format::Json));
+        return Err(error_response(&e, Format::of_request(&headers)));
     };
     let reply = Format::for_reply(&headers, format);
     let too_large = || {
         let message = format!("request body exceeds {} bytes", state.body_limit);
-        encode(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &json!({ "error": message, "reason": "too_large" }),
-            reply,
-        )
+        reason_error(StatusCode::PAYLOAD_TOO_LARGE, &message, "too_large", reply)
     };
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -279,23 +209,22 @@ async fn register(State(state): State<Http>, request: Request) -> Response {
         Ok(d) => d,
         Err(r) => return r,
     };
-    let result = match RegistrationInput::from_http(d.fields) {
-        Ok(input) => {
-            let instance = input.instance_id.clone();
-            state
-                .ops
-                .register(input, HTTP_NAMES)
-                .await
-                .map(|_| instance)
-        }
-        Err(e) => Err(e),
-    };
+    let result = async {
+        let config = registration_from_http(d.fields)?.validate(HTTP_NAMES)?;
+        // The id the registration got (a store publisher's may be its endpoint).
+        let instance = config.instance_id.clone();
+        state.ops.register_config(config, HTTP_NAMES).await?;
+        Ok::<_, OpError>(instance)
+    }
+    .await;
     match result {
-        Ok(instance) => encode(
-            StatusCode::OK,
-            &json!({"status": "registered successfully", "instance_id": instance}),
-            d.reply,
-        ),
+        Ok(instance) => {
+            let body = Registered {
+                status: "registered successfully",
+                instance_id: &instance,
+            };
+            encode(StatusCode::OK, &body, d.reply)
+        }
         Err(e) => error_response(&e, d.reply),
     }
 }
@@ -319,11 +248,13 @@ async fn unregister(State(state): State<Http>, request: Request) -> Response {
     }
     .await;
     match result {
-        Ok(key) => encode(
-            StatusCode::OK,
-            &json!({"status": "unregistered successfully", "removed_instances": [key]}),
-            d.reply,
-        ),
+        Ok(key) => {
+            let body = Unregistered {
+                status: "unregistered successfully",
+                removed_instances: [&key],
+            };
+            encode(StatusCode::OK, &body, d.reply)
+        }
         Err(e) => error_response(&e, d.reply),
     }
 }
@@ -354,50 +285,46 @@ const QUERY_SCHEMA: Schema =
     query_schema!(("token_ids", Kind::Tokens), ("cache_salt", Kind::Scalar));
 const QUERY_BY_HASH_SCHEMA: Schema = query_schema!(("block_hashes", Kind::Hashes));
 
-/// Common query fields: (model, lora, block_size, tenant, instance filter).
-fn query_common(f: &Fields) -> Result<(String, String, i128, String, String), OpError> {
+/// The query fields checked before the prompt: the model (`model_name` wins over `model`) and
+/// the block size.
+fn model_and_block_size(f: &Fields) -> Result<(String, i128), OpError> {
     let model = match f.opt_str("model_name")? {
         Some(m) => m,
         None => f.req_str("model")?,
     };
     let block_size = match f.get("block_size") {
         None => {
-            return Err(OpError::invalid(
-                "block_size",
-                "missing",
-                "block_size is required",
-            ));
+            let message = "block_size is required";
+            return Err(OpError::invalid("block_size", "missing", message));
         }
         Some(Val::Int(b)) if *b > 0 => *b,
         Some(Val::Int(_)) => {
-            return Err(OpError::invalid(
-                "block_size",
-                "out_of_range",
-                "block_size must be a positive integer",
-            ));
+            let message = "block_size must be a positive integer";
+            return Err(OpError::invalid("block_size", "out_of_range", message));
         }
         Some(_) => {
-            return Err(OpError::invalid(
-                "block_size",
-                "invalid_type",
-                "block_size must be an integer",
-            ));
+            let message = "block_size must be an integer";
+            return Err(OpError::invalid("block_size", "invalid_type", message));
         }
     };
-    let filter = match f.opt_str("instance_filter")? {
-        Some(v) => v,
-        None => f.opt_str("instance_id")?.unwrap_or_default(),
-    };
-    Ok((
-        model,
-        f.opt_str("lora_name")?.unwrap_or_default(),
-        block_size,
-        f.opt_str("tenant_id")?.unwrap_or_default(),
-        filter,
-    ))
+    Ok((model, block_size))
 }
 
-/// A number array field, already checked by its decoder (`None` if absent).
+/// The query fields checked after the prompt: (tenant, lora) then, after `cache_salt` for
+/// `/query`, the instance filter (`instance_filter` wins over `instance_id`).
+fn tenant_and_lora(f: &Fields) -> Result<(String, String), OpError> {
+    let tenant = f.opt_str("tenant_id")?.unwrap_or_default();
+    Ok((tenant, f.opt_str("lora_name")?.unwrap_or_default()))
+}
+
+fn instance_filter(f: &Fields) -> Result<String, OpError> {
+    Ok(match f.opt_str("instance_filter")? {
+        Some(v) => v,
+        None => f.opt_str("instance_id")?.unwrap_or_default(),
+    })
+}
+
+/// A number array field, already checked by its decoder.
 fn numbers<T>(
     f: &mut Fields,
     field: &str,
@@ -424,7 +351,12 @@ async fn query(State(state): State<Http>, request: Request) -> Response {
     };
     let result = (|| {
         let mut f = d.fields;
-        let (model_name, lora_name, block_size, tenant_id, instance_filter) = query_common(&f)?;
+        let (model_name, block_size) = model_and_block_size(&f)?;
+        let token_ids = numbers(&mut f, "token_ids", "a bin or an array", |v| match v {
+            Val::Tokens(t) => Some(t),
+            _ => None,
+        })?;
+        let (tenant_id, lora_name) = tenant_and_lora(&f)?;
         let cache_salt = match f.get("cache_salt") {
             None | Some(Val::Null) => String::new(),
             Some(Val::Str(s)) => s.clone(),
@@ -441,12 +373,9 @@ async fn query(State(state): State<Http>, request: Request) -> Response {
             lora_name,
             block_size,
             tenant_id,
-            token_ids: numbers(&mut f, "token_ids", "a bin or an array", |v| match v {
-                Val::Tokens(t) => Some(t),
-                _ => None,
-            })?,
+            token_ids,
             cache_salt,
-            instance_filter,
+            instance_filter: instance_filter(&f)?,
         };
         state.ops.query(&input, Transport::Http)
     })();
@@ -463,11 +392,13 @@ async fn query_by_hash(State(state): State<Http>, request: Request) -> Response 
     };
     let result = (|| {
         let mut f = d.fields;
-        let (model_name, lora_name, block_size, tenant_id, instance_filter) = query_common(&f)?;
+        let (model_name, block_size) = model_and_block_size(&f)?;
         let block_hashes = numbers(&mut f, "block_hashes", "an array", |v| match v {
             Val::Hashes(h) => Some(h),
             _ => None,
         })?;
+        let (tenant_id, lora_name) = tenant_and_lora(&f)?;
+        let instance_filter = instance_filter(&f)?;
         let input = QueryByHashInput {
             model_name,
             lora_name,
@@ -488,66 +419,46 @@ fn get_format(headers: &HeaderMap) -> Format {
     Format::for_reply(headers, Format::Json)
 }
 
-fn profile_json(p: &crate::hashing::HashProfile) -> Json {
-    json!({
-        "strategy": p.strategy().as_str(), "algorithm": p.algorithm().as_str(),
-        "python_hash_seed": p.python_hash_seed(), "root_digest": p.root_digest_hex(),
-        "index_projection": p.index_projection().as_str(),
-    })
-}
-
 async fn global_view(State(state): State<Http>, headers: HeaderMap) -> Response {
-    let contexts: Vec<Json> = state
-        .ops
-        .global_view()
-        .iter()
-        .map(|v| {
-            json!({
-                "model_name": v.key.model_name, "lora_name": v.key.lora_name, "block_size": v.key.block_size,
-                "tenant_id": v.key.tenant_id, "prefix_count": v.prefix_count, "hash_profile": profile_json(&v.profile),
-                "instances": v.instances,
-            })
-        })
-        .collect();
-    encode(
-        StatusCode::OK,
-        &json!({"context_count": contexts.len(), "contexts": contexts}),
-        get_format(&headers),
-    )
+    let views = state.ops.global_view();
+    let contexts: Vec<ContextRow> = views.iter().map(ContextRow::of).collect();
+    let body = GlobalView {
+        context_count: contexts.len(),
+        contexts,
+    };
+    encode(StatusCode::OK, &body, get_format(&headers))
 }
 
-/// A listing of every service, one JSON row each: `{"count", "services": [...]}`.
-async fn service_rows(
+/// Every service with the answer's format, or the error answer.
+async fn service_list(
     state: &Http,
     headers: &HeaderMap,
-    row: impl Fn(&ServiceInfo) -> Json,
-) -> Response {
+) -> Result<(Vec<ServiceInfo>, Format), Response> {
     let format = get_format(headers);
     match state.ops.list_services().await {
-        Ok(list) => {
-            let services: Vec<Json> = list.iter().map(row).collect();
-            encode(
-                StatusCode::OK,
-                &json!({"count": services.len(), "services": services}),
-                format,
-            )
-        }
-        Err(e) => error_response(&e, format),
+        Ok(list) => Ok((list, format)),
+        Err(e) => Err(error_response(&e, format)),
     }
 }
 
-/// The seed's export keys, exactly.
+/// A listing: `{"count", "services": [...]}`.
+fn listing<T: serde::Serialize>(services: Vec<T>, format: Format) -> Response {
+    let body = Listing {
+        count: services.len(),
+        services,
+    };
+    encode(StatusCode::OK, &body, format)
+}
+
+/// The reference's export keys, exactly, in its order.
 async fn services(State(state): State<Http>, headers: HeaderMap) -> Response {
-    service_rows(&state, &headers, |s| {
-        let c = &s.config;
-        json!({
-            "Endpoint": c.endpoint, "ReplayEndpoint": c.replay_endpoint, "Type": c.publisher_type.as_str(),
-            "ModelName": c.model_name, "LoraName": c.lora_name, "TenantID": c.tenant_id,
-            "InstanceID": c.instance_id, "BlockSize": c.block_size, "DPRank": c.dp_rank,
-            "CacheGroup": c.cache_group, "HashProfile": profile_json(&c.hash_profile),
-        })
-    })
-    .await
+    match service_list(&state, &headers).await {
+        Ok((list, format)) => listing(
+            list.iter().map(|s| ServiceRow::of(&s.config)).collect(),
+            format,
+        ),
+        Err(r) => r,
+    }
 }
 
 /// Subscription health, apart from the seed's listing so its shape stays exact.
@@ -555,14 +466,19 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    service_rows(&state, &headers, |s| {
+    let (list, format) = match service_list(&state, &headers).await {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let rows = list.iter().map(|s| {
         let st = &s.status;
         json!({
             "service": s.config.subscription_key().to_string(), "state": st.phase_name(),
             "connected": st.connected, "last_seq": st.last_seq,
             "lag_ms": st.last_batch_ts_ms.map(|ts| now_ms.saturating_sub(ts)),
             "hash_check": st.hash_check.as_str(), "hash_check_ok": st.hash_check_ok,
-            "hash_check_mismatch": st.hash_check_mismatch, "engine_recipe": st.engine_recipe,
+            "hash_check_mismatch": st.hash_check_mismatch,
+            "hash_check_mismatch_rate": st.hash_check_mismatch_rate, "engine_recipe": st.engine_recipe,
             "translating": st.hash_check == HashCheckState::Mismatch, "batches": st.seq.applied,
             "events": st.events, "ignored": st.ignored, "refused": st.refused,
             "decode_errors": st.decode_errors,
@@ -573,8 +489,8 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
             "sources_dropped": st.seq.sources_dropped,
             "pending_batches": st.pending_batches, "backpressure_waits": st.backpressure_waits,
         })
-    })
-    .await
+    });
+    listing(rows.collect::<Vec<Json>>(), format)
 }
 
 async fn health(State(state): State<Http>, headers: HeaderMap) -> Response {

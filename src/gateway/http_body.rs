@@ -1,12 +1,13 @@
-//! Query answers of the HTTP API serialized straight from [`QueryHits`] (the same bytes the
-//! reference layout gives, built without a `serde_json::Value` per number). Requests are
-//! decoded in [`super::request`].
+//! Query answers of the HTTP API serialized straight from [`QueryHits`], in the reference's
+//! layout, without a `serde_json::Value` per number. Requests are decoded in
+//! [`super::request`].
 
 use crate::index::{InstanceHits, QueryHits, SortedMap, TierCounts};
 
 /// A query answer serialized straight from [`QueryHits`] (JSON or msgpack), without building a
-/// JSON tree per response. The layout is what a `serde_json::Map` tree gives: every map's keys
-/// sorted as strings, so rank "10" comes before rank "2", and the row fields alphabetically.
+/// JSON tree per response. The reference's layout: instances by id, ranks in numeric order
+/// ("2" before "10"), row fields `longest_matched, dp, rank_matches` then the tiers from
+/// `device` to `disk`.
 pub struct HitsBody<'a>(pub &'a QueryHits);
 
 impl serde::Serialize for HitsBody<'_> {
@@ -31,13 +32,13 @@ impl serde::Serialize for Row<'_> {
         use serde::ser::SerializeMap;
         let h = self.0;
         let mut m = s.serialize_map(Some(7))?;
+        m.serialize_entry("longest_matched", &h.longest_matched)?;
+        m.serialize_entry("dp", &ByRank(&h.dp, |v| *v))?;
+        m.serialize_entry("rank_matches", &ByRank(&h.rank_matches, TierCountsBody))?;
+        m.serialize_entry("device", &h.device)?;
         m.serialize_entry("cpu_local", &h.cpu_local)?;
         m.serialize_entry("cpu_share", &h.cpu_share)?;
-        m.serialize_entry("device", &h.device)?;
         m.serialize_entry("disk", &h.disk)?;
-        m.serialize_entry("dp", &ByRank(&h.dp, |v| *v))?;
-        m.serialize_entry("longest_matched", &h.longest_matched)?;
-        m.serialize_entry("rank_matches", &ByRank(&h.rank_matches, TierCountsBody))?;
         m.end()
     }
 }
@@ -47,9 +48,9 @@ impl serde::Serialize for TierCountsBody<'_> {
         use serde::ser::SerializeMap;
         let t = self.0;
         let mut m = s.serialize_map(Some(4))?;
+        m.serialize_entry("device", &t.device)?;
         m.serialize_entry("cpu_local", &t.cpu_local)?;
         m.serialize_entry("cpu_share", &t.cpu_share)?;
-        m.serialize_entry("device", &t.device)?;
         m.serialize_entry("disk", &t.disk)?;
         m.end()
     }
@@ -57,18 +58,12 @@ impl serde::Serialize for TierCountsBody<'_> {
 
 struct TierCountsBody<'a>(&'a TierCounts);
 
-/// A rank-keyed map with decimal string keys in string order, values mapped by `.1`.
+/// A rank-keyed map with decimal string keys in numeric order, values mapped by `.1`.
 struct ByRank<'a, V, W>(&'a SortedMap<u32, V>, fn(&'a V) -> W);
 
 impl<'a, V, W: serde::Serialize> serde::Serialize for ByRank<'a, V, W> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut keyed: Vec<(String, &'a V)> =
-            self.0.iter().map(|(r, v)| (r.to_string(), v)).collect();
-        // Numeric order is string order only while every rank has one digit.
-        if self.0.keys().next_back().is_some_and(|r| *r >= 10) {
-            keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        }
-        s.collect_map(keyed.iter().map(|(k, v)| (k, (self.1)(v))))
+        s.collect_map(self.0.iter().map(|(r, v)| (r.to_string(), (self.1)(v))))
     }
 }
 
@@ -84,48 +79,39 @@ pub fn hits_msgpack(hits: &QueryHits) -> Vec<u8> {
     for (id, h) in &hits.hits {
         str(&mut out, id.as_bytes());
         map_len(&mut out, 7);
-        tier_fields(&mut out, &h.tiers());
-        out.extend_from_slice(b"\xa2dp");
-        by_rank(&mut out, &h.dp, |out, v| uint(out, *v));
         out.extend_from_slice(b"\xaflongest_matched");
         uint(&mut out, h.longest_matched);
+        out.extend_from_slice(b"\xa2dp");
+        by_rank(&mut out, &h.dp, |out, v| uint(out, *v));
         out.extend_from_slice(b"\xacrank_matches");
         by_rank(&mut out, &h.rank_matches, |out, t| {
             map_len(out, 4);
             tier_fields(out, t);
         });
+        tier_fields(&mut out, &h.tiers());
     }
     out
 }
 
-/// The four tier counts, keys in string order (as [`TierCountsBody`] and [`Row`] write them).
+/// The four tier counts from `device` to `disk` (as [`TierCountsBody`] and [`Row`] write them).
 fn tier_fields(out: &mut Vec<u8>, t: &TierCounts) {
+    out.extend_from_slice(b"\xa6device");
+    uint(out, t.device);
     out.extend_from_slice(b"\xa9cpu_local");
     uint(out, t.cpu_local);
     out.extend_from_slice(b"\xa9cpu_share");
     uint(out, t.cpu_share);
-    out.extend_from_slice(b"\xa6device");
-    uint(out, t.device);
     out.extend_from_slice(b"\xa4disk");
     uint(out, t.disk);
 }
 
-/// A rank-keyed map in [`ByRank`]'s order: decimal keys in string order.
+/// A rank-keyed map in [`ByRank`]'s order: decimal keys in numeric order.
 fn by_rank<V>(out: &mut Vec<u8>, ranks: &SortedMap<u32, V>, value: impl Fn(&mut Vec<u8>, &V)) {
     map_len(out, ranks.len());
     let mut digits = [0; 10];
-    if ranks.keys().next_back().is_some_and(|r| *r >= 10) {
-        let mut keyed: Vec<(String, &V)> = ranks.iter().map(|(r, v)| (r.to_string(), v)).collect();
-        keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (key, v) in keyed {
-            str(out, key.as_bytes());
-            value(out, v);
-        }
-    } else {
-        for (rank, v) in ranks {
-            str(out, super::rank_key(*rank, &mut digits));
-            value(out, v);
-        }
+    for (rank, v) in ranks {
+        str(out, super::rank_key(*rank, &mut digits));
+        value(out, v);
     }
 }
 
@@ -182,60 +168,68 @@ fn uint(out: &mut Vec<u8>, v: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::{Value as Json, json};
 
-    /// The JSON tree the answers were built from before `HitsBody`: the reference layout.
-    fn reference(hits: &QueryHits) -> Json {
-        let tiers = |t: &TierCounts| json!({"device": t.device, "cpu_local": t.cpu_local, "cpu_share": t.cpu_share, "disk": t.disk});
-        let instances: serde_json::Map<String, Json> = (hits.hits.iter())
-            .map(|(id, h)| {
-                let dp: serde_json::Map<String, Json> = h.dp.iter().map(|(r, v)| (r.to_string(), json!(v))).collect();
-                let ranks: serde_json::Map<String, Json> = h.rank_matches.iter().map(|(r, t)| (r.to_string(), tiers(t))).collect();
-                let row = json!({
-                    "longest_matched": h.longest_matched, "dp": dp, "rank_matches": ranks,
-                    "device": h.device, "cpu_local": h.cpu_local, "cpu_share": h.cpu_share, "disk": h.disk,
-                });
-                (id.clone(), row)
-            })
-            .collect();
-        json!({ "instances": instances })
+    /// One instance with ranks 0, 2 and 10: ranks in numeric order, row fields in the
+    /// reference's order.
+    #[test]
+    fn answers_have_the_reference_layout() {
+        let t = |device| TierCounts {
+            device,
+            cpu_local: 32,
+            cpu_share: 48,
+            disk: 64,
+        };
+        let row = InstanceHits {
+            longest_matched: 64,
+            dp: [(10, 16), (2, 0), (0, 32)].into_iter().collect(),
+            rank_matches: [(10, t(16)), (2, t(0)), (0, t(32))].into_iter().collect(),
+            device: 32,
+            cpu_local: 32,
+            cpu_share: 48,
+            disk: 64,
+        };
+        let mut hits = QueryHits::default();
+        hits.hits.insert("b".into(), row.clone());
+        hits.hits.insert("a".into(), row);
+        let tiers = |d| format!(r#"{{"device":{d},"cpu_local":32,"cpu_share":48,"disk":64}}"#);
+        let one = format!(
+            r#"{{"longest_matched":64,"dp":{{"0":32,"2":0,"10":16}},"rank_matches":{{"0":{},"2":{},"10":{}}},"device":32,"cpu_local":32,"cpu_share":48,"disk":64}}"#,
+            tiers(32),
+            tiers(0),
+            tiers(16)
+        );
+        let expected = format!(r#"{{"instances":{{"a":{one},"b":{one}}}}}"#);
+        let json = serde_json::to_string(&HitsBody(&hits)).unwrap();
+        assert_eq!(json, expected);
+        let msgpack = hits_msgpack(&hits);
+        assert_eq!(msgpack, rmp_serde::to_vec_named(&HitsBody(&hits)).unwrap());
+        // The same document, in the same order, in both encodings.
+        let back = rmpv::decode::read_value(&mut msgpack.as_slice()).unwrap();
+        let mut text = Vec::new();
+        write_json(&back, &mut text);
+        assert_eq!(String::from_utf8(text).unwrap(), expected);
+        assert_eq!(
+            hits_msgpack(&QueryHits::default()),
+            b"\x81\xa9instances\x80"
+        );
     }
 
-    #[test]
-    fn answers_are_byte_identical_to_the_json_tree() {
-        let mut hits = QueryHits::default();
-        for (n, id) in ["b", "a", "inst-10", "inst-2", ""].iter().enumerate() {
-            let n = n as u64;
-            let ranks: Vec<u32> = [0, 1, 2, 10, 11, 100]
-                .into_iter()
-                .take(n as usize + 1)
-                .collect();
-            let t = |r: u32| TierCounts {
-                device: n + r as u64,
-                cpu_local: 300,
-                cpu_share: u64::MAX,
-                disk: 1 << 40,
-            };
-            let row = InstanceHits {
-                longest_matched: n * 16,
-                dp: ranks.iter().map(|r| (*r, n * 1000 + *r as u64)).collect(),
-                rank_matches: ranks.iter().map(|r| (*r, t(*r))).collect(),
-                device: n,
-                cpu_local: 128,
-                cpu_share: 70_000,
-                disk: 5_000_000_000,
-            };
-            hits.hits.insert(id.to_string(), row);
-        }
-        for h in [QueryHits::default(), hits] {
-            let old = reference(&h);
-            assert_eq!(
-                serde_json::to_vec(&HitsBody(&h)).unwrap(),
-                serde_json::to_vec(&old).unwrap()
-            );
-            let new = rmp_serde::to_vec_named(&HitsBody(&h)).unwrap();
-            assert_eq!(new, rmp_serde::to_vec_named(&old).unwrap());
-            assert_eq!(hits_msgpack(&h), new);
+    /// A decoded msgpack value as compact JSON text, keys in their msgpack order.
+    fn write_json(v: &rmpv::Value, out: &mut Vec<u8>) {
+        match v {
+            rmpv::Value::Map(entries) => {
+                out.push(b'{');
+                for (i, (k, v)) in entries.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(format!("{:?}", k.as_str().unwrap()).as_bytes());
+                    out.push(b':');
+                    write_json(v, out);
+                }
+                out.push(b'}');
+            }
+            other => out.extend_from_slice(other.to_string().as_bytes()),
         }
     }
 

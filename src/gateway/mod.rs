@@ -5,8 +5,9 @@
 //! [`request`] request bodies decoded field by field (JSON through serde_json, msgpack through
 //! [`msgpack_de`]) into [`value`]'s fields; [`body_budget`] the bytes of large bodies in flight;
 //! [`grpc`] the tonic service and
-//! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API and [`http_body`] its
-//! answer shapes; [`workers`] the threads both servers run on.
+//! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API, [`http_register`] its
+//! `/register` checks, [`http_reply`] its answer formats and error bodies and [`http_body`] its
+//! query answers; [`workers`] the threads both servers run on.
 //!
 //! # Transport settings, and why
 //!
@@ -43,6 +44,8 @@ pub mod grpc;
 pub mod grpc_wire;
 pub mod http;
 pub mod http_body;
+pub mod http_register;
+pub mod http_reply;
 pub mod msgpack_de;
 pub mod ops;
 pub mod readiness;

@@ -12,7 +12,7 @@ use crate::gateway::readiness::Readiness;
 use crate::gateway::registration::{FieldNames, MAX_BLOCK_SIZE, RegistrationInput};
 use crate::index::{ContextView, IndexStats, QueryHits};
 use crate::metrics::{QueryMetrics, Scrape, Transport};
-use crate::model::{ContextKey, SubscriptionKey};
+use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
 use crate::registry::{
     ContextDirectory, ListServices, Register, RegisterOutcome, Registry, ServiceInfo, Unregister,
 };
@@ -124,7 +124,15 @@ impl Ops {
         input: RegistrationInput,
         names: FieldNames,
     ) -> Result<RegisterOutcome, OpError> {
-        let config = input.validate(names)?;
+        self.register_config(input.validate(names)?, names).await
+    }
+
+    /// Register an already validated configuration.
+    pub async fn register_config(
+        &self,
+        config: PublisherConfig,
+        names: FieldNames,
+    ) -> Result<RegisterOutcome, OpError> {
         self.ready_for_changes().await?;
         self.registry
             .send(Register {
@@ -183,7 +191,7 @@ impl Ops {
         }
         let key = context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id)?;
         // An unknown context is a successful query with no hits, and creates nothing.
-        let Some(handle) = self.contexts.get(&key) else {
+        let Some(handle) = key.and_then(|key| self.contexts.get(&key)) else {
             return Ok(QueryHits::default());
         };
         Ok(handle.reader().query_tokens(
@@ -206,7 +214,7 @@ impl Ops {
             context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id)
         };
         let result = result.map(|key| {
-            let Some(handle) = self.contexts.get(&key) else {
+            let Some(handle) = key.and_then(|key| self.contexts.get(&key)) else {
                 return QueryHits::default();
             };
             handle
@@ -253,12 +261,14 @@ impl Ops {
     }
 }
 
+/// The context a query names; `None` for a block size no registration can have (above
+/// [`MAX_BLOCK_SIZE`]), which like any unknown context answers no hits.
 fn context_key(
     model_name: &str,
     lora_name: &str,
     block_size: i128,
     tenant_id: &str,
-) -> Result<ContextKey, OpError> {
+) -> Result<Option<ContextKey>, OpError> {
     if model_name.is_empty() {
         return Err(OpError::invalid(
             "model_name",
@@ -266,19 +276,22 @@ fn context_key(
             "model_name must not be empty",
         ));
     }
-    if !(1..=MAX_BLOCK_SIZE).contains(&block_size) {
+    if block_size < 1 {
         return Err(OpError::invalid(
             "block_size",
             "out_of_range",
             "block_size must be a positive integer",
         ));
     }
-    Ok(ContextKey::new(
+    if block_size > MAX_BLOCK_SIZE {
+        return Ok(None);
+    }
+    Ok(Some(ContextKey::new(
         tenant_id,
         model_name,
         lora_name,
         block_size as u32,
-    ))
+    )))
 }
 
 /// How long a registration change made while the service starts waits for it to be ready

@@ -8,7 +8,6 @@
 
 use crate::error::OpError;
 use crate::gateway::request::{Kind, Schema};
-use crate::gateway::value::{Fields, Val};
 use crate::hashing::HashProfile;
 use crate::model::{PublisherConfig, PublisherType, normalize_tenant};
 
@@ -62,47 +61,6 @@ pub struct RegistrationInput {
 }
 
 impl RegistrationInput {
-    /// Read an HTTP `/register` body or a static config entry (HTTP names), decoded with
-    /// [`HTTP_REGISTER_SCHEMA`].
-    pub fn from_http(mut fields: Fields) -> Result<RegistrationInput, OpError> {
-        let cache_group = match fields.get("cache_group") {
-            None | Some(Val::Null) => None,
-            Some(Val::Int(i)) => Some(*i),
-            Some(_) => {
-                return Err(OpError::invalid(
-                    "cache_group",
-                    "invalid_type",
-                    "cache_group must be an integer or null",
-                ));
-            }
-        };
-        let hash_profile = match fields.take("hash_profile") {
-            None => None,
-            Some(Val::Pairs(pairs)) => Some(pairs),
-            Some(Val::Invalid(e)) => return Err(e),
-            Some(_) => {
-                return Err(OpError::invalid(
-                    "hash_profile",
-                    "invalid_type",
-                    "hash_profile must be a map",
-                ));
-            }
-        };
-        Ok(RegistrationInput {
-            instance_id: fields.opt_str("instance_id")?,
-            endpoint: fields.opt_str("endpoint")?,
-            replay_endpoint: fields.opt_str("replay_endpoint")?,
-            publisher_type: fields.opt_str("type")?,
-            model_name: fields.opt_str("modelname")?,
-            lora_name: fields.opt_str("lora_name")?,
-            tenant_id: fields.opt_str("tenant_id")?,
-            block_size: fields.opt_int("block_size")?,
-            dp_rank: fields.opt_int("dp_rank")?,
-            cache_group,
-            hash_profile,
-        })
-    }
-
     /// Apply the registration rules; errors name the field as the caller spelled it.
     pub fn validate(self, names: FieldNames) -> Result<PublisherConfig, OpError> {
         let endpoint = required(self.endpoint, "endpoint")?;

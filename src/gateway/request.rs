@@ -62,12 +62,15 @@ pub enum Root {
     Map {
         fields: Fields,
         unknown: Option<String>,
+        /// The first key given twice.
+        duplicate: Option<&'static str>,
     },
     NotAMap,
 }
 
 impl Root {
-    /// The fields, or the `unknown_field` error; `not_a_map` is the format's own error.
+    /// The fields, or the `unknown_field` error, or the `duplicate_field` error; `not_a_map` is
+    /// the format's own error.
     pub fn into_fields(self, not_a_map: impl FnOnce() -> OpError) -> Result<Fields, OpError> {
         match self {
             Root::Map {
@@ -76,6 +79,14 @@ impl Root {
                 key.clone(),
                 "unknown_field",
                 format!("unsupported request field: {key}"),
+            )),
+            Root::Map {
+                duplicate: Some(key),
+                ..
+            } => Err(OpError::invalid(
+                key,
+                "duplicate_field",
+                format!("{key} is given more than once"),
             )),
             Root::Map { fields, .. } => Ok(fields),
             Root::NotAMap => Err(not_a_map()),
@@ -130,8 +141,13 @@ impl<'de> Visitor<'de> for RootSeed {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Root, A::Error> {
         let mut fields = Fields::default();
         let mut unknown = None;
+        let mut duplicate = None;
         while let Some(key) = map.next_key_seed(KeySeed(self.schema))? {
             match key {
+                Key::Known(name, _) if fields.get(name).is_some() => {
+                    map.next_value::<IgnoredAny>()?;
+                    duplicate.get_or_insert(name);
+                }
                 Key::Known(name, kind) => {
                     let seed = FieldSeed {
                         name,
@@ -146,7 +162,11 @@ impl<'de> Visitor<'de> for RootSeed {
                 }
             }
         }
-        Ok(Root::Map { fields, unknown })
+        Ok(Root::Map {
+            fields,
+            unknown,
+            duplicate,
+        })
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Root, A::Error> {
@@ -267,15 +287,17 @@ impl Element for i32 {
             return Err(OpError::invalid(
                 field,
                 "invalid_type",
-                format!("{field} element {index} must be an integer"),
-            ));
+                format!("{field} element must be an integer"),
+            )
+            .at(index));
         };
         i32::try_from(value).map_err(|_| {
             OpError::invalid(
                 field,
                 "out_of_range",
-                format!("{field} element {index} is outside the int32 range"),
+                format!("{field} element is outside the int32 range"),
             )
+            .at(index)
         })
     }
     fn wrap(items: Vec<i32>) -> Val {
@@ -310,8 +332,9 @@ impl Element for u64 {
             _ => Err(OpError::invalid(
                 field,
                 "invalid_type",
-                format!("{field} element {index} must be a 64-bit integer"),
-            )),
+                format!("{field} element must be a 64-bit integer"),
+            )
+            .at(index)),
         }
     }
     fn wrap(items: Vec<u64>) -> Val {
@@ -438,8 +461,8 @@ impl<'de> Visitor<'de> for Integer {
     }
 }
 
-/// A map of strings, in document order: the first [`PAIRS_KEPT`] pairs are kept, every value is
-/// checked to be a string (the first that is not is the error, named by its key).
+/// A map of strings, in document order: the first [`PAIRS_KEPT`] pairs are kept, a value that
+/// is not a string as `None` (the registration checks report it in their order).
 struct Pairs(&'static str);
 
 impl<'de> Visitor<'de> for Pairs {
@@ -451,22 +474,15 @@ impl<'de> Visitor<'de> for Pairs {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Val, A::Error> {
         let mut pairs = Vec::new();
-        let mut error = None;
         while let Some(key) = map.next_key::<String>()? {
-            if error.is_some() {
+            if pairs.len() < PAIRS_KEPT {
+                let value = map.next_value_seed(Text)?;
+                pairs.push((key, value));
+            } else {
                 map.next_value::<IgnoredAny>()?;
-                continue;
-            }
-            match map.next_value_seed(Text)? {
-                Some(value) if pairs.len() < PAIRS_KEPT => pairs.push((key, value)),
-                Some(_) => {}
-                None => {
-                    let message = format!("{key} must be a string");
-                    error = Some(OpError::invalid(key, "invalid_type", message));
-                }
             }
         }
-        Ok(error.map_or(Val::Pairs(pairs), Val::Invalid))
+        Ok(Val::Pairs(pairs))
     }
 
     refuse_scalars!(
@@ -542,8 +558,15 @@ pub fn from_json(body: &[u8], seed: RootSeed) -> Result<Fields, OpError> {
 /// Decode a msgpack body (syntax errors: `invalid_msgpack`).
 pub fn from_msgpack(body: &[u8], seed: RootSeed) -> Result<Fields, OpError> {
     let invalid = |m: String| OpError::invalid("", "invalid_msgpack", m);
-    let root = super::msgpack_de::from_slice(body, seed)
-        .map_err(|e| invalid(format!("Invalid msgpack object: {e}")))?;
+    let root = super::msgpack_de::from_slice(body, seed).map_err(|e| {
+        // The reference's two texts: a non-string key, and anything else undecodable.
+        let text = e.to_string();
+        if text.contains("map keys must be strings") {
+            invalid("map keys must be strings".into())
+        } else {
+            invalid("Invalid msgpack object".into())
+        }
+    })?;
     root.into_fields(|| invalid("request body must be a msgpack map".into()))
 }
 

@@ -20,21 +20,23 @@ pub enum Val {
     Tokens(Vec<i32>),
     /// `block_hashes`, already checked element by element.
     Hashes(Vec<u64>),
-    /// `hash_profile`'s string pairs in document order (see `request::PAIRS_KEPT`).
-    Pairs(Vec<(String, String)>),
+    /// `hash_profile`'s pairs in document order (see `request::PAIRS_KEPT`); `None` for a
+    /// value that is not a string.
+    Pairs(Vec<(String, Option<String>)>),
     /// A value its decoder already found wrong. The error is reported when validation reads the
     /// field, so errors come in the order fields are checked, whatever the document order.
     Invalid(OpError),
 }
 
-/// A request body's known fields (the last value given for each), with typed access.
+/// A request body's known fields (a key given twice is refused while decoding), with typed
+/// access.
 #[derive(Debug, Default)]
 pub struct Fields {
     entries: Vec<(&'static str, Val)>,
 }
 
 impl Fields {
-    /// Set `key`; a repeated key replaces the earlier value (like a JSON object: the last wins).
+    /// Set `key`, replacing an earlier value.
     pub fn set(&mut self, key: &'static str, value: Val) {
         match self.entries.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = value,

@@ -290,7 +290,12 @@ impl SubscriptionActor {
             for reason in &ignored {
                 *s.ignored.entry(reason.as_str()).or_default() += 1;
             }
-            (s.hash_check, s.hash_check_ok, s.hash_check_mismatch) = hash_check;
+            (
+                s.hash_check,
+                s.hash_check_ok,
+                s.hash_check_mismatch,
+                s.hash_check_mismatch_rate,
+            ) = hash_check;
             s.engine_recipe = engine_recipe;
             s.last_batch_ts_ms = timestamp_ms(ts, self.config.publisher_type.is_engine());
         });

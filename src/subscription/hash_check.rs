@@ -6,9 +6,12 @@
 //! or a block this check already verified (the parent's full digest is needed; the event carries
 //! only its projection). Verified digests are remembered in a bounded map.
 //!
-//! Verdict: `ok` as soon as one block matches (a wrong profile cannot match by chance);
-//! `mismatch` after [`MISMATCH_VERDICT`] recomputed blocks without a single match. Some honest
-//! blocks cannot match: multimodal keys enter vLLM's hash in a form its events do not carry.
+//! Verdict, over the last [`WINDOW`] recomputed blocks: `unverified` while none was recomputed,
+//! `mismatch` while any of them did not match (so one forged block among good ones shows, and a
+//! publisher that changes its recipe mid-life is flagged), `ok` when all of them matched. The
+//! status also reports the window's mismatch rate. Some honest blocks cannot match: multimodal
+//! keys enter vLLM's hash in a form its events do not carry, so such a publisher reads
+//! `mismatch` with a rate of its multimodal share.
 //!
 //! Query answers do not depend on this check: the index keys engine blocks by keys it derives
 //! from their contents (see `index`), so a mismatch only means the index is translating. What it
@@ -18,7 +21,7 @@
 //! first that matches, or says why none can (a LoRA path or an adapter namespace the events do
 //! not carry).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use crate::events::{EngineStored, EventTokens};
 use crate::hashing::{BlockHasher, HashProfile, Strategy};
@@ -26,11 +29,12 @@ use crate::model::{BlockHash, PublisherConfig};
 
 use super::status::HashCheckState;
 
-/// Recomputed blocks without any match before the verdict is `mismatch`.
-const MISMATCH_VERDICT: u64 = 16;
+/// Recomputed blocks the verdict and the mismatch rate are taken over (the most recent ones).
+pub const WINDOW: usize = 256;
 /// Verified digests remembered (about 3 MiB); the map is cleared when full.
 const MAX_KNOWN: usize = 65_536;
-/// Once verified, check one stored event in this many (the check costs a hash per block).
+/// While the window holds only matches, check one stored event in this many (the check costs a
+/// hash per block).
 const SAMPLE_AFTER_OK: u64 = 64;
 
 pub struct HashCheck {
@@ -42,6 +46,10 @@ pub struct HashCheck {
     scratch: Vec<u8>,
     ok: u64,
     mismatch: u64,
+    /// The last [`WINDOW`] outcomes (`true`: matched), oldest first.
+    recent: VecDeque<bool>,
+    /// Mismatches in `recent`.
+    recent_mismatches: usize,
     events_seen: u64,
     warned: bool,
     /// The recipe the engine was seen hashing with, when it is not the registered one.
@@ -59,6 +67,8 @@ impl HashCheck {
             scratch: Vec::with_capacity(256),
             ok: 0,
             mismatch: 0,
+            recent: VecDeque::with_capacity(WINDOW),
+            recent_mismatches: 0,
             events_seen: 0,
             warned: false,
             engine_recipe: None,
@@ -75,18 +85,40 @@ impl HashCheck {
     }
 
     pub fn state(&self) -> HashCheckState {
-        if self.ok > 0 {
-            HashCheckState::Ok
-        } else if self.mismatch >= MISMATCH_VERDICT {
+        if self.recent.is_empty() {
+            HashCheckState::Unverified
+        } else if self.recent_mismatches > 0 {
             HashCheckState::Mismatch
         } else {
-            HashCheckState::Unverified
+            HashCheckState::Ok
         }
     }
 
-    /// (state, blocks matched, blocks mismatched).
-    pub fn summary(&self) -> (HashCheckState, u64, u64) {
-        (self.state(), self.ok, self.mismatch)
+    /// Mismatches among the last [`WINDOW`] recomputed blocks, as a fraction (0 when none).
+    pub fn mismatch_rate(&self) -> f64 {
+        if self.recent.is_empty() {
+            0.0
+        } else {
+            self.recent_mismatches as f64 / self.recent.len() as f64
+        }
+    }
+
+    /// (state, blocks matched, blocks mismatched, recent mismatch rate).
+    pub fn summary(&self) -> (HashCheckState, u64, u64, f64) {
+        (self.state(), self.ok, self.mismatch, self.mismatch_rate())
+    }
+
+    fn record(&mut self, matched: bool) {
+        if self.recent.len() == WINDOW && self.recent.pop_front() == Some(false) {
+            self.recent_mismatches -= 1;
+        }
+        self.recent.push_back(matched);
+        if matched {
+            self.ok += 1;
+        } else {
+            self.mismatch += 1;
+            self.recent_mismatches += 1;
+        }
     }
 
     /// The publisher cleared its cache: remembered digests no longer prove anything.
@@ -96,7 +128,8 @@ impl HashCheck {
 
     pub fn observe_stored(&mut self, event: &EngineStored) {
         self.events_seen += 1;
-        if self.ok > 0 && !self.events_seen.is_multiple_of(SAMPLE_AFTER_OK) {
+        let all_good = self.state() == HashCheckState::Ok;
+        if all_good && !self.events_seen.is_multiple_of(SAMPLE_AFTER_OK) {
             return;
         }
         let Some(tokens) = &event.tokens else { return };
@@ -140,14 +173,18 @@ impl HashCheck {
             };
             let step = hasher.step(parent.as_ref(), &raw[start..end], &mut self.scratch);
             if step.key != *published {
-                self.mismatch += 1;
+                self.record(false);
                 if i == 0 && event.parent.is_none() && self.engine_recipe.is_none() {
                     self.engine_recipe = Some(self.identify(&raw[..end], *published, lora, salt));
                 }
                 self.warn_once();
                 break;
             }
-            self.ok += 1;
+            self.record(true);
+            if self.recent_mismatches == 0 {
+                // Back to all good: a later mismatch is news again.
+                self.warned = false;
+            }
             if self.known.len() >= MAX_KNOWN {
                 self.known.clear();
             }
@@ -191,8 +228,9 @@ impl HashCheck {
         }
     }
 
+    /// Warn once each time the verdict turns to `mismatch`.
     fn warn_once(&mut self) {
-        if self.ok == 0 && self.mismatch >= MISMATCH_VERDICT && !self.warned {
+        if !self.warned {
             self.warned = true;
             tracing::warn!(
                 service = %self.service,
@@ -263,7 +301,7 @@ mod tests {
             .expect("the unset-seed recipe is a candidate");
         let mut check = HashCheck::new(&registered);
         check.observe_stored(&event(&unset, None));
-        assert_eq!(check.state(), HashCheckState::Unverified);
+        assert_eq!(check.state(), HashCheckState::Mismatch);
         assert_eq!(
             check.engine_recipe().as_deref(),
             Some("vllm_v1/sha256/PYTHONHASHSEED unset/low64_be")
@@ -287,5 +325,54 @@ mod tests {
                 .unwrap()
                 .contains("LoRA adapter's path")
         );
+    }
+
+    #[test]
+    fn one_forged_block_among_good_ones_flips_to_mismatch_until_it_ages_out() {
+        let registered = config("42");
+        let good = event(&registered.hash_profile, None);
+        let mut forged = good.clone();
+        forged.hashes[0].0 ^= 1;
+        let mut check = HashCheck::new(&registered);
+        assert_eq!(check.state(), HashCheckState::Unverified);
+        check.observe_stored(&good);
+        assert_eq!(check.summary(), (HashCheckState::Ok, 2, 0, 0.0));
+        // Verified publishers are sampled: within one sampling period the forgery is seen.
+        let mut sent = 0;
+        while check.state() == HashCheckState::Ok && sent < SAMPLE_AFTER_OK {
+            check.observe_stored(&forged);
+            sent += 1;
+        }
+        let (state, ok, mismatch, rate) = check.summary();
+        assert_eq!((state, ok, mismatch), (HashCheckState::Mismatch, 2, 1));
+        assert!((rate - 1.0 / 3.0).abs() < 1e-9, "{rate}");
+        // Every event is checked while the window holds a mismatch; it ages out after WINDOW
+        // good blocks (two per event).
+        for _ in 0..WINDOW / 2 - 1 {
+            check.observe_stored(&good);
+        }
+        assert_eq!(check.state(), HashCheckState::Mismatch);
+        check.observe_stored(&good);
+        assert_eq!(check.state(), HashCheckState::Ok);
+        assert_eq!(check.mismatch_rate(), 0.0);
+    }
+
+    #[test]
+    fn a_publisher_that_changes_its_recipe_mid_life_is_flagged() {
+        let registered = config("42");
+        let mut check = HashCheck::new(&registered);
+        check.observe_stored(&event(&registered.hash_profile, None));
+        assert_eq!(check.state(), HashCheckState::Ok);
+        let other = config("7").hash_profile;
+        for _ in 0..SAMPLE_AFTER_OK {
+            check.observe_stored(&event(&other, None));
+        }
+        assert_eq!(check.state(), HashCheckState::Mismatch);
+        assert!(check.mismatch_rate() > 0.0);
+        // From then on every event is checked, and every one mismatches.
+        for _ in 0..WINDOW {
+            check.observe_stored(&event(&other, None));
+        }
+        assert_eq!(check.mismatch_rate(), 1.0);
     }
 }

@@ -60,6 +60,8 @@ pub struct SubscriptionStatus {
     pub hash_check: HashCheckState,
     pub hash_check_ok: u64,
     pub hash_check_mismatch: u64,
+    /// Mismatches among the last recomputed blocks (`hash_check::WINDOW`), as a fraction.
+    pub hash_check_mismatch_rate: f64,
     /// The recipe the engine hashes with (see `hash_check`), once known.
     pub engine_recipe: Option<String>,
     /// Unix time (ms) of the last applied batch's publisher timestamp, for lag.

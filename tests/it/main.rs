@@ -16,6 +16,7 @@ mod fixtures;
 mod hostile;
 mod http_api;
 mod http_errors;
+mod http_golden;
 mod ingest;
 mod recorded;
 mod scenarios;

@@ -40,8 +40,9 @@ except ImportError as exc:  # the native extension is absent or cannot load
     raise ImportError(
         "Conductor support is missing from this mooncake installation: the native "
         f"extension 'mooncake._conductor' could not be imported ({exc}). Install a mooncake "
-        "package with Conductor support, or rebuild it: `pip install ./python` from the "
-        "mooncake-conductor source tree (or `maturin develop --release` inside python/)."
+        "package with Conductor support, or a rebuild with `WITH_CONDUCTOR=ON` (for Mooncake's "
+        "own build); for this package, `pip install ./python` from the mooncake-conductor "
+        "source tree (or `maturin develop --release` inside python/)."
     ) from exc
 
 from mooncake._types import (
