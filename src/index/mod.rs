@@ -182,7 +182,7 @@
 //!
 //! | figure | before | after |
 //! |---|---|---|
-//! | apply, M block ops/s | 0.56-0.75 | 0.79-0.92 |
+//! | apply, M block ops/s | 0.56-0.75 | 0.75-0.95 |
 //! | 2,048-token query by keys, p50 | 2.1-2.8 | 1.40-1.53 |
 //! | 2,048-token query from tokens, p50 | 2.2-2.7 | 1.29-1.38 |
 //! | 1M-token full hit from tokens | 3.2-3.9 ms (10x) | 3.3-3.5 ms (load average 2.5), 7-8 ms (load 5-6) |
@@ -192,11 +192,10 @@
 //! it already holds and compares the blocks along it in order), about 35-40 ns per block on a
 //! 1M-token prompt whose table fits in the caches, spread over locating, prefetching and
 //! probing; the 64 x 2 answer and the cursors' bookkeeping are about a quarter of a 2,048-token
-//! query. On apply, the alias map's inserts (one random access per stored block into a
-//! `HashMap` that cannot be prefetched) are a fifth of the time, the table's stores (now with
-//! their lines prefetched per run) a third. Closing the rest needs blocks that carry their
-//! successors (so a walk along a stored chain reads records in order, without probes) and an
-//! alias table of our own.
+//! query. On apply, the table's stores and the alias inserts (one random access each per
+//! stored block, both now with their lines prefetched per run or per event) are most of the
+//! time. Closing the rest needs blocks that carry their successors, so that a walk along a
+//! stored chain reads records in order, without probes.
 
 pub mod actor;
 mod alias_table;
