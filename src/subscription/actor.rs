@@ -437,11 +437,6 @@ pub struct Stop;
 #[rtype(result = "()")]
 pub struct PushMarks;
 
-/// The last applied seq, for checkpoints.
-#[derive(Message)]
-#[rtype(result = "Option<u64>")]
-pub struct LastApplied;
-
 impl Handler<LiveFrames> for SubscriptionActor {
     type Result = ();
 
@@ -548,14 +543,6 @@ impl Handler<PushMarks> for SubscriptionActor {
 
     fn handle(&mut self, _: PushMarks, _ctx: &mut Context<Self>) {
         self.push_marks();
-    }
-}
-
-impl Handler<LastApplied> for SubscriptionActor {
-    type Result = Option<u64>;
-
-    fn handle(&mut self, _: LastApplied, _ctx: &mut Context<Self>) -> Option<u64> {
-        self.seq.last_applied()
     }
 }
 
