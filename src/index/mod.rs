@@ -183,12 +183,14 @@
 //! | figure | before | after |
 //! |---|---|---|
 //! | apply, M block ops/s | 0.56-0.75 | 0.75-0.95 |
-//! | 2,048-token query by keys, p50 | 2.1-2.8 | 1.40-1.53 |
-//! | 2,048-token query from tokens, p50 | 2.2-2.7 | 1.29-1.38 |
-//! | 1M-token full hit from tokens | 3.2-3.9 ms (10x) | 3.3-3.5 ms (load average 2.5), 7-8 ms (load 5-6) |
-//! | RSS per (block, holder) | 12.2 B (0.35x) | 12.3 B (0.35x) |
+//! | 2,048-token query by keys, p50 | 2.1-2.8 | 1.40-1.63 (4.8-5.0 us) |
+//! | 2,048-token query from tokens, p50 | 2.2-2.7 | 1.29-1.38 (6.1-6.5 us) |
+//! | 1M-token full hit from tokens | 3.2-3.9 ms (10x) | 3.2-3.5 ms (9.4x) at load 2.4 |
+//! | RSS per (block, holder) | 12.2 B (0.35x) | 12.1 B (0.35x) |
 //!
-//! What bounds ours now: a walk step is still a hash probe per block (the tree follows an edge
+//! The 1M-token query did not get faster: its table fits in the caches, so neither the
+//! prefetching nor the missing lock pays there. What bounds ours now: a walk step is still a
+//! hash probe per block (the tree follows an edge
 //! it already holds and compares the blocks along it in order), about 35-40 ns per block on a
 //! 1M-token prompt whose table fits in the caches, spread over locating, prefetching and
 //! probing; the 64 x 2 answer and the cursors' bookkeeping are about a quarter of a 2,048-token
