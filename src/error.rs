@@ -1,6 +1,6 @@
 //! The one table of stable result codes shared by gRPC, HTTP and the Python client.
 //!
-//! Codes are the seed contract (`spec/python-api.md`, "Error Codes"); they travel as plain integers
+//! Codes are the seed contract (`docs/python-api.md`, "Error codes"); they travel as plain integers
 //! (`ret`) so a client can return them unchanged. Each layer keeps its own error enum and maps it to a
 //! [`Code`] in one exhaustive `match`.
 

@@ -187,7 +187,7 @@ impl fmt::Display for PublisherType {
 }
 
 /// One validated publisher registration, with the seed's field names and defaults
-/// (`spec/python-api.md`, register()). Built only by the registration validator.
+/// (`docs/python-api.md`, register()). Built only by the registration validator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublisherConfig {
     pub instance_id: String,

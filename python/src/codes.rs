@@ -1,4 +1,4 @@
-//! Result codes of the Python API (`spec/python-api.md`, "Error Codes") and the mapping of transport
+//! Result codes of the Python API (`docs/python-api.md`, "Error codes") and the mapping of transport
 //! failures onto them. The server sends its own codes in `ret`; these constants only name them and
 //! add the client-side ones (RPC_FAIL, RPC_TIMEOUT, CONDUCTOR_UNAVAILABLE).
 

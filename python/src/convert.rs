@@ -1,6 +1,6 @@
 //! Conversions between Python objects and the generated protobuf messages.
 //!
-//! Result shapes follow `spec/python-api.md`: rank keys stay decimal strings, counts are ints, and a
+//! Result shapes follow `docs/python-api.md`: rank keys stay decimal strings, counts are ints, and a
 //! failed call yields the documented empty shape (`hits == {}`, `contexts == []`, ...).
 
 use pyo3::exceptions::{PyOverflowError, PyTypeError};

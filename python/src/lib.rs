@@ -1,4 +1,4 @@
-//! `mooncake._conductor`: the native half of `mooncake.conductor` (see `spec/python-api.md`).
+//! `mooncake._conductor`: the native half of `mooncake.conductor` (see `docs/python-api.md`).
 //!
 //! Layout: `lib.rs` holds the `ConductorClient` class and its connection lifecycle, `register.rs`
 //! the checks of `register()` configurations, `convert.rs` the Python <-> protobuf conversions,

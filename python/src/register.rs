@@ -1,7 +1,7 @@
 //! `register(config)`: the client-side checks of the configuration dictionary.
 //!
-//! The client rejects only what it can judge without the server (`spec/python-api.md`, register()
-//! "Raises"): a non-dict, unknown or non-string keys, wrong value types, integers outside int64 and
+//! The client rejects only what it can judge without the server (`docs/python-api.md`, "Who rejects
+//! what"): a non-dict, unknown or non-string keys, wrong value types, integers outside int64 and
 //! unknown publisher types, with the same key/type rules inside `hash_profile`. Everything about
 //! values (missing required fields, empty names, negative ranks, unsupported hash recipes) is the
 //! server's to judge, so absent fields stay absent on the wire and the server answers INVALID_PARAMS.

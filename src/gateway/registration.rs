@@ -3,7 +3,7 @@
 //! gRPC and the Python client use the Python field names (`model_name`, `publisher_type`); HTTP
 //! `/register` and the config file's `kvevent_instance` entries use the reference's HTTP names
 //! (`modelname`, `type`). Both become a [`RegistrationInput`]; [`RegistrationInput::validate`]
-//! applies the rules of `spec/python-api.md` register() and reports the field by the name the
+//! applies the rules of `docs/python-api.md`, register(), and reports the field by the name the
 //! caller used.
 
 use crate::error::OpError;

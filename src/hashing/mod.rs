@@ -1,8 +1,8 @@
 //! Hash profiles: byte-exact reproductions of each engine's block hash chain, so a query's
 //! tokens produce the same 64-bit keys the engines publish in their KV events.
 //!
-//! Specs: `spec/python-api.md` (register(), `hash_profile`), `spec/mooncake-reference.md` (d),
-//! `spec/engines-wire.md` 4 (vLLM) and 5.3 (SGLang).
+//! Docs: `docs/python-api.md` (`hash_profile`), `docs/engine-events.md` ("Block hashing"),
+//! `docs/reference-behaviour.md` ("Hash profile and chain").
 //!
 //! | strategy | algorithm | block digest | key |
 //! |---|---|---|---|

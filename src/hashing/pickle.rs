@@ -1,5 +1,6 @@
 //! A byte-exact CPython `pickle.dumps(value, protocol=5)` for the values vLLM's `sha256` hashes:
-//! `str`, `bytes`, `int`, `None` and tuples of them (`spec/mooncake-reference.md` (d)).
+//! `str`, `bytes`, `int`, `None` and tuples of them (`docs/reference-behaviour.md`, "Hash profile
+//! and chain").
 //!
 //! What has to match CPython's C pickler (`Modules/_pickle.c`) exactly:
 //! * `PROTO 5` is written before framing starts, so it sits outside every frame.

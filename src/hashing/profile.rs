@@ -1,4 +1,4 @@
-//! Resolving and validating a registration's `hash_profile` (`spec/python-api.md`, register()).
+//! Resolving and validating a registration's `hash_profile` (`docs/python-api.md`, `hash_profile`).
 //!
 //! The transport layers check that the profile is a map of strings; this module checks the values:
 //! exactly the four keys, one of the supported combinations, and a well-formed `python_hash_seed`.

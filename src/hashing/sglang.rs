@@ -1,5 +1,5 @@
-//! SGLang's page hash (`mem_cache/utils.py`, `cpp_utils/hash_binding.cpp`; `spec/engines-wire.md`
-//! 5.3) and the namespaces it applies to published hashes.
+//! SGLang's page hash (`mem_cache/utils.py`, `cpp_utils/hash_binding.cpp`;
+//! `docs/engine-events.md`, "SGLang") and the namespaces it applies to published hashes.
 //!
 //! A page is `SHA256([prior 32 bytes] || u32_le(word)...)`, where the words are the page's tokens
 //! (or, for bigram keys, both tokens of each adjacent pair). If any raw token the page reads is

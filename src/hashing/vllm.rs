@@ -1,7 +1,6 @@
-//! vLLM v1 block hashing (`hash_block_tokens`; `spec/engines-wire.md` 4,
-//! `spec/mooncake-reference.md` (d)): each complete block is
-//! `SHA256(encode((parent_digest, tuple(tokens), extra_keys)))`, with the encoding picked by the
-//! algorithm (canonical CBOR or pickle protocol 5).
+//! vLLM v1 block hashing (`hash_block_tokens`; `docs/engine-events.md`, "vLLM (`vllm_v1`)"):
+//! each complete block is `SHA256(encode((parent_digest, tuple(tokens), extra_keys)))`, with the
+//! encoding picked by the algorithm (canonical CBOR or pickle protocol 5).
 //!
 //! `extra_keys` is `(lora_name,)` on every block when a LoRA is set, with `cache_salt` appended
 //! on block 0 only, and `None` when both are empty. The parent is always the previous block's full

@@ -145,7 +145,7 @@ impl Meta {
     }
 }
 
-/// One context as the global view reports it (`spec/python-api.md`, get_global_view()).
+/// One context as the global view reports it (`docs/python-api.md`, get_global_view()).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContextView {
     pub key: ContextKey,

@@ -67,7 +67,7 @@
 //! adapter contexts fed by a base registration). `drop_source` keeps the listing,
 //! `detach_source` removes it.
 //!
-//! # Query semantics (`spec/python-api.md` query())
+//! # Query semantics (`docs/python-api.md`, query())
 //!
 //! For each selected instance (all, or the filter) and each listed rank, one cursor walks the
 //! prompt's blocks in four phases, device → cpu_local → cpu_share → disk, never going back. A

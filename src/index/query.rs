@@ -42,7 +42,7 @@ impl TierCounts {
     }
 }
 
-/// One instance's row of a query answer (`spec/python-api.md`, query()). Rank keys are `u32`
+/// One instance's row of a query answer (`docs/python-api.md`, query()). Rank keys are `u32`
 /// here; the transports render them as decimal strings.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InstanceHits {

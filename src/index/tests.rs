@@ -1,4 +1,4 @@
-//! Unit tests of the index, one per semantic point of `spec/python-api.md` query() and of the
+//! Unit tests of the index, one per semantic point of `docs/python-api.md`, query(), and of the
 //! apply/attach/drop/detach contract.
 
 use std::collections::{BTreeMap, BTreeSet};

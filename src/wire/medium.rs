@@ -1,4 +1,4 @@
-//! The one medium → tier table (ARCHITECTURE.md, "Semantics that are easy to get wrong").
+//! The one medium → tier table (`docs/engine-events.md`, "Media and tiers").
 //!
 //! Engines and the Mooncake store name media differently; matching is ASCII case-insensitive
 //! everywhere because the same engine has sent both cases (vLLM `"CPU"` from its offload layer,

@@ -1,4 +1,5 @@
-//! Mooncake store object events (RFC #1527 maps; mooncake-reference.md (g)).
+//! Mooncake store object events (RFC #1527 maps; `docs/reference-behaviour.md`, "Mooncake store
+//! events").
 //!
 //! The store publishes `[timestamp_ms, [event map, …], dp_rank | nil]`; each map is `stored`,
 //! `removed` or `cleared` of one object on a shared tier (`cpu` → cpu_share, `disk` → disk).

@@ -1,6 +1,6 @@
 //! The engine event schema: which keys vLLM and SGLang define, which each event type allows or
 //! requires, and the field order of the positional (`array_like`) events of older releases.
-//! Sources: engines-wire.md 3.1 and 5.1, mooncake-reference.md (c).
+//! Sources: `docs/engine-events.md`, "Payload keys"; `docs/reference-behaviour.md`, "vLLM events".
 
 use super::envelope::{EventResult, Problem, invalid};
 
@@ -10,7 +10,7 @@ pub(crate) enum Engine {
     Sglang,
 }
 
-/// Every key either engine defines (engines-wire.md 3.1, 5.1; mooncake-reference.md (c)).
+/// Every key either engine defines (`docs/engine-events.md`, "Payload keys").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Key {
     Type,

@@ -1,4 +1,4 @@
-//! The validation matrix of `hash_profile` (`spec/python-api.md`, register()).
+//! The validation matrix of `hash_profile` (`docs/python-api.md`, `hash_profile`).
 
 use crate::hashing::{Algorithm, HashProfile, IndexProjection, ProfileError, Strategy};
 

@@ -1,4 +1,5 @@
-//! Mooncake store admission rules on hand-built maps (mooncake-reference.md (g)).
+//! Mooncake store admission rules on hand-built maps (`docs/reference-behaviour.md`, "Mooncake
+//! store events").
 
 use super::{V, decode_store, i, ints, invalid_fields, map, s, with};
 use crate::events::{IgnoreReason, KvEvent};
