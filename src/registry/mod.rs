@@ -7,6 +7,7 @@
 pub mod actor;
 pub mod contexts;
 pub mod policy;
+pub mod shared;
 pub mod subscriptions;
 
 pub use actor::{
