@@ -11,8 +11,8 @@ pub mod shared;
 pub mod subscriptions;
 
 pub use actor::{
-    ListServices, Refusals, Register, RegisterOutcome, Registry, ServiceInfo, ShutdownAll,
-    Unregister,
+    ApplyShared, ListServices, Origin, Refusals, Register, RegisterOutcome, Registry, ServiceInfo,
+    ShutdownAll, Unregister,
 };
 pub use contexts::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use subscriptions::SubscriptionDirectory;

@@ -18,5 +18,6 @@ mod http_api;
 mod http_errors;
 mod ingest;
 mod recorded;
+mod replicas;
 mod scenarios;
 mod storage_faults;

@@ -6,6 +6,7 @@
 //! the subscription. Each replica still keeps its own copy in RocksDB, with its index and
 //! watermarks, so a replica restarted while etcd is down serves what it knew.
 
+pub mod etcd;
 pub mod sync;
 
 use std::fmt;
