@@ -167,12 +167,17 @@ async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_rem
 async fn two_replicas_racing_one_key_with_different_configs_get_exactly_one_winner() {
     let etcd = Etcd::start().await;
     let (a, b) = (replica(&etcd, "/t2/").await, replica(&etcd, "/t2/").await);
+    let mut used = std::collections::HashSet::new();
     for round in 0..6 {
         let instance = format!("race{round}");
-        let (ea, eb) = (
-            format!("tcp://127.0.0.1:{}", free_port()),
-            format!("tcp://127.0.0.1:{}", free_port()),
-        );
+        // Two different configurations, on endpoints no earlier round used.
+        let mut fresh = || loop {
+            let e = format!("tcp://127.0.0.1:{}", free_port());
+            if used.insert(e.clone()) {
+                break e;
+            }
+        };
+        let (ea, eb) = (fresh(), fresh());
         let (on_a, on_b) = (registration(&instance, &ea), registration(&instance, &eb));
         let (ra, rb) = tokio::join!(
             http::post_json(a.http_port, "/register", &on_a),
@@ -277,10 +282,16 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    eventually("B follows after the outage", WAIT, || async {
-        (endpoints(&b).await.len() == 2).then_some(())
-    })
-    .await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while endpoints(&b).await.len() != 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B did not follow after the outage:\n{}\nA:\n{}",
+            b.log(),
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(etcd_up(&b).await, Some(true));
     let r = http::post_json(
         b.http_port,

@@ -248,7 +248,9 @@ impl EtcdRegistry {
             .with_progress_notify();
         let mut watch = client.watch_client();
         let stream = watch.watch(prefix, Some(options));
-        let mut stream = match tokio::time::timeout(self.timeout(), stream).await {
+        // Bounded by the connect timeout: while etcd is away this is the call that waits.
+        let connect = Duration::from_millis(self.config.connect_timeout_ms);
+        let mut stream = match tokio::time::timeout(connect, stream).await {
             Ok(r) => r.map_err(|e| Broken::Etcd(e.to_string()))?,
             Err(_) => return Err(Broken::Etcd("watch not created in time".into())),
         };
@@ -259,6 +261,12 @@ impl EtcdRegistry {
                 Err(e) => return Err(Broken::Etcd(e.to_string())),
             };
             let header_revision = resp.header().map_or(0, |h| h.revision());
+            tracing::debug!(
+                header_revision,
+                created = resp.created(),
+                events = resp.events().len(),
+                "etcd watch response"
+            );
             if resp.compact_revision() > 0 || resp.canceled() {
                 tracing::warn!(
                     compacted_to = resp.compact_revision(),
@@ -286,6 +294,14 @@ impl EtcdRegistry {
                     );
                 }
             }
+            if resp.created() {
+                continue;
+            }
+            if resp.events().is_empty() {
+                state.progress(header_revision);
+                self.revision.store(state.revision(), Ordering::Relaxed);
+                continue;
+            }
             let events = resp.events().iter().filter_map(|e| {
                 let kv = e.kv()?;
                 Some(match e.event_type() {
@@ -300,7 +316,7 @@ impl EtcdRegistry {
                     },
                 })
             });
-            let changes = state.apply_events(events.collect::<Vec<_>>(), header_revision);
+            let changes = state.apply_events(events.collect::<Vec<_>>());
             self.apply(registry, changes, state).await?;
         }
     }

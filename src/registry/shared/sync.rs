@@ -152,16 +152,13 @@ impl SyncState {
         stops
     }
 
-    /// Events of one watch response; `header_revision` is the store revision it reports.
-    /// Events at or below the revision already applied (a resumed watch may repeat the last
-    /// one) change nothing.
-    pub fn apply_events(
-        &mut self,
-        events: impl IntoIterator<Item = Event>,
-        header_revision: i64,
-    ) -> Vec<Change> {
+    /// Events of one watch response, in order. Events at or below the revision already applied
+    /// (a resumed watch may repeat the last one) change nothing. The response's header revision
+    /// is deliberately not taken: etcd reports its current store revision there, which can be
+    /// ahead of events still to come on this watch (a watcher catching up from an older start
+    /// revision); see [`SyncState::progress`].
+    pub fn apply_events(&mut self, events: impl IntoIterator<Item = Event>) -> Vec<Change> {
         let mut changes = Vec::new();
-        let mut high = self.revision;
         for event in events {
             let (key, mod_revision) = match &event {
                 Event::Put(kv) => (&kv.key, kv.mod_revision),
@@ -170,7 +167,7 @@ impl SyncState {
             if mod_revision <= self.revision {
                 continue;
             }
-            high = high.max(mod_revision);
+            self.revision = mod_revision;
             let Some(name) = self.service_name(key) else {
                 continue;
             };
@@ -197,8 +194,13 @@ impl SyncState {
                 }
             }
         }
-        self.revision = high.max(header_revision);
         changes
+    }
+
+    /// A progress notification: etcd sends one only to a watcher that has been sent every event
+    /// up to `header_revision`, so a later resume may start after it.
+    pub fn progress(&mut self, header_revision: i64) {
+        self.revision = self.revision.max(header_revision);
     }
 
     /// A watch was created and etcd reports its store at `header_revision`. A store behind what

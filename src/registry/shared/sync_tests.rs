@@ -74,17 +74,17 @@ fn watch_events_start_change_and_stop() {
     let mut a2 = a.clone();
     a2.model_name = "other".into();
     assert_eq!(
-        s.apply_events([Event::Put(kv(&a, 2))], 2),
+        s.apply_events([Event::Put(kv(&a, 2))]),
         vec![Change::Start(a.clone())]
     );
     // The same value written again (a no-op put) changes nothing.
-    assert_eq!(s.apply_events([Event::Put(kv(&a, 3))], 3), vec![]);
+    assert_eq!(s.apply_events([Event::Put(kv(&a, 3))]), vec![]);
     assert_eq!(
-        s.apply_events([Event::Put(kv(&a2, 4))], 4),
+        s.apply_events([Event::Put(kv(&a2, 4))]),
         vec![Change::Stop(a.subscription_key()), Change::Start(a2)]
     );
     assert_eq!(
-        s.apply_events([delete(&a, 5)], 5),
+        s.apply_events([delete(&a, 5)]),
         vec![Change::Stop(a.subscription_key())]
     );
     assert_eq!(s.registrations(), 0);
@@ -97,10 +97,10 @@ fn events_already_applied_are_ignored_after_a_resumed_watch() {
     let a = config(1, 7001);
     s.apply_list([kv(&a, 5)], 7);
     // A delete at or below the listed revision is history the listing already contains.
-    assert_eq!(s.apply_events([delete(&a, 6)], 7), vec![]);
+    assert_eq!(s.apply_events([delete(&a, 6)]), vec![]);
     assert_eq!(s.registrations(), 1);
     assert_eq!(
-        s.apply_events([delete(&a, 8)], 8),
+        s.apply_events([delete(&a, 8)]),
         vec![Change::Stop(a.subscription_key())]
     );
 }
@@ -109,8 +109,11 @@ fn events_already_applied_are_ignored_after_a_resumed_watch() {
 fn a_progress_notification_advances_the_revision() {
     let mut s = SyncState::new(PREFIX, []);
     s.apply_list([], 3);
-    assert_eq!(s.apply_events([], 40), vec![]);
+    s.progress(40);
     assert_eq!(s.next_step(), Step::Watch { from: 41 });
+    // Never backwards.
+    s.progress(12);
+    assert_eq!(s.revision(), 40);
 }
 
 #[test]
@@ -140,14 +143,14 @@ fn garbage_under_the_prefix_is_counted_and_never_applied() {
     assert_eq!(s.invalid(), 2);
     let mut later = not_json;
     later.mod_revision = 6;
-    assert_eq!(s.apply_events([Event::Put(later)], 6), vec![]);
+    assert_eq!(s.apply_events([Event::Put(later)]), vec![]);
     assert_eq!(s.invalid(), 3);
     // A running registration overwritten with garbage is stopped: etcd no longer holds it.
-    s.apply_events([Event::Put(kv(&a, 7))], 7);
+    s.apply_events([Event::Put(kv(&a, 7))]);
     let mut garbage = kv(&a, 8);
     garbage.value = b"[]".to_vec();
     assert_eq!(
-        s.apply_events([Event::Put(garbage)], 8),
+        s.apply_events([Event::Put(garbage)]),
         vec![Change::Stop(a.subscription_key())]
     );
 }
@@ -182,6 +185,22 @@ fn an_etcd_whose_store_went_back_is_listed_again_and_the_listing_wins() {
     assert_eq!(
         changes,
         vec![Change::Stop(a.subscription_key()), Change::Start(b)]
+    );
+    assert_eq!(s.next_step(), Step::Watch { from: 4 });
+}
+
+#[test]
+fn a_watch_created_at_the_current_revision_still_applies_the_event_at_it() {
+    let mut s = SyncState::new(PREFIX, []);
+    let a = config(1, 7001);
+    s.apply_list([], 2);
+    // Reconnected after an outage: the store is at 3 already (a registration made meanwhile),
+    // and the watch from 3 reports it after its creation response, whose header says 3.
+    assert!(s.watch_created(3));
+    assert_eq!(s.next_step(), Step::Watch { from: 3 });
+    assert_eq!(
+        s.apply_events([Event::Put(kv(&a, 3))]),
+        vec![Change::Start(a)]
     );
     assert_eq!(s.next_step(), Step::Watch { from: 4 });
 }

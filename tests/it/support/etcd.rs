@@ -30,10 +30,11 @@ impl Etcd {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
-    /// The `registry` configuration of a replica sharing this etcd under `prefix`.
+    /// The `registry` configuration of a replica sharing this etcd under `prefix`. The request
+    /// timeout is generous for a loaded machine; a stopped etcd refuses connections at once.
     pub fn registry(&self, prefix: &str) -> serde_json::Value {
         serde_json::json!({"etcd": {
-            "endpoints": [self.endpoint()], "prefix": prefix, "request_timeout_ms": 1500,
+            "endpoints": [self.endpoint()], "prefix": prefix, "request_timeout_ms": 5000,
         }})
     }
 
