@@ -5,8 +5,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# libclang: bindgen for librocksdb-sys. gRPC code generation uses protox (pure Rust): no protoc.
-pkgs=(libclang-dev)
+# libclang: bindgen for librocksdb-sys. Our gRPC code generation uses protox (pure Rust), but the
+# etcd client's build script runs protoc, with the well-known types of libprotobuf-dev.
+# etcd-server: the replica tests start a real etcd on loopback.
+pkgs=(libclang-dev protobuf-compiler libprotobuf-dev etcd-server)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

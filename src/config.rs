@@ -88,6 +88,8 @@ pub struct Config {
     pub max_name_bytes: u64,
     /// The most contexts one subscription's events may feed.
     pub max_contexts_per_source: u64,
+    /// Registrations shared with other replicas through etcd; `None`: this replica's own store.
+    pub shared_registry: Option<crate::registry::shared::EtcdConfig>,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -139,6 +141,15 @@ impl Config {
             }
         };
         config.apply_token_env(std::env::var(AUTH_TOKEN_ENV).ok().as_deref())?;
+        if let Some(etcd) = &mut config.shared_registry {
+            use crate::registry::shared::ETCD_PASSWORD_ENV;
+            etcd.apply_password_env(std::env::var(ETCD_PASSWORD_ENV).ok().as_deref())
+                .map_err(|message| ConfigError {
+                    origin: format!("environment variable {ETCD_PASSWORD_ENV}"),
+                    field: None,
+                    message,
+                })?;
+        }
         Ok((config, origin))
     }
 
@@ -218,6 +229,7 @@ impl Config {
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS as u64,
             max_name_bytes: DEFAULT_MAX_NAME_BYTES as u64,
             max_contexts_per_source: DEFAULT_MAX_CONTEXTS_PER_SOURCE,
+            shared_registry: None,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -335,6 +347,11 @@ impl Config {
                 "max_contexts_per_source" => {
                     config.max_contexts_per_source =
                         positive(value, 1 << 16).map_err(|m| err(field, m))?
+                }
+                "registry" => {
+                    let etcd = crate::registry::shared::EtcdConfig::parse(value)
+                        .map_err(|(f, m)| err(Some(f.as_str()), m))?;
+                    config.shared_registry = Some(etcd);
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {
@@ -479,6 +496,15 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("max_query_tokens"));
         let e = Config::parse(r#"{"http_inflight_body_bytes": -1}"#, "c").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("http_inflight_body_bytes"));
+        let e = Config::parse(r#"{"registry": {"etcd": {"endpoints": []}}}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("registry.etcd.endpoints"));
+        let c = Config::parse(
+            r#"{"registry": {"etcd": {"endpoints": ["http://e:2379"]}}}"#,
+            "c",
+        );
+        let etcd = c.unwrap().shared_registry.expect("etcd registry");
+        assert_eq!(etcd.endpoints, vec!["http://e:2379"]);
+        assert!(Config::embedded_default().shared_registry.is_none());
         let e = Config::parse("[1]", "c").unwrap_err();
         assert_eq!(e.field, None);
         let e = Config::parse("{", "broken.json").unwrap_err();

@@ -78,6 +78,9 @@ pub struct Scrape<'a> {
     pub checkpoint_failures: u64,
     /// Registrations refused by the policy, by label.
     pub registrations_refused: &'a std::collections::BTreeMap<&'static str, u64>,
+    /// With registrations shared through etcd: whether its watch is up, and the revision the
+    /// registrations are synchronised to.
+    pub etcd: Option<(bool, i64)>,
 }
 
 /// Render the Prometheus text format.
@@ -96,6 +99,20 @@ pub fn render(s: &Scrape<'_>) -> String {
         "1 while checkpoint writes fail (the service serves from memory and retries)",
         &[("", s.storage_degraded as u64)],
     );
+    if let Some((up, revision)) = s.etcd {
+        gauge(
+            w,
+            "conductor_registry_etcd_up",
+            "1 while the etcd watch of the shared registrations is established",
+            &[("", up as u64)],
+        );
+        gauge(
+            w,
+            "conductor_registry_etcd_revision",
+            "The etcd revision the shared registrations are synchronised to",
+            &[("", revision.max(0) as u64)],
+        );
+    }
     header(
         w,
         "conductor_checkpoint_failures_total",

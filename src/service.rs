@@ -19,8 +19,10 @@ use crate::gateway::readiness::Readiness;
 use crate::gateway::registration::{HTTP_NAMES, HTTP_REGISTER_SCHEMA};
 use crate::gateway::request::{Limits, RootSeed};
 use crate::gateway::workers::{Routers, Workers};
+use crate::registry::shared::etcd::EtcdRegistry;
+use crate::registry::shared::sync::SyncState;
 use crate::registry::{
-    ArbiterPool, ContextDirectory, Register, Registry, ShutdownAll, SubscriptionDirectory,
+    ArbiterPool, ContextDirectory, Origin, Register, Registry, ShutdownAll, SubscriptionDirectory,
 };
 use crate::storage::checkpoint::Checkpointer;
 use crate::storage::health::StorageHealth;
@@ -99,15 +101,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         contexts.insert(contexts.start(index));
     }
     let subscriptions = SubscriptionDirectory::default();
-    let registry = Registry::new(
+    let shared = match &config.shared_registry {
+        Some(etcd) => Some(EtcdRegistry::new(etcd.clone()).map_err(ServiceError::Other)?),
+        None => None,
+    };
+    let mut registry = Registry::new(
         contexts.clone(),
         subscriptions.clone(),
         SubscriptionSettings::from_config(&config),
         loaded.store.clone(),
     )
-    .with_policy(config.registration_policy())
-    .start();
+    .with_policy(config.registration_policy());
+    if let Some(shared) = &shared {
+        registry = registry.with_shared(shared.clone());
+    }
+    let registry = registry.start();
     let registrations = loaded.recovered.registrations;
+    let restored: Vec<_> = registrations.iter().map(|(c, _)| c.clone()).collect();
     let readiness = Arc::new(Readiness::starting(format!(
         "restoring {} subscriptions",
         registrations.len()
@@ -123,6 +133,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let storage_health = Arc::new(StorageHealth::default());
     let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone(), auth)
         .with_max_query_tokens(config.max_query_tokens)
+        .with_shared(shared.clone())
         .with_storage_health(storage_health.clone());
 
     // The servers answer before any subscription starts: whatever a publisher does at start,
@@ -163,6 +174,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
                 config,
                 names: crate::gateway::registration::PYTHON_NAMES,
                 resume_after,
+                origin: Origin::Restore,
             })
             .await
         {
@@ -173,6 +185,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             Err(e) => tracing::error!(service = %key, "registry unavailable: {e}"),
         }
     }
+    // Registrations shared through etcd: what etcd holds wins over what this replica restored.
+    let sync_stop = CancellationToken::new();
+    let sync = match (&shared, &config.shared_registry) {
+        (Some(shared), Some(etcd)) => {
+            tracing::info!(endpoints = ?etcd.endpoints, prefix = %etcd.prefix, "registrations shared through etcd");
+            let state = SyncState::new(&etcd.prefix, restored);
+            Some(tokio::spawn(shared.clone().run(
+                state,
+                registry.clone(),
+                sync_stop.clone(),
+            )))
+        }
+        _ => None,
+    };
     readiness.set_starting("starting static registrations");
     start_static_registrations(&config, &registry).await;
     let checkpoint_stop = CancellationToken::new();
@@ -193,6 +219,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new requests, finishing in-flight ones");
     gateway.join().await;
+    sync_stop.cancel();
+    if let Some(sync) = sync {
+        let _ = sync.await;
+    }
     let _ = registry.send(ShutdownAll).await;
     // The last checkpoint runs after every subscription stopped, so it holds all they applied.
     checkpoint_stop.cancel();
@@ -233,6 +263,7 @@ async fn start_static_registrations(config: &Config, registry: &actix::Addr<Regi
                         config,
                         names: HTTP_NAMES,
                         resume_after: None,
+                        origin: Origin::Request,
                     })
                     .await
                 {

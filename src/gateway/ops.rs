@@ -53,6 +53,8 @@ pub struct Ops {
     /// Most token ids (or block hashes) in one query; HTTP already stops decoding past it.
     max_query_tokens: usize,
     storage: Arc<StorageHealth>,
+    /// Registrations shared through etcd, for `/metrics`.
+    shared: Option<Arc<crate::registry::shared::etcd::EtcdRegistry>>,
     auth: Arc<Auth>,
 }
 
@@ -70,8 +72,17 @@ impl Ops {
             queries: Arc::default(),
             max_query_tokens: usize::MAX,
             storage: Arc::default(),
+            shared: None,
             auth: Arc::new(auth),
         }
+    }
+
+    pub fn with_shared(
+        mut self,
+        shared: Option<Arc<crate::registry::shared::etcd::EtcdRegistry>>,
+    ) -> Self {
+        self.shared = shared;
+        self
     }
 
     pub fn with_storage_health(mut self, storage: Arc<StorageHealth>) -> Self {
@@ -139,6 +150,7 @@ impl Ops {
                 config,
                 names,
                 resume_after: None,
+                origin: crate::registry::Origin::Request,
             })
             .await
             .map_err(unavailable)?
@@ -257,6 +269,7 @@ impl Ops {
             storage_degraded: self.storage.degraded().is_some(),
             checkpoint_failures: self.storage.failures_total(),
             registrations_refused: &refused,
+            etcd: self.shared.as_ref().map(|e| (e.is_up(), e.revision())),
         }))
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use crate::error::OpError;
-use crate::gateway::registration::FieldNames;
+use crate::gateway::registration::{FieldNames, PYTHON_NAMES};
 use crate::index::actor::{AttachRank, DetachSource, GetStats};
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::subscription::actor::{Stop, SubscriptionActor};
@@ -15,9 +15,14 @@ use crate::subscription::status::{StatusCell, SubscriptionStatus};
 
 use super::contexts::ContextDirectory;
 use super::policy::{Refusal, RegistrationPolicy};
+use super::shared::etcd::{Created, EtcdRegistry};
+use super::shared::sync::Change;
 use super::subscriptions::SubscriptionDirectory;
 use crate::storage::KvStore;
 use crate::storage::checkpoint::{delete_registration, put_registration};
+
+type LocalWork = LocalReply<()>;
+type Step = std::pin::Pin<Box<dyn ActorFuture<Registry, Output = ()>>>;
 
 /// One registered service.
 struct ServiceEntry {
@@ -39,6 +44,8 @@ pub struct Registry {
     policy: RegistrationPolicy,
     /// Registrations refused by the policy, by label (`conductor_registrations_refused_total`).
     refused: BTreeMap<&'static str, u64>,
+    /// Registrations shared with other replicas: requests write through etcd first.
+    shared: Option<Arc<EtcdRegistry>>,
 }
 
 impl Registry {
@@ -57,7 +64,13 @@ impl Registry {
             store,
             policy: RegistrationPolicy::default(),
             refused: BTreeMap::new(),
+            shared: None,
         }
+    }
+
+    pub fn with_shared(mut self, shared: Arc<EtcdRegistry>) -> Self {
+        self.shared = Some(shared);
+        self
     }
 
     pub fn with_policy(mut self, policy: RegistrationPolicy) -> Self {
@@ -70,20 +83,20 @@ impl Registry {
         refusal.error
     }
 
-    fn register(
+    /// Every check a registration must pass here, without changing anything: `Some` when an
+    /// identical one already runs.
+    fn check(
         &mut self,
-        config: PublisherConfig,
+        config: &PublisherConfig,
         names: FieldNames,
-        resume_after: Option<crate::index::Watermark>,
-    ) -> Result<RegisterOutcome, OpError> {
-        if let Err(refusal) = self.policy.check(&config, names) {
+    ) -> Result<Option<RegisterOutcome>, OpError> {
+        if let Err(refusal) = self.policy.check(config, names) {
             return Err(self.refuse(refusal));
         }
-        let key = config.subscription_key();
-        let key_text = key.to_string();
+        let key_text = config.subscription_key().to_string();
         if let Some(existing) = self.services.get(&key_text) {
-            return if *existing.config == config {
-                Ok(RegisterOutcome::Unchanged)
+            return if *existing.config == *config {
+                Ok(Some(RegisterOutcome::Unchanged))
             } else {
                 Err(OpError::invalid_registration(format!(
                     "conflicting registration for service key: {key_text}"
@@ -99,6 +112,30 @@ impl Registry {
         if let Err(refusal) = self.policy.check_capacity(self.services.len()) {
             return Err(self.refuse(refusal));
         }
+        if let Some(handle) = self.contexts.get(&config.context_key()) {
+            let existing = handle.reader().profile();
+            if *existing != config.hash_profile {
+                return Err(OpError::invalid_registration(format!(
+                    "context {} is bound to hash profile {existing}; this registration uses {}",
+                    config.context_key(),
+                    config.hash_profile
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    fn register(
+        &mut self,
+        config: PublisherConfig,
+        names: FieldNames,
+        resume_after: Option<crate::index::Watermark>,
+    ) -> Result<RegisterOutcome, OpError> {
+        if let Some(outcome) = self.check(&config, names)? {
+            return Ok(outcome);
+        }
+        let key = config.subscription_key();
+        let key_text = key.to_string();
         let context_key = config.context_key();
         // A failed write must leave no trace: the rank is attached only once the registration
         // is on disk, and a context this call created is dropped again.
@@ -175,7 +212,22 @@ pub struct Register {
     /// How the caller names its fields, for the policy's errors.
     pub names: FieldNames,
     pub resume_after: Option<crate::index::Watermark>,
+    pub origin: Origin,
 }
+
+/// Where a registration comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A request or a static entry: with shared registrations, written through etcd first.
+    Request,
+    /// Recovered from this replica's own store at start: applied here only.
+    Restore,
+}
+
+/// Changes etcd reported, applied in order (see [`super::shared::sync`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ApplyShared(pub Vec<Change>);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RegisterOutcome {
@@ -210,14 +262,14 @@ pub struct Refusals;
 #[rtype(result = "()")]
 pub struct ShutdownAll;
 
-impl Handler<Register> for Registry {
-    type Result = ResponseFuture<Result<RegisterOutcome, OpError>>;
-
-    fn handle(&mut self, msg: Register, _ctx: &mut Context<Self>) -> Self::Result {
-        let context = msg.config.context_key();
-        let outcome = self.register(msg.config, msg.names, msg.resume_after);
-        // The rank listing was queued to the context; a round trip behind it means the caller
-        // sees its instance in the global view as soon as registration answers.
+impl Registry {
+    /// The reply to a register: once created, a round trip behind the rank listing queued to the
+    /// context, so that the caller sees its instance in the global view as soon as it answers.
+    fn registered_reply(
+        &self,
+        context: crate::model::ContextKey,
+        outcome: Result<RegisterOutcome, OpError>,
+    ) -> LocalReply<RegisterOutcome> {
         let barrier = matches!(outcome, Ok(RegisterOutcome::Created))
             .then(|| self.contexts.get(&context))
             .flatten();
@@ -228,36 +280,26 @@ impl Handler<Register> for Registry {
             outcome
         })
     }
-}
 
-impl Handler<Unregister> for Registry {
-    // Atomic: no other registration change runs until the source is gone from every context, so
-    // a re-registration of the same key cannot have its fresh rank listing detached.
-    type Result = AtomicResponse<Self, Result<(), OpError>>;
-
-    fn handle(&mut self, msg: Unregister, _ctx: &mut Context<Self>) -> Self::Result {
-        let key = msg.0;
+    /// Forget a running service here (its subscription, its persisted copy, its blocks). The
+    /// synchronous part is done on return; the returned work stops the subscription and detaches
+    /// the source from every context.
+    fn begin_unregister(&mut self, key: SubscriptionKey) -> Result<LocalWork, OpError> {
         let key_text = key.to_string();
-        let outcome = if !self.services.contains_key(&key_text) {
-            Err(OpError::not_found(format!("service not found: {key}")))
-        } else {
-            // Forget it on disk first: if that fails, nothing changed and the caller may retry.
-            delete_registration(self.store.as_ref(), &key).map_err(|e| {
-                OpError::internal(format!("cannot delete the persisted registration: {e}"))
-            })
-        };
-        let entry = match outcome.map(|()| self.services.remove(&key_text)) {
-            Ok(Some(entry)) => entry,
-            Ok(None) => {
-                let missing = OpError::not_found(format!("service not found: {key}"));
-                return AtomicResponse::new(Box::pin(async move { Err(missing) }.into_actor(self)));
-            }
-            Err(e) => return AtomicResponse::new(Box::pin(async move { Err(e) }.into_actor(self))),
+        if !self.services.contains_key(&key_text) {
+            return Err(OpError::not_found(format!("service not found: {key}")));
+        }
+        // Forget it on disk first: if that fails, nothing changed and the caller may retry.
+        delete_registration(self.store.as_ref(), &key).map_err(|e| {
+            OpError::internal(format!("cannot delete the persisted registration: {e}"))
+        })?;
+        let Some(entry) = self.services.remove(&key_text) else {
+            return Err(OpError::not_found(format!("service not found: {key}")));
         };
         self.endpoints.remove(&entry.config.endpoint);
         self.subscriptions.remove(&key);
         let contexts = self.contexts.clone();
-        let work = async move {
+        Ok(Box::pin(async move {
             // Stop first so no batch of this source can arrive after its blocks are removed.
             let _ = entry.actor.send(Stop).await;
             for handle in contexts.all() {
@@ -277,8 +319,109 @@ impl Handler<Unregister> for Registry {
             }
             tracing::info!(service = %key, "unregistered");
             Ok(())
+        }))
+    }
+}
+
+type LocalReply<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, OpError>>>>;
+
+impl Handler<Register> for Registry {
+    type Result = ResponseActFuture<Self, Result<RegisterOutcome, OpError>>;
+
+    fn handle(&mut self, msg: Register, _ctx: &mut Context<Self>) -> Self::Result {
+        let context = msg.config.context_key();
+        let shared = self
+            .shared
+            .clone()
+            .filter(|_| msg.origin == Origin::Request);
+        let Some(shared) = shared else {
+            let outcome = self.register(msg.config, msg.names, msg.resume_after);
+            return Box::pin(self.registered_reply(context, outcome).into_actor(self));
         };
-        AtomicResponse::new(Box::pin(work.into_actor(self)))
+        // Checked here first, so that etcd is not given what this replica would refuse.
+        match self.check(&msg.config, msg.names) {
+            Ok(None) => {}
+            Ok(Some(outcome)) => return Box::pin(fut::ready(Ok(outcome))),
+            Err(e) => return Box::pin(fut::ready(Err(e))),
+        }
+        let config = msg.config.clone();
+        let write = async move { shared.create(&config).await };
+        Box::pin(write.into_actor(self).then(move |written, act, _| {
+            // Once etcd holds it, the registration is everyone's: a local failure here is
+            // retried when the watch delivers it.
+            let outcome = written.and_then(|created| {
+                let local = act.register(msg.config, msg.names, None)?;
+                Ok(match created {
+                    Created::Created => local,
+                    Created::Unchanged => RegisterOutcome::Unchanged,
+                })
+            });
+            act.registered_reply(context, outcome).into_actor(act)
+        }))
+    }
+}
+
+impl Handler<Unregister> for Registry {
+    // Atomic: no other registration change runs until the source is gone from every context, so
+    // a re-registration of the same key cannot have its fresh rank listing detached.
+    type Result = AtomicResponse<Self, Result<(), OpError>>;
+
+    fn handle(&mut self, msg: Unregister, _ctx: &mut Context<Self>) -> Self::Result {
+        let key = msg.0;
+        let Some(shared) = self.shared.clone() else {
+            let work: LocalWork = match self.begin_unregister(key) {
+                Ok(work) => work,
+                Err(e) => Box::pin(async move { Err(e) }),
+            };
+            return AtomicResponse::new(Box::pin(work.into_actor(self)));
+        };
+        let delete_key = key.clone();
+        let delete = async move { shared.delete(&delete_key).await };
+        AtomicResponse::new(Box::pin(delete.into_actor(self).then(
+            move |deleted, act, _| {
+                let work: LocalWork = match deleted {
+                    Err(e) => Box::pin(async move { Err(e) }),
+                    Ok(existed) => match act.begin_unregister(key) {
+                        Ok(work) => work,
+                        // Deleted in etcd, not running here yet: nothing more to stop.
+                        Err(_) if existed => Box::pin(async { Ok(()) }),
+                        Err(e) => Box::pin(async move { Err(e) }),
+                    },
+                };
+                work.into_actor(act)
+            },
+        )))
+    }
+}
+
+impl Handler<ApplyShared> for Registry {
+    // Atomic and in order: a changed registration is a stop then a start of one key.
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, msg: ApplyShared, _ctx: &mut Context<Self>) -> Self::Result {
+        let mut steps: Step = Box::pin(fut::ready(()));
+        for change in msg.0 {
+            steps = Box::pin(steps.then(move |(), act: &mut Registry, _| -> Step {
+                match change {
+                    Change::Start(config) => {
+                        let key = config.subscription_key();
+                        if let Err(e) = act.register(config, PYTHON_NAMES, None) {
+                            tracing::error!(service = %key, "registration from etcd not started: {}", e.message);
+                        }
+                        Box::pin(fut::ready(()))
+                    }
+                    Change::Stop(key) => match act.begin_unregister(key) {
+                        Ok(work) => Box::pin(work.into_actor(act).map(|r, _, _| {
+                            if let Err(e) = r {
+                                tracing::error!("unregistration from etcd incomplete: {}", e.message);
+                            }
+                        })),
+                        Err(_) => Box::pin(fut::ready(())),
+                    },
+                }
+            }));
+        }
+        AtomicResponse::new(steps)
     }
 }
 

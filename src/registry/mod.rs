@@ -7,11 +7,12 @@
 pub mod actor;
 pub mod contexts;
 pub mod policy;
+pub mod shared;
 pub mod subscriptions;
 
 pub use actor::{
-    ListServices, Refusals, Register, RegisterOutcome, Registry, ServiceInfo, ShutdownAll,
-    Unregister,
+    ApplyShared, ListServices, Origin, Refusals, Register, RegisterOutcome, Registry, ServiceInfo,
+    ShutdownAll, Unregister,
 };
 pub use contexts::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use subscriptions::SubscriptionDirectory;

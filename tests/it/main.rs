@@ -19,5 +19,6 @@ mod http_errors;
 mod http_golden;
 mod ingest;
 mod recorded;
+mod replicas;
 mod scenarios;
 mod storage_faults;

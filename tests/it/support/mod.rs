@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod engine;
+pub mod etcd;
 pub mod http;
 pub mod player;
 pub mod raw_zmtp;

@@ -1,0 +1,344 @@
+//! The etcd side of shared registrations: the compare-and-swap writes a register or unregister
+//! makes, and the task that follows the prefix (list, then watch from the next revision;
+//! reconnect with back-off; list again after a compaction) and hands the changes to the registry.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::Addr;
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::EtcdConfig;
+use super::sync::{Event, Kv, Step, SyncState, registration_key, registrations_prefix};
+use crate::error::OpError;
+use crate::model::{PublisherConfig, SubscriptionKey};
+use crate::registry::actor::{ApplyShared, Registry};
+use crate::storage::codec::{decode_registration, registration_value};
+
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// What etcd said to a register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Created {
+    Created,
+    /// The key already held this exact configuration.
+    Unchanged,
+}
+
+pub struct EtcdRegistry {
+    config: EtcdConfig,
+    options: ConnectOptions,
+    client: Mutex<Option<Client>>,
+    up: AtomicBool,
+    revision: AtomicI64,
+}
+
+impl EtcdRegistry {
+    /// Reads the TLS files (a start-up error names the one that cannot be read); connects lazily.
+    pub fn new(config: EtcdConfig) -> Result<Arc<Self>, String> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true);
+        if let Some((user, password)) = &config.user {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        if let Some(tls) = &config.tls {
+            let read = |path: &std::path::Path| {
+                std::fs::read(path)
+                    .map_err(|e| format!("registry.etcd.tls: {}: {e}", path.display()))
+            };
+            let mut t = TlsOptions::new();
+            if let Some(ca) = &tls.ca_file {
+                t = t.ca_certificate(Certificate::from_pem(read(ca)?));
+            }
+            if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+                t = t.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            if let Some(domain) = &tls.domain {
+                t = t.domain_name(domain.clone());
+            }
+            options = options.with_tls(t);
+        }
+        Ok(Arc::new(EtcdRegistry {
+            config,
+            options,
+            client: Mutex::new(None),
+            up: AtomicBool::new(false),
+            revision: AtomicI64::new(0),
+        }))
+    }
+
+    /// Whether the watch is established (etcd answers).
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// The etcd revision the registrations are synchronised to.
+    pub fn revision(&self) -> i64 {
+        self.revision.load(Ordering::Relaxed)
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.config.request_timeout_ms)
+    }
+
+    fn unavailable(&self, why: impl std::fmt::Display) -> OpError {
+        OpError::unavailable(format!(
+            "etcd ({}) is unavailable: {why}; registrations cannot change until it answers \
+             (the known ones are still served)",
+            self.config.endpoints.join(", ")
+        ))
+    }
+
+    async fn client(&self) -> Result<Client, String> {
+        if let Some(c) = self.client.lock().ok().and_then(|c| c.clone()) {
+            return Ok(c);
+        }
+        let connect = Client::connect(&self.config.endpoints, Some(self.options.clone()));
+        let client = match tokio::time::timeout(self.timeout(), connect).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err(format!("no connection within {:?}", self.timeout())),
+        };
+        if let Ok(mut slot) = self.client.lock() {
+            *slot = Some(client.clone());
+        }
+        Ok(client)
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, OpError> {
+        let mut kv = self
+            .client()
+            .await
+            .map_err(|e| self.unavailable(e))?
+            .kv_client();
+        match tokio::time::timeout(self.timeout(), kv.txn(txn)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(self.unavailable(e)),
+            Err(_) => Err(self.unavailable(format!("no answer within {:?}", self.timeout()))),
+        }
+    }
+
+    /// Create the registration's key if it is absent (compare on its create revision); if it is
+    /// present, the same configuration is `Unchanged` and another one is a conflict.
+    pub async fn create(&self, config: &PublisherConfig) -> Result<Created, OpError> {
+        let key = registration_key(&self.config.prefix, &config.subscription_key());
+        // A key deleted between the compare and the read is retried once.
+        for _ in 0..2 {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key.clone(), registration_value(config), None)])
+                .or_else([TxnOp::get(key.clone(), None)]);
+            let resp = self.txn(txn).await?;
+            if resp.succeeded() {
+                return Ok(Created::Created);
+            }
+            let existing = resp.op_responses().into_iter().find_map(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                _ => None,
+            });
+            let Some(existing) = existing else { continue };
+            return match decode_registration(&existing) {
+                Ok(held) if held == *config => Ok(Created::Unchanged),
+                Ok(held) => Err(OpError::invalid_registration(format!(
+                    "conflicting registration for service key: {} (etcd already holds it with \
+                     endpoint {}, model {:?}, type {})",
+                    config.subscription_key(),
+                    held.endpoint,
+                    held.model_name,
+                    held.publisher_type
+                ))),
+                Err(_) => Err(OpError::invalid_registration(format!(
+                    "conflicting registration for service key: {} (etcd holds a value at {key} \
+                     that is not a registration)",
+                    config.subscription_key()
+                ))),
+            };
+        }
+        Err(self.unavailable(format!(
+            "{key} changed while it was being registered; retry"
+        )))
+    }
+
+    /// Delete the registration's key if it exists; `false` when it did not.
+    pub async fn delete(&self, key: &SubscriptionKey) -> Result<bool, OpError> {
+        let key = registration_key(&self.config.prefix, key);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Greater, 0)])
+            .and_then([TxnOp::delete(key, None)]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
+    /// Follow the prefix until `stop`: every change is applied by the registry, in etcd's order.
+    pub async fn run(
+        self: Arc<Self>,
+        mut state: SyncState,
+        registry: Addr<Registry>,
+        stop: CancellationToken,
+    ) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let outcome = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = self.follow(&mut state, &registry) => r,
+            };
+            match outcome {
+                Ok(()) => backoff = Duration::from_millis(100),
+                Err(Broken::RegistryGone) => return,
+                Err(Broken::Etcd(e)) => {
+                    if self.up.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(
+                            registrations = state.registrations(),
+                            revision = state.revision(),
+                            "etcd unavailable ({e}); serving the known registrations, changes \
+                             are refused until it returns"
+                        );
+                    } else {
+                        tracing::debug!("etcd still unavailable: {e}");
+                    }
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// One connection's worth: list if needed, then watch until the stream breaks (an error) or
+    /// must be replaced by a listing (`Ok`).
+    async fn follow(&self, state: &mut SyncState, registry: &Addr<Registry>) -> Result<(), Broken> {
+        let client = self.client().await.map_err(Broken::Etcd)?;
+        let prefix = registrations_prefix(&self.config.prefix);
+        if state.next_step() == Step::List {
+            let mut kv = client.kv_client();
+            let get = kv.get(prefix.clone(), Some(GetOptions::new().with_prefix()));
+            let resp = match tokio::time::timeout(self.timeout(), get).await {
+                Ok(r) => r.map_err(|e| Broken::Etcd(e.to_string()))?,
+                Err(_) => return Err(Broken::Etcd("listing timed out".into())),
+            };
+            let revision = resp.header().map_or(0, |h| h.revision());
+            let kvs = resp.kvs().iter().map(|kv| Kv {
+                key: kv.key().to_vec(),
+                value: kv.value().to_vec(),
+                mod_revision: kv.mod_revision(),
+            });
+            let changes = state.apply_list(kvs.collect::<Vec<_>>(), revision);
+            tracing::info!(
+                registrations = state.registrations(),
+                revision,
+                changes = changes.len(),
+                "etcd registrations listed"
+            );
+            self.apply(registry, changes, state).await?;
+        }
+        let Step::Watch { from } = state.next_step() else {
+            return Ok(());
+        };
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(from)
+            .with_progress_notify();
+        let mut watch = client.watch_client();
+        let stream = watch.watch(prefix, Some(options));
+        // Bounded by the connect timeout: while etcd is away this is the call that waits.
+        let connect = Duration::from_millis(self.config.connect_timeout_ms);
+        let mut stream = match tokio::time::timeout(connect, stream).await {
+            Ok(r) => r.map_err(|e| Broken::Etcd(e.to_string()))?,
+            Err(_) => return Err(Broken::Etcd("watch not created in time".into())),
+        };
+        loop {
+            let resp = match stream.message().await {
+                Ok(Some(resp)) => resp,
+                Ok(None) => return Err(Broken::Etcd("the watch stream ended".into())),
+                Err(e) => return Err(Broken::Etcd(e.to_string())),
+            };
+            let header_revision = resp.header().map_or(0, |h| h.revision());
+            tracing::debug!(
+                header_revision,
+                created = resp.created(),
+                events = resp.events().len(),
+                "etcd watch response"
+            );
+            if resp.compact_revision() > 0 || resp.canceled() {
+                tracing::warn!(
+                    compacted_to = resp.compact_revision(),
+                    reason = resp.cancel_reason(),
+                    "etcd watch history is gone; listing the registrations again"
+                );
+                state.resync();
+                return Ok(());
+            }
+            if resp.created() {
+                if !state.watch_created(header_revision) {
+                    tracing::warn!(
+                        header_revision,
+                        applied = state.revision(),
+                        "etcd is behind the revision already applied (restored or replaced); \
+                         listing the registrations again"
+                    );
+                    return Ok(());
+                }
+                if !self.up.swap(true, Ordering::Relaxed) {
+                    tracing::info!(
+                        from,
+                        registrations = state.registrations(),
+                        "etcd registrations synchronised; watching"
+                    );
+                }
+            }
+            if resp.created() {
+                continue;
+            }
+            if resp.events().is_empty() {
+                state.progress(header_revision);
+                self.revision.store(state.revision(), Ordering::Relaxed);
+                continue;
+            }
+            let events = resp.events().iter().filter_map(|e| {
+                let kv = e.kv()?;
+                Some(match e.event_type() {
+                    EventType::Put => Event::Put(Kv {
+                        key: kv.key().to_vec(),
+                        value: kv.value().to_vec(),
+                        mod_revision: kv.mod_revision(),
+                    }),
+                    EventType::Delete => Event::Delete {
+                        key: kv.key().to_vec(),
+                        mod_revision: kv.mod_revision(),
+                    },
+                })
+            });
+            let changes = state.apply_events(events.collect::<Vec<_>>());
+            self.apply(registry, changes, state).await?;
+        }
+    }
+
+    async fn apply(
+        &self,
+        registry: &Addr<Registry>,
+        changes: Vec<super::sync::Change>,
+        state: &SyncState,
+    ) -> Result<(), Broken> {
+        if !changes.is_empty() {
+            registry
+                .send(ApplyShared(changes))
+                .await
+                .map_err(|_| Broken::RegistryGone)?;
+        }
+        self.revision.store(state.revision(), Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+enum Broken {
+    Etcd(String),
+    RegistryGone,
+}

@@ -1,0 +1,345 @@
+//! Replicas sharing registrations through a real etcd on loopback: two real binaries, real
+//! publishers. A registration made on one is subscribed and answered by the other; an
+//! unregistration anywhere stops both; two replicas racing one key get one winner; an etcd
+//! outage keeps the answers and refuses changes with an error naming etcd, until it returns.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::e2e_query::{grpc_query, register_request};
+use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::etcd::Etcd;
+use crate::support::player::Player;
+use crate::support::server::Server;
+use crate::support::{WAIT, eventually, free_port, http};
+
+async fn replica(etcd: &Etcd, prefix: &str) -> Server {
+    Server::start_with(json!({"registry": etcd.registry(prefix)})).await
+}
+
+/// Endpoint of every service the replica runs, by service key.
+async fn endpoints(server: &Server) -> Vec<(String, String)> {
+    let listing = http::get(server.http_port, "/services").await.json();
+    let rows = listing["services"].as_array().cloned().unwrap_or_default();
+    let mut out: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            let key = format!(
+                "{}|{}|{}",
+                r["InstanceID"].as_str().unwrap_or_default(),
+                r["TenantID"].as_str().unwrap_or_default(),
+                r["DPRank"]
+            );
+            (key, r["Endpoint"].as_str().unwrap_or_default().to_owned())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn registration(instance: &str, endpoint: &str) -> Value {
+    engine::http_registration(&engine::registration(
+        instance,
+        (endpoint, None),
+        "vLLM",
+        "m",
+        4,
+        0,
+        vllm_cbor_profile(),
+    ))
+}
+
+/// Publish `payload` and re-send it until every replica has applied it (a PUB drops messages
+/// until a SUB's subscription has arrived; duplicates are ignored).
+async fn publish_to_all(
+    replicas: &[&Server],
+    player: &mut Player,
+    service: &str,
+    payload: Vec<u8>,
+) {
+    let seq = player.publish(payload).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    'poll: loop {
+        for r in replicas {
+            let status = http::get(r.http_port, "/services/status").await.json();
+            let rows = status["services"].as_array().cloned().unwrap_or_default();
+            if !rows
+                .iter()
+                .any(|s| s["service"] == service && s["last_seq"] == json!(seq))
+            {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "batch {seq} of {service} never applied: {status}"
+                );
+                player.resend(seq).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue 'poll;
+            }
+        }
+        return;
+    }
+}
+
+/// `conductor_registry_etcd_up` from `/metrics`.
+async fn etcd_up(server: &Server) -> Option<bool> {
+    let text = http::get(server.http_port, "/metrics").await.text();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("conductor_registry_etcd_up "))?;
+    Some(line.ends_with(" 1"))
+}
+
+async fn device_hits(server: &Server, instance: &str, tokens: &[i32]) -> i64 {
+    let r = grpc_query(server, "m", tokens.to_vec(), 4).await;
+    r.hits.get(instance).map_or(0, |h| h.device)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_remove_it() {
+    let etcd = Etcd::start().await;
+    let (a, b) = (replica(&etcd, "/t1/").await, replica(&etcd, "/t1/").await);
+    let mut player = Player::start(false, 0).await;
+    let reg = engine::registration(
+        "v0",
+        (&player.endpoint, None),
+        "vLLM",
+        "m",
+        4,
+        0,
+        vllm_cbor_profile(),
+    );
+    let reply = a
+        .grpc()
+        .await
+        .register(register_request(&reg))
+        .await
+        .expect("register on A")
+        .into_inner();
+    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    let expected = vec![("v0|default|0".to_owned(), player.endpoint.clone())];
+    eventually("B runs A's registration", WAIT, || async {
+        (endpoints(&b).await == expected).then_some(())
+    })
+    .await;
+
+    let tokens: Vec<i32> = (1..=8).collect();
+    let store = engine::vllm_store_prompt(&vllm_cbor_profile(), &tokens, 4, "GPU", 0);
+    publish_to_all(&[&a, &b], &mut player, "v0|default|0", store).await;
+    assert_eq!(device_hits(&a, "v0", &tokens).await, 8);
+    assert_eq!(device_hits(&b, "v0", &tokens).await, 8);
+    // Both saw one more subscriber each: the PUB fans out to every replica.
+    assert!(player.accepted() >= 2, "accepted {}", player.accepted());
+    assert_eq!(etcd_up(&a).await, Some(true));
+    let revision = http::get(b.http_port, "/metrics").await.text();
+    assert!(
+        revision
+            .lines()
+            .any(|l| l.starts_with("conductor_registry_etcd_revision ") && !l.ends_with(" 0")),
+        "{revision}"
+    );
+
+    let r = http::post_json(
+        b.http_port,
+        "/unregister",
+        &json!({"instance_id": "v0", "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    eventually("A stops the registration removed on B", WAIT, || async {
+        endpoints(&a).await.is_empty().then_some(())
+    })
+    .await;
+    assert!(endpoints(&b).await.is_empty());
+    assert_eq!(device_hits(&a, "v0", &tokens).await, 0);
+    assert_eq!(device_hits(&b, "v0", &tokens).await, 0);
+    // Unregistering what no replica holds is a plain not-found.
+    let r = http::post_json(
+        a.http_port,
+        "/unregister",
+        &json!({"instance_id": "v0", "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_racing_one_key_with_different_configs_get_exactly_one_winner() {
+    let etcd = Etcd::start().await;
+    let (a, b) = (replica(&etcd, "/t2/").await, replica(&etcd, "/t2/").await);
+    let mut used = std::collections::HashSet::new();
+    for round in 0..6 {
+        let instance = format!("race{round}");
+        // Two different configurations, on endpoints no earlier round used.
+        let mut fresh = || loop {
+            let e = format!("tcp://127.0.0.1:{}", free_port());
+            if used.insert(e.clone()) {
+                break e;
+            }
+        };
+        let (ea, eb) = (fresh(), fresh());
+        let (on_a, on_b) = (registration(&instance, &ea), registration(&instance, &eb));
+        let (ra, rb) = tokio::join!(
+            http::post_json(a.http_port, "/register", &on_a),
+            http::post_json(b.http_port, "/register", &on_b),
+        );
+        let mut statuses = [ra.status, rb.status];
+        statuses.sort();
+        assert_eq!(statuses, [200, 400], "{} / {}", ra.text(), rb.text());
+        let (winner, loser) = if ra.status == 200 { (ea, rb) } else { (eb, ra) };
+        let error = loser.json();
+        assert!(
+            error.to_string().contains("conflicting registration"),
+            "{error}"
+        );
+        let key = format!("{instance}|default|0");
+        for r in [&a, &b] {
+            eventually("both replicas run the winner", WAIT, || async {
+                let running = endpoints(r).await;
+                running
+                    .iter()
+                    .any(|(k, e)| *k == key && *e == winner)
+                    .then_some(())
+            })
+            .await;
+        }
+    }
+    assert_eq!(endpoints(&a).await, endpoints(&b).await);
+    assert_eq!(endpoints(&a).await.len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
+    let mut etcd = Etcd::start().await;
+    let (a, b) = (replica(&etcd, "/t3/").await, replica(&etcd, "/t3/").await);
+    let mut player = Player::start(false, 0).await;
+    let r = http::post_json(
+        a.http_port,
+        "/register",
+        &registration("v0", &player.endpoint),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    eventually("B runs v0", WAIT, || async {
+        (endpoints(&b).await.len() == 1).then_some(())
+    })
+    .await;
+    let tokens: Vec<i32> = (1..=8).collect();
+    let store = engine::vllm_store_prompt(&vllm_cbor_profile(), &tokens, 4, "GPU", 0);
+    publish_to_all(&[&a, &b], &mut player, "v0|default|0", store).await;
+
+    etcd.stop();
+    // Known registrations keep being served, and keep ingesting.
+    let more: Vec<i32> = (100..=107).collect();
+    let batch = engine::vllm_store_prompt(&vllm_cbor_profile(), &more, 4, "GPU", 0);
+    publish_to_all(&[&a, &b], &mut player, "v0|default|0", batch).await;
+    for r in [&a, &b] {
+        assert_eq!(device_hits(r, "v0", &tokens).await, 8);
+        assert_eq!(device_hits(r, "v0", &more).await, 8);
+    }
+    // Changes are refused with an error that names etcd: HTTP 503 and CONDUCTOR_UNAVAILABLE.
+    let other = format!("tcp://127.0.0.1:{}", free_port());
+    let r = http::post_json(a.http_port, "/register", &registration("v1", &other)).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("etcd"), "{}", r.text());
+    let r = http::post_json(
+        b.http_port,
+        "/unregister",
+        &json!({"instance_id": "v0", "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let grpc_reg =
+        engine::registration("v1", (&other, None), "vLLM", "m", 4, 0, vllm_cbor_profile());
+    let reply = b
+        .grpc()
+        .await
+        .register(register_request(&grpc_reg))
+        .await
+        .expect("gRPC register")
+        .into_inner();
+    assert_eq!(reply.ret, -2000, "{:?}", reply.error);
+    assert!(format!("{:?}", reply.error).contains("etcd"));
+    assert_eq!(endpoints(&a).await.len(), 1);
+    assert_eq!(endpoints(&b).await.len(), 1);
+    assert!(a.log().contains("etcd unavailable"), "{}", a.log());
+    for r in [&a, &b] {
+        eventually("/metrics says etcd is down", WAIT, || async {
+            etcd_up(r).await.eq(&Some(false)).then_some(())
+        })
+        .await;
+    }
+
+    etcd.restart().await;
+    // Changes work again on either replica, and the other follows from where it stopped.
+    let r = eventually(
+        "register accepted again",
+        Duration::from_secs(20),
+        || async {
+            let r = http::post_json(a.http_port, "/register", &registration("v1", &other)).await;
+            (r.status != 503).then_some(r)
+        },
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let deadline = std::time::Instant::now() + WAIT;
+    while endpoints(&b).await.len() != 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B did not follow after the outage:\n{}\nA:\n{}",
+            b.log(),
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(etcd_up(&b).await, Some(true));
+    let r = http::post_json(
+        b.http_port,
+        "/unregister",
+        &json!({"instance_id": "v0", "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let left = vec![("v1|default|0".to_owned(), other.clone())];
+    eventually("A follows B's unregister", WAIT, || async {
+        (endpoints(&a).await == left).then_some(())
+    })
+    .await;
+    assert_eq!(device_hits(&a, "v0", &tokens).await, 0);
+}
+
+/// A replica that was down while registrations changed elsewhere converges at its restart: what
+/// it restored from its own store is diffed against etcd's listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_restarted_after_changes_elsewhere_converges_to_etcd() {
+    let etcd = Etcd::start().await;
+    let a = replica(&etcd, "/t4/").await;
+    let b = replica(&etcd, "/t4/").await;
+    let (e0, e1) = (
+        format!("tcp://127.0.0.1:{}", free_port()),
+        format!("tcp://127.0.0.1:{}", free_port()),
+    );
+    let r = http::post_json(a.http_port, "/register", &registration("v0", &e0)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    eventually("B runs v0", WAIT, || async {
+        (endpoints(&b).await.len() == 1).then_some(())
+    })
+    .await;
+    let dir = b.into_dir();
+    let r = http::post_json(
+        a.http_port,
+        "/unregister",
+        &json!({"instance_id": "v0", "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = http::post_json(a.http_port, "/register", &registration("v1", &e1)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let b = Server::start_in(dir, json!({"registry": etcd.registry("/t4/")})).await;
+    let expected = vec![("v1|default|0".to_owned(), e1.clone())];
+    eventually("restarted B matches etcd", WAIT, || async {
+        (endpoints(&b).await == expected).then_some(())
+    })
+    .await;
+    assert_eq!(endpoints(&a).await, expected);
+}

@@ -1,0 +1,108 @@
+//! A real single-member etcd on free loopback ports, in a temp directory: started, stopped and
+//! restarted on the same data by the test, killed when dropped. `ETCD_BIN` names the binary
+//! (default `etcd` on `PATH`; the test command installs Debian's `etcd-server`).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+pub struct Etcd {
+    pub client_port: u16,
+    peer_port: u16,
+    pub dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Etcd {
+    pub async fn start() -> Etcd {
+        let mut etcd = Etcd {
+            client_port: free_port(),
+            peer_port: free_port(),
+            dir: tempfile::tempdir().expect("temp dir"),
+            child: None,
+        };
+        etcd.restart().await;
+        etcd
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The `registry` configuration of a replica sharing this etcd under `prefix`. The request
+    /// timeout is generous for a loaded machine; a stopped etcd refuses connections at once.
+    pub fn registry(&self, prefix: &str) -> serde_json::Value {
+        serde_json::json!({"etcd": {
+            "endpoints": [self.endpoint()], "prefix": prefix, "request_timeout_ms": 5000,
+        }})
+    }
+
+    /// Start (again, on the same data and ports) and wait until it answers, at most 20 s.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "etcd is already running");
+        let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".into());
+        let client = self.endpoint();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .expect("etcd log");
+        let child = Command::new(&bin)
+            .args(["--name", "t", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .args(["--log-outputs", "stderr"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {bin} ({e}); install etcd (Debian: etcd-server) or set ETCD_BIN"
+                )
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("etcd exited with {status}:\n{}", self.log());
+            }
+            let health = super::http::try_request(self.client_port, "GET", "/health", &[], b"");
+            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(1), health).await
+                && r.status == 200
+                && r.text().contains("true")
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd not healthy:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stop it (SIGKILL: an outage, not a goodbye); the data stays for [`Etcd::restart`].
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
