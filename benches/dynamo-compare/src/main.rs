@@ -37,8 +37,8 @@ fn main() -> ExitCode {
         },
         Some("--profile") => match args.get(2).map(String::as_str) {
             Some(
-                way @ ("keys" | "tokens" | "dynamo-keys" | "dynamo-tokens" | "apply" | "long"
-                | "long-keys" | "long-tokens"),
+                way @ ("keys" | "tokens" | "dynamo-keys" | "dynamo-tokens" | "apply" | "long-keys"
+                | "long-tokens"),
             ) => {
                 profile(way);
                 ExitCode::SUCCESS
@@ -52,28 +52,9 @@ fn main() -> ExitCode {
 /// Build both indexes, then run one way of asking (or the apply alone) for a few seconds, so
 /// that a profiler attached to the process sees that path and little else.
 fn profile(way: &str) {
-    if way == "long" {
-        for _ in 0..3 {
-            black_box(long_query().is_ok());
-        }
-        return;
-    }
     if way == "long-keys" || way == "long-tokens" {
-        // Ours only, built once, then the 1M-token query many times (for `perf stat`).
-        let mut rng = workload::Rng::new(SEED ^ 0x1_000_000);
-        let tokens = rng.tokens(LONG_TOKENS);
-        let n = LONG_TOKENS / BLOCK_SIZE;
-        let batch = PublisherBatch {
-            holder: 0,
-            events: (0..n)
-                .step_by(16)
-                .map(|s| Event::Store {
-                    prompt: 0,
-                    start: s as u32,
-                    end: (s + 16).min(n) as u32,
-                })
-                .collect(),
-        };
+        // Ours only, built once, then the 1M-token query many times.
+        let (tokens, batch) = long_prompt();
         let mut ours = ours::Ours::new();
         let keys = [ours.prompt(&tokens)];
         ours.apply(&ours.batch(&batch, &keys));
@@ -87,7 +68,10 @@ fn profile(way: &str) {
                 ours.query_tokens_into(&tokens, &mut answer);
             }
         }
-        eprintln!("{way}: {:.2} ms per query", t.elapsed().as_secs_f64() * 10.0);
+        eprintln!(
+            "{way}: {:.2} ms per query",
+            t.elapsed().as_secs_f64() * 10.0
+        );
         black_box(&answer);
         return;
     }
@@ -106,10 +90,17 @@ fn profile(way: &str) {
     batches.iter().for_each(|b| ours.apply(b));
     let dynamo = dynamo::Dynamo::new(None);
     if way.starts_with("dynamo") {
-        let dyn_prompts: Vec<_> = w.prompts.iter().map(|p| dynamo::prompt(&p.tokens)).collect();
+        let dyn_prompts: Vec<_> = w
+            .prompts
+            .iter()
+            .map(|p| dynamo::prompt(&p.tokens))
+            .collect();
         let mut builder = dynamo::EventBuilder::new();
         for b in &w.batches {
-            builder.events(b, &dyn_prompts).into_iter().for_each(|ev| dynamo.send(ev));
+            builder
+                .events(b, &dyn_prompts)
+                .into_iter()
+                .for_each(|ev| dynamo.send(ev));
         }
         dynamo.flush();
     }
@@ -131,7 +122,9 @@ fn profile(way: &str) {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: dynamo-compare [--rss-child ours|dynamo | --profile keys|tokens|dynamo-keys|dynamo-tokens|apply|long|long-keys|long-tokens]");
+    eprintln!(
+        "usage: dynamo-compare [--rss-child ours|dynamo | --profile keys|tokens|dynamo-keys|dynamo-tokens|apply|long-keys|long-tokens]"
+    );
     ExitCode::from(2)
 }
 
@@ -419,9 +412,8 @@ fn timed<R>(f: impl FnOnce() -> R) -> Duration {
     d
 }
 
-/// A 1M-token prompt stored by one holder, queried end to end from its tokens (keys + walk) in
-/// both indexes, and by precomputed keys (the walk alone).
-fn long_query() -> Result<LongQuery, String> {
+/// The 1M-token prompt and the one publisher message of 16-block store events that stores it.
+fn long_prompt() -> (Vec<u32>, PublisherBatch) {
     let mut rng = workload::Rng::new(SEED ^ 0x1_000_000);
     let tokens = rng.tokens(LONG_TOKENS);
     let n = LONG_TOKENS / BLOCK_SIZE;
@@ -436,6 +428,14 @@ fn long_query() -> Result<LongQuery, String> {
             })
             .collect(),
     };
+    (tokens, batch)
+}
+
+/// A 1M-token prompt stored by one holder, queried end to end from its tokens (keys + walk) in
+/// both indexes, and by precomputed keys (the walk alone).
+fn long_query() -> Result<LongQuery, String> {
+    let (tokens, batch) = long_prompt();
+    let n = LONG_TOKENS / BLOCK_SIZE;
 
     let mut ours = ours::Ours::new();
     let keys = [ours.prompt(&tokens)];
