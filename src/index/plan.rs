@@ -90,16 +90,6 @@ impl Plan {
 
     /// The answer for `counts` (indexed by cursor), for the instances `filter` selects.
     pub(crate) fn answer(&self, filter: Option<&str>, counts: &[[u64; 4]]) -> QueryHits {
-        self.answer_for(filter, self.selected(filter), counts)
-    }
-
-    /// [`Self::answer`] with the selection `filter` gives already found.
-    fn answer_for(
-        &self,
-        filter: Option<&str>,
-        sel: std::ops::Range<u32>,
-        counts: &[[u64; 4]],
-    ) -> QueryHits {
         let mut out = match filter {
             None => self.template.clone(),
             Some(f) => QueryHits::new(
@@ -111,12 +101,13 @@ impl Plan {
                     .collect(),
             ),
         };
-        out.shape = self.shape(&sel);
-        self.fill(&sel, counts, &mut out);
+        out.shape = self.shape(filter);
+        self.fill(filter, counts, &mut out);
         out
     }
 
-    fn shape(&self, sel: &std::ops::Range<u32>) -> Shape {
+    fn shape(&self, filter: Option<&str>) -> Shape {
+        let sel = self.selected(filter);
         Shape {
             plan: self.id,
             cursors: (sel.start, sel.end),
@@ -132,22 +123,17 @@ impl Plan {
         counts: &[[u64; 4]],
         out: &mut QueryHits,
     ) {
-        let sel = self.selected(filter);
-        if out.shape != self.shape(&sel) || !self.same_lengths(filter, &sel, out) {
-            *out = self.answer_for(filter, sel, counts);
+        if out.shape != self.shape(filter) || !self.same_lengths(filter, out) {
+            *out = self.answer(filter, counts);
             return;
         }
-        self.fill(&sel, counts, out);
+        self.fill(filter, counts, out);
     }
 
     /// Rows and ranks per row as this plan would build them: the check that the caller did not
     /// change the answer's layout (the stamp says the rest).
-    fn same_lengths(
-        &self,
-        filter: Option<&str>,
-        sel: &std::ops::Range<u32>,
-        out: &QueryHits,
-    ) -> bool {
+    fn same_lengths(&self, filter: Option<&str>, out: &QueryHits) -> bool {
+        let sel = self.selected(filter);
         let ranks: usize = out.hits.values().map(|r| r.rank_matches.len()).sum();
         ranks == sel.len()
             && out
@@ -163,8 +149,8 @@ impl Plan {
     }
 
     /// Write the counts into `out`, which has this answer's shape.
-    fn fill(&self, sel: &std::ops::Range<u32>, counts: &[[u64; 4]], out: &mut QueryHits) {
-        let first = sel.start as usize;
+    fn fill(&self, filter: Option<&str>, counts: &[[u64; 4]], out: &mut QueryHits) {
+        let first = self.selected(filter).start as usize;
         let mut next = counts.get(first..).unwrap_or(&[]).iter();
         for row in out.hits.values_mut() {
             let mut best = TierCounts::default();

@@ -7,7 +7,7 @@
 //! message, so prefetching per shard group overlapped almost nothing).
 
 use super::holder::HolderState;
-use super::table::{Located, SHARDS, Table};
+use super::table::{SHARDS, Table};
 
 /// What one run added.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,8 +31,6 @@ pub(super) struct StoreRun {
     sorted: Vec<(u64, u32, u8)>,
     /// `sorted[i]` is a published hash.
     raw: Vec<bool>,
-    /// The items located, for their prefetches.
-    located: Vec<Located>,
 }
 
 /// Marks a queued store whose key is a published hash (the tier bits use the low four bits).
@@ -58,21 +56,18 @@ pub(super) fn apply(
     {
         // Hints only; registered as a reader so the arrays they look at stay while they do.
         let reading = table.reading();
-        run.located.clear();
-        run.located
-            .extend(run.items.iter().map(|it| table.locate(it.0)));
-        run.located
+        run.items
             .iter()
-            .for_each(|&at| table.prefetch(&reading, at));
-        run.located
+            .for_each(|it| table.prefetch(&reading, table.locate(it.0)));
+        run.items
             .iter()
-            .for_each(|&at| table.prefetch_record(&reading, at));
+            .for_each(|it| table.prefetch_record(&reading, table.locate(it.0)));
     }
     // Counting sort by shard, keeping the order within a shard.
     let mut start = [0usize; SHARDS + 1];
     run.shard.clear();
-    run.shard.extend(run.located.iter().map(|at| {
-        let s = at.shard();
+    run.shard.extend(run.items.iter().map(|it| {
+        let s = table.shard_no(it.0);
         start[s + 1] += 1;
         s as u8
     }));

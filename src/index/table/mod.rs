@@ -359,14 +359,6 @@ pub(crate) struct Located {
     hash: u64,
 }
 
-impl Located {
-    /// The shard the key lives in.
-    #[inline]
-    pub fn shard(&self) -> usize {
-        shard_of_hash(self.hash)
-    }
-}
-
 /// The shard of a key with slot hash `h`: bits 3..9 of the hash. A shard's home slot comes from
 /// the hash's top bits (multiply-shift) and the slot tag from bits 0..3, so the three never use
 /// the same bits.
