@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Fail when the crate's modules import each other in a circle.
+
+    scripts/check-deps.py [SRC]        (default: src)
+
+Two graphs are checked: the top-level modules of the crate (`index`, `registry`, ...), and, inside
+each top-level module, its files. An edge A -> B means code in A names a path into B
+(`crate::b::...`, `super::b::...`, `self::b::...`, also inside `use` groups). A path into one of A's
+own ancestors is not an edge: a child module is a part of its parent (the way Rust splits one
+module over several files), so it may use what the parent declares. Test code may reach anywhere:
+files named `tests.rs` or `*_tests.rs`, files under a `tests/` folder and `#[cfg(test)] mod`
+blocks are skipped. Prints every cycle with the lines that make it and exits 1; prints nothing
+and exits 0 when the order is one-directional. See docs/ARCHITECTURE.md for the intended order.
+"""
+
+import os
+import re
+import sys
+
+
+def is_test_file(rel):
+    parts = rel.split(os.sep)
+    name = parts[-1]
+    return name == "tests.rs" or name.endswith("_tests.rs") or "tests" in parts[:-1]
+
+
+def module_path(rel):
+    parts = rel[: -len(".rs")].split(os.sep)
+    if parts[-1] in ("mod", "lib", "main"):
+        parts.pop()
+    return tuple(parts)
+
+
+def blank(match):
+    # Keep the newlines so that line numbers stay right.
+    return re.sub(r"[^\n]", " ", match.group(0))
+
+
+def code_only(text):
+    """The source with comments, string and char literals and test modules blanked out."""
+    text = re.sub(r"/\*.*?\*/", blank, text, flags=re.S)
+    text = re.sub(r'r(#*)"(?:.|\n)*?"\1', blank, text)
+    text = re.sub(r'"(?:\\.|[^"\\])*"', blank, text)
+    text = re.sub(r"'(?:\\.|[^'\\])'", blank, text)
+    text = re.sub(r"//[^\n]*", blank, text)
+    out = list(text)
+    for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{", text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        for j in range(m.start(), i):
+            if out[j] != "\n":
+                out[j] = " "
+    return "".join(out)
+
+
+PATH = re.compile(r"\b(crate|super|self)((?:\s*::\s*(?:[A-Za-z_]\w*|\{))+)")
+
+
+def expand(tail, text, start):
+    """All paths a (possibly grouped) tail stands for: `a::{b, c::{d}}` -> a::b, a::c::d."""
+    segs = [s.strip() for s in tail.split("::") if s.strip()]
+    if not segs or segs[-1] != "{":
+        return [segs]
+    prefix = segs[:-1]
+    depth, i = 1, start
+    while i < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+    inner = text[start : i - 1]
+    items, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        cur += ch
+    items.append(cur)
+    paths = []
+    for item in items:
+        item = item.split(" as ")[0].strip()
+        if not item or item == "*":
+            paths.append(prefix)
+            continue
+        brace = item.find("{")
+        if brace >= 0:
+            sub = expand(item[: brace + 1], item, brace + 1)
+            paths.extend(prefix + p for p in sub)
+        else:
+            paths.append(prefix + [s.strip() for s in item.split("::") if s.strip()])
+    return paths
+
+
+def edges_of(src):
+    files = {}
+    for root, _, names in os.walk(src):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), src)
+            if name.endswith(".rs") and not is_test_file(rel):
+                files[module_path(rel)] = rel
+    edges = {}  # (from, to) -> list of "file:line"
+    for mod, rel in files.items():
+        text = code_only(open(os.path.join(src, rel), encoding="utf-8").read())
+        # `super` names the parent module, whether the module is `a/b.rs` or `a/b/mod.rs`.
+        for m in PATH.finditer(text):
+            kind = m.group(1)
+            line = text.count("\n", 0, m.start()) + 1
+            for segs in expand(m.group(2), text, m.end()):
+                base = {"crate": (), "self": mod, "super": mod[:-1]}[kind]
+                path = list(base)
+                for s in segs:
+                    if s == "super":
+                        path = path[:-1]
+                    elif s not in ("self", "{"):
+                        path.append(s)
+                target = ()
+                for k in range(len(path), 0, -1):
+                    if tuple(path[:k]) in files:
+                        target = tuple(path[:k])
+                        break
+                # Ancestors (and the module itself) are not dependencies.
+                if not target or mod[: len(target)] == target:
+                    continue
+                where = edges.setdefault((mod, target), [])
+                if f"{rel}:{line}" not in where:
+                    where.append(f"{rel}:{line}")
+    return files, edges
+
+
+def cycles(nodes, adjacent):
+    """Strongly connected components with more than one member (iterative Tarjan)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for root in sorted(nodes):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(adjacent.get(root, ()))))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(adjacent.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def main():
+    src = sys.argv[1] if len(sys.argv) > 1 else "src"
+    files, edges = edges_of(src)
+    name = lambda m: "::".join(m) or "crate"
+    problems = 0
+
+    top = {}
+    for (a, b), where in edges.items():
+        if a and b and a[0] != b[0]:
+            top.setdefault((a[:1], b[:1]), []).extend(f"{name(a)} -> {name(b)} ({w})" for w in where)
+    adjacent = {}
+    for a, b in top:
+        adjacent.setdefault(a, set()).add(b)
+    for component in cycles({m[:1] for m in files if m}, adjacent):
+        problems += 1
+        print("cycle between top-level modules:", " <-> ".join(map(name, component)))
+        for a in component:
+            for b in component:
+                for why in top.get((a, b), [])[:5]:
+                    print("   ", why)
+
+    for first in sorted({m[0] for m in files if m}):
+        members = {m for m in files if m and m[0] == first}
+        adjacent = {}
+        for (a, b) in edges:
+            if a in members and b in members:
+                adjacent.setdefault(a, set()).add(b)
+        for component in cycles(members, adjacent):
+            problems += 1
+            print(f"cycle inside {first}:", " <-> ".join(map(name, component)))
+            for a in component:
+                for b in component:
+                    for where in edges.get((a, b), [])[:3]:
+                        print(f"    {name(a)} -> {name(b)} ({where})")
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()
