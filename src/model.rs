@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-pub use crate::hashing::HashProfile;
+// Defined by `hashing` (below this module: a hash chain yields block keys, and a registration
+// carries the profile that computes them); named here with the other domain types.
+pub use crate::hashing::{BlockHash, HashProfile};
 
 /// The tenant a request belongs to when it names none (`""` normalizes to this as well).
 pub const DEFAULT_TENANT: &str = "default";
@@ -18,18 +20,6 @@ pub fn normalize_tenant(tenant_id: &str) -> String {
         DEFAULT_TENANT.to_owned()
     } else {
         tenant_id.to_owned()
-    }
-}
-
-/// The 64-bit index key of a block: the projection of the engine's full block digest
-/// (`low64_be` for vLLM, `first64_be` for SGLang). Parents in a hash chain are always the full
-/// digest; only the index is keyed by this projection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockHash(pub u64);
-
-impl fmt::Display for BlockHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
     }
 }
 

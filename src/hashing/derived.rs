@@ -30,8 +30,8 @@
 //! blocks it could claim anyway; the block table's slot index is seeded per process, so crafted
 //! keys cannot aim at one probe cluster.
 
+use super::BlockHash;
 use super::Token;
-use crate::model::BlockHash;
 
 const K0: u64 = 0xa076_1d64_78bd_642f;
 const K1: u64 = 0xe703_7ed1_a0b4_28db;

@@ -51,7 +51,17 @@ mod tests;
 pub use chain::{BlockHasher, BlockStep, HashChain};
 pub use profile::{Algorithm, HashProfile, ProfileError, Strategy, hex_lower};
 
-use crate::model::BlockHash;
+/// The 64-bit index key of a block: the projection of the engine's full block digest
+/// (`low64_be` for vLLM, `first64_be` for SGLang). Parents in a hash chain are always the full
+/// digest; only the index is keyed by this projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash(pub u64);
+
+impl std::fmt::Display for BlockHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
 
 /// How a full block digest becomes the 64-bit index key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
