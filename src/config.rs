@@ -17,6 +17,7 @@ use crate::gateway::auth::Tokens;
 use crate::registry::policy::{
     DEFAULT_MAX_NAME_BYTES, DEFAULT_MAX_SUBSCRIPTIONS, HostRule, RegistrationPolicy,
 };
+use crate::subscription::settings::{SocketTimings, SubscriptionSettings};
 
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG_JSON: &str = include_str!("../config/default.json");
@@ -388,6 +389,20 @@ pub enum LogLevel {
     Info,
     Warn,
     Error,
+}
+
+impl Config {
+    /// What every subscription is started with (the socket timings are not configurable).
+    pub fn subscription_settings(&self) -> SubscriptionSettings {
+        SubscriptionSettings {
+            timings: SocketTimings::default(),
+            max_message_bytes: self.max_publisher_message_bytes as usize,
+            max_held_bytes: self.max_replay_held_bytes as usize,
+            warn_interval: std::time::Duration::from_millis(self.warning_interval_ms),
+            max_contexts: self.max_contexts_per_source as usize,
+            max_name_bytes: self.max_name_bytes as usize,
+        }
+    }
 }
 
 impl LogLevel {

@@ -26,7 +26,6 @@ use crate::registry::{
 };
 use crate::storage::checkpoint::Checkpointer;
 use crate::storage::health::StorageHealth;
-use crate::subscription::settings::SubscriptionSettings;
 
 /// A start-up failure of the service.
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +107,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let mut registry = Registry::new(
         contexts.clone(),
         subscriptions.clone(),
-        SubscriptionSettings::from_config(&config),
+        config.subscription_settings(),
         loaded.store.clone(),
     )
     .with_policy(config.registration_policy());

@@ -3,9 +3,6 @@
 
 use std::time::Duration;
 
-use super::socket::SocketTimings;
-use crate::config::Config;
-
 #[derive(Debug, Clone, Copy)]
 pub struct SubscriptionSettings {
     pub timings: SocketTimings,
@@ -21,15 +18,27 @@ pub struct SubscriptionSettings {
     pub max_name_bytes: usize,
 }
 
-impl SubscriptionSettings {
-    pub fn from_config(config: &Config) -> Self {
-        SubscriptionSettings {
-            timings: SocketTimings::default(),
-            max_message_bytes: config.max_publisher_message_bytes as usize,
-            max_held_bytes: config.max_replay_held_bytes as usize,
-            warn_interval: Duration::from_millis(config.warning_interval_ms),
-            max_contexts: config.max_contexts_per_source as usize,
-            max_name_bytes: config.max_name_bytes as usize,
+/// Timeouts and backoff of the socket tasks.
+#[derive(Debug, Clone, Copy)]
+pub struct SocketTimings {
+    /// One connection attempt.
+    pub connect_timeout: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Longest wait for the next replay message (vLLM serves replay between 100 ms queue polls).
+    pub replay_idle_timeout: Duration,
+    /// Longest whole replay.
+    pub replay_total_timeout: Duration,
+}
+
+impl Default for SocketTimings {
+    fn default() -> Self {
+        SocketTimings {
+            connect_timeout: Duration::from_secs(1),
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(2),
+            replay_idle_timeout: Duration::from_secs(2),
+            replay_total_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -11,41 +11,15 @@
 //!
 //! [`zmtp`]: super::zmtp
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
+pub use super::settings::SocketTimings;
 use super::settings::SubscriptionSettings;
 use super::zmtp::{Connection, SocketType, ZmtpError};
 
 /// The end-of-replay marker's seq (`(-1).to_bytes(8, "big", signed=True)`).
 pub const END_OF_REPLAY_SEQ: u64 = u64::MAX;
-
-/// Timeouts and backoff of the socket tasks.
-#[derive(Debug, Clone, Copy)]
-pub struct SocketTimings {
-    /// One connection attempt.
-    pub connect_timeout: Duration,
-    pub backoff_initial: Duration,
-    pub backoff_max: Duration,
-    /// Longest wait for the next replay message (vLLM serves replay between 100 ms queue polls).
-    pub replay_idle_timeout: Duration,
-    /// Longest whole replay.
-    pub replay_total_timeout: Duration,
-}
-
-impl Default for SocketTimings {
-    fn default() -> Self {
-        SocketTimings {
-            connect_timeout: Duration::from_secs(1),
-            backoff_initial: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(2),
-            replay_idle_timeout: Duration::from_secs(2),
-            replay_total_timeout: Duration::from_secs(30),
-        }
-    }
-}
 
 /// A well-formed live or replayed frame set: `[topic, seq (8 bytes BE), payload]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
