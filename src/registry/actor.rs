@@ -16,7 +16,7 @@ use crate::subscription::status::{StatusCell, SubscriptionStatus};
 use super::contexts::ContextDirectory;
 use super::policy::{Refusal, RegistrationPolicy};
 use super::shared::etcd::{Created, EtcdRegistry};
-use super::shared::sync::Change;
+use super::shared::sync::{ApplyShared, Change};
 use super::subscriptions::SubscriptionDirectory;
 use crate::storage::KvStore;
 use crate::storage::checkpoint::{delete_registration, put_registration};
@@ -223,11 +223,6 @@ pub enum Origin {
     /// Recovered from this replica's own store at start: applied here only.
     Restore,
 }
-
-/// Changes etcd reported, applied in order (see [`super::shared::sync`]).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ApplyShared(pub Vec<Change>);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RegisterOutcome {

@@ -11,8 +11,9 @@ pub mod shared;
 pub mod subscriptions;
 
 pub use actor::{
-    ApplyShared, ListServices, Origin, Refusals, Register, RegisterOutcome, Registry, ServiceInfo,
-    ShutdownAll, Unregister,
+    ListServices, Origin, Refusals, Register, RegisterOutcome, Registry, ServiceInfo, ShutdownAll,
+    Unregister,
 };
 pub use contexts::{ArbiterPool, ContextDirectory, ProfileConflict};
+pub use shared::sync::ApplyShared;
 pub use subscriptions::SubscriptionDirectory;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actix::Addr;
+use actix::Recipient;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
     TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
@@ -14,10 +14,11 @@ use etcd_client::{
 use tokio_util::sync::CancellationToken;
 
 use super::EtcdConfig;
-use super::sync::{Event, Kv, Step, SyncState, registration_key, registrations_prefix};
+use super::sync::{
+    ApplyShared, Event, Kv, Step, SyncState, registration_key, registrations_prefix,
+};
 use crate::error::OpError;
 use crate::model::{PublisherConfig, SubscriptionKey};
-use crate::registry::actor::{ApplyShared, Registry};
 use crate::storage::codec::{decode_registration, registration_value};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -179,9 +180,10 @@ impl EtcdRegistry {
     pub async fn run(
         self: Arc<Self>,
         mut state: SyncState,
-        registry: Addr<Registry>,
+        registry: impl Into<Recipient<ApplyShared>>,
         stop: CancellationToken,
     ) {
+        let registry = registry.into();
         let mut backoff = Duration::from_millis(100);
         loop {
             let outcome = tokio::select! {
@@ -214,7 +216,11 @@ impl EtcdRegistry {
 
     /// One connection's worth: list if needed, then watch until the stream breaks (an error) or
     /// must be replaced by a listing (`Ok`).
-    async fn follow(&self, state: &mut SyncState, registry: &Addr<Registry>) -> Result<(), Broken> {
+    async fn follow(
+        &self,
+        state: &mut SyncState,
+        registry: &Recipient<ApplyShared>,
+    ) -> Result<(), Broken> {
         let client = self.client().await.map_err(Broken::Etcd)?;
         let prefix = registrations_prefix(&self.config.prefix);
         if state.next_step() == Step::List {
@@ -323,7 +329,7 @@ impl EtcdRegistry {
 
     async fn apply(
         &self,
-        registry: &Addr<Registry>,
+        registry: &Recipient<ApplyShared>,
         changes: Vec<super::sync::Change>,
         state: &SyncState,
     ) -> Result<(), Broken> {

@@ -16,6 +16,12 @@ use crate::storage::codec::decode_registration;
 /// The sub-prefix (below the configured prefix) that holds one key per registration.
 pub const REGISTRATIONS: &str = "registrations/";
 
+/// Changes etcd reported, for the registry to apply in order. Defined here rather than beside its
+/// handler so that the etcd driver names only the message, not the registry actor.
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+pub struct ApplyShared(pub Vec<Change>);
+
 /// One change the registry must make.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
