@@ -213,6 +213,23 @@ impl PublisherConfig {
     }
 }
 
+/// Which names the caller used for the two [`PublisherConfig`] fields whose names differ between
+/// APIs (Python and gRPC, or HTTP and the config file), so that an error names the field as sent.
+#[derive(Debug, Clone, Copy)]
+pub struct FieldNames {
+    pub model_name: &'static str,
+    pub publisher_type: &'static str,
+}
+
+pub const PYTHON_NAMES: FieldNames = FieldNames {
+    model_name: "model_name",
+    publisher_type: "publisher_type",
+};
+pub const HTTP_NAMES: FieldNames = FieldNames {
+    model_name: "modelname",
+    publisher_type: "type",
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

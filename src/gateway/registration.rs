@@ -11,7 +11,7 @@ use crate::gateway::request::{Kind, Schema};
 use crate::hashing::HashProfile;
 use crate::model::{PublisherConfig, PublisherType, normalize_tenant};
 
-pub use crate::model::MAX_BLOCK_SIZE;
+pub use crate::model::{FieldNames, HTTP_NAMES, MAX_BLOCK_SIZE, PYTHON_NAMES};
 
 /// Fields HTTP `/register` and static config entries accept.
 pub const HTTP_REGISTER_SCHEMA: Schema = &[
@@ -27,22 +27,6 @@ pub const HTTP_REGISTER_SCHEMA: Schema = &[
     ("tenant_id", Kind::Scalar),
     ("type", Kind::Scalar),
 ];
-
-/// Which names the caller used for the two fields whose names differ between APIs.
-#[derive(Debug, Clone, Copy)]
-pub struct FieldNames {
-    pub model_name: &'static str,
-    pub publisher_type: &'static str,
-}
-
-pub const PYTHON_NAMES: FieldNames = FieldNames {
-    model_name: "model_name",
-    publisher_type: "publisher_type",
-};
-pub const HTTP_NAMES: FieldNames = FieldNames {
-    model_name: "modelname",
-    publisher_type: "type",
-};
 
 /// A registration as received, before validation. `None` means the field was absent.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use crate::error::OpError;
-use crate::gateway::registration::{FieldNames, PYTHON_NAMES};
 use crate::index::actor::{AttachRank, DetachSource, GetStats};
-use crate::model::{PublisherConfig, SubscriptionKey};
+use crate::model::{FieldNames, PYTHON_NAMES, PublisherConfig, SubscriptionKey};
 use crate::subscription::actor::{Stop, SubscriptionActor};
 use crate::subscription::settings::SubscriptionSettings;
 use crate::subscription::status::{StatusCell, SubscriptionStatus};

@@ -8,8 +8,7 @@
 use std::net::IpAddr;
 
 use crate::error::OpError;
-use crate::gateway::registration::FieldNames;
-use crate::model::PublisherConfig;
+use crate::model::{FieldNames, PublisherConfig};
 
 /// Default of `max_subscriptions`: a fleet of 512 engines with 8 DP ranks each.
 pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 4096;
