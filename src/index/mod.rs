@@ -203,6 +203,7 @@ pub mod actor;
 mod alias_table;
 mod aliases;
 pub mod context;
+pub mod directory;
 pub mod handle;
 mod holder;
 mod keying;
@@ -228,6 +229,7 @@ pub use actor::{
     GetStats, Snapshot,
 };
 pub use context::{ApplyReport, ContextIndex};
+pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use handle::{ContextView, IndexReader, IndexStats};
 pub use persist::{ContextChanges, HolderRecord, Restorer, Watermark};
 pub use query::{HashList, InstanceHits, QueryHits, TierCounts};

@@ -6,17 +6,17 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use crate::error::OpError;
+use crate::index::ContextDirectory;
 use crate::index::actor::{AttachRank, DetachSource, GetStats};
 use crate::model::{FieldNames, PYTHON_NAMES, PublisherConfig, SubscriptionKey};
 use crate::subscription::actor::{Stop, SubscriptionActor};
+use crate::subscription::directory::SubscriptionDirectory;
 use crate::subscription::settings::SubscriptionSettings;
 use crate::subscription::status::{StatusCell, SubscriptionStatus};
 
-use super::contexts::ContextDirectory;
 use super::policy::{Refusal, RegistrationPolicy};
 use super::shared::etcd::{Created, EtcdRegistry};
 use super::shared::sync::{ApplyShared, Change};
-use super::subscriptions::SubscriptionDirectory;
 use crate::storage::KvStore;
 use crate::storage::checkpoint::{delete_registration, put_registration};
 

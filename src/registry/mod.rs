@@ -5,15 +5,14 @@
 //! [`ContextDirectory`] directly).
 
 pub mod actor;
-pub mod contexts;
 pub mod policy;
 pub mod shared;
-pub mod subscriptions;
 
 pub use actor::{
     ListServices, Origin, Refusals, Register, RegisterOutcome, Registry, ServiceInfo, ShutdownAll,
     Unregister,
 };
-pub use contexts::{ArbiterPool, ContextDirectory, ProfileConflict};
+// Their homes are below the registry; named here too, where callers have always found them.
+pub use crate::index::directory::{ArbiterPool, ContextDirectory, ProfileConflict};
+pub use crate::subscription::directory::SubscriptionDirectory;
 pub use shared::sync::ApplyShared;
-pub use subscriptions::SubscriptionDirectory;

@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::index::ContextChanges;
+use crate::index::ContextDirectory;
 use crate::index::actor::{MarkDirty, TakeChanges};
 use crate::model::ContextKey;
-use crate::registry::{ContextDirectory, SubscriptionDirectory};
+use crate::subscription::directory::SubscriptionDirectory;
 
 use super::codec::{self, context_id};
 use super::health::StorageHealth;

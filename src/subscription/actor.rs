@@ -9,11 +9,11 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{DecodedBatch, IndexBatch, KvEvent};
+use crate::index::ContextDirectory;
 use crate::index::ContextHandle;
 use crate::index::Watermark;
 use crate::index::actor::{Advance, ApplySequenced, DropSource, MAILBOX_CAPACITY};
 use crate::model::{PublisherConfig, SubscriptionKey};
-use crate::registry::contexts::ContextDirectory;
 use crate::storage::codec::payload_digest;
 
 use super::hash_check::HashCheck;

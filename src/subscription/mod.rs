@@ -9,6 +9,7 @@
 //! [`settings`] its bounds; [`actor`] the actix shell tying them together.
 
 pub mod actor;
+pub mod directory;
 pub mod hash_check;
 pub mod ingest;
 pub mod marks;

@@ -7,8 +7,8 @@ use std::sync::{Arc, RwLock};
 
 use actix::Addr;
 
+use super::actor::{PushMarks, SubscriptionActor};
 use crate::model::SubscriptionKey;
-use crate::subscription::actor::{PushMarks, SubscriptionActor};
 
 /// Service key → its subscription actor; the registry keeps it in step with its services.
 #[derive(Clone, Default)]

@@ -8,8 +8,9 @@ use std::sync::{Arc, RwLock};
 
 use actix::ArbiterHandle;
 
+use super::actor::ContextHandle;
+use super::context::ContextIndex;
 use crate::hashing::HashProfile;
-use crate::index::{ContextHandle, ContextIndex};
 use crate::model::ContextKey;
 
 /// A context exists with another hash profile.
