@@ -231,7 +231,7 @@ pub use actor::{
 pub use context::{ApplyReport, ContextIndex};
 pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use handle::{ContextView, IndexReader, IndexStats};
-pub use persist::{ContextChanges, HolderRecord, Restorer, Watermark};
+pub use persist::{ContextChanges, HolderRecord, Restorer, Watermark, payload_digest};
 pub use query::{HashList, InstanceHits, QueryHits, TierCounts};
 pub use snapshot::ContextSnapshot;
 pub use sorted_map::SortedMap;

@@ -15,6 +15,8 @@
 
 use std::collections::HashMap;
 
+use sha2::{Digest, Sha256};
+
 use crate::events::{Holder, IndexBatch};
 use crate::hashing::HashProfile;
 use crate::model::{BlockHash, ContextKey, SubscriptionKey};
@@ -29,6 +31,15 @@ pub struct Watermark {
     /// A digest of that batch's payload: after a restart, the publisher's replay of the same seq
     /// must carry the same bytes, or the publisher is another process and its old blocks are gone.
     pub digest: u64,
+}
+
+/// [`Watermark::digest`] of a publisher batch payload, stable across builds (the first 8 bytes of
+/// SHA-256).
+pub fn payload_digest(payload: &[u8]) -> u64 {
+    let digest: [u8; 32] = Sha256::digest(payload).into();
+    u64::from_be_bytes([
+        digest[0], digest[1], digest[2], digest[3], digest[4], digest[5], digest[6], digest[7],
+    ])
 }
 
 /// A holder as persisted: which source reported it, and the engine rank or store backend.

@@ -28,14 +28,6 @@ pub fn context_id(key: &ContextKey) -> [u8; 8] {
     id
 }
 
-/// A digest of a publisher batch payload, stable across builds (the first 8 bytes of SHA-256).
-pub fn payload_digest(payload: &[u8]) -> u64 {
-    let digest: [u8; 32] = Sha256::digest(payload).into();
-    u64::from_be_bytes([
-        digest[0], digest[1], digest[2], digest[3], digest[4], digest[5], digest[6], digest[7],
-    ])
-}
-
 fn corrupt(cf: &'static str, what: impl Into<String>) -> StorageError {
     StorageError::Corrupt {
         cf,

@@ -9,12 +9,11 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{DecodedBatch, IndexBatch, KvEvent};
-use crate::index::ContextDirectory;
 use crate::index::ContextHandle;
 use crate::index::Watermark;
 use crate::index::actor::{Advance, ApplySequenced, DropSource, MAILBOX_CAPACITY};
+use crate::index::{ContextDirectory, payload_digest};
 use crate::model::{PublisherConfig, SubscriptionKey};
-use crate::storage::codec::payload_digest;
 
 use super::hash_check::HashCheck;
 use super::ingest::{Rejected, RoutedBatch, decode_and_route};
