@@ -14,15 +14,16 @@
 //! `cargo bench --bench churn` (needs the `rocksdb` feature, on by default).
 //! `CHURN_ROUNDS=1000` picks the number of churned instances.
 
+use mooncake_conductor::durability::checkpoint::{context_ops, put_registration};
+use mooncake_conductor::durability::recovery;
 use mooncake_conductor::events::{Holder, IndexBatch, IndexOp};
 use mooncake_conductor::hashing::HashProfile;
 use mooncake_conductor::index::{ContextIndex, Watermark};
 use mooncake_conductor::model::{
     BlockHash, ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier,
 };
-use mooncake_conductor::storage::checkpoint::{context_ops, put_registration};
 use mooncake_conductor::storage::rocks::RocksStore;
-use mooncake_conductor::storage::{KvOp, KvStore, migrations, recovery};
+use mooncake_conductor::storage::{KvOp, KvStore, migrations};
 
 /// Instances registered for the whole run.
 const STEADY: u32 = 4;
@@ -220,7 +221,7 @@ impl Run {
 
 /// Unregistering deletes the registration before the context lets go of the source.
 fn recovery_free_registration(store: &RocksStore, instance: &str) -> Result<(), String> {
-    mooncake_conductor::storage::checkpoint::delete_registration(store, &source(instance))
+    mooncake_conductor::durability::checkpoint::delete_registration(store, &source(instance))
         .map_err(|e| e.to_string())
 }
 

@@ -7,6 +7,8 @@
 
 use std::time::{Duration, Instant};
 
+use mooncake_conductor::durability::checkpoint::{context_ops, put_registration};
+use mooncake_conductor::durability::recovery;
 use mooncake_conductor::events::{BlockContents, Holder, IndexBatch, IndexOp};
 use mooncake_conductor::hashing::HashProfile;
 use mooncake_conductor::hashing::derived;
@@ -14,9 +16,8 @@ use mooncake_conductor::index::{ContextIndex, Watermark};
 use mooncake_conductor::model::{
     BlockHash, ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier,
 };
-use mooncake_conductor::storage::checkpoint::{context_ops, put_registration};
 use mooncake_conductor::storage::rocks::RocksStore;
-use mooncake_conductor::storage::{KvStore, migrations, recovery};
+use mooncake_conductor::storage::{KvStore, migrations};
 
 fn profile() -> HashProfile {
     HashProfile::resolve(

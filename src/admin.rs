@@ -8,11 +8,11 @@ use std::io::Write;
 
 use serde_json::json;
 
+use crate::durability::checkpoint::delete_registration;
+use crate::durability::recovery::recover;
 use crate::events::{Holder, IndexOp};
 use crate::index::ContextSnapshot;
 use crate::model::SubscriptionKey;
-use crate::storage::checkpoint::delete_registration;
-use crate::storage::recovery::recover;
 use crate::storage::{Cf, KvStore, StorageError, migrations};
 
 /// What `verify` found.

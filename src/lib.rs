@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod durability;
 pub mod error;
 pub mod events;
 pub mod fixture;
@@ -17,7 +18,6 @@ pub mod hashing;
 pub mod index;
 pub mod metrics;
 pub mod model;
-pub mod persistence;
 pub mod registry;
 pub mod service;
 pub mod storage;

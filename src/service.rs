@@ -12,6 +12,7 @@ use actix::Actor;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::durability::checkpoint::Checkpointer;
 use crate::gateway::grpc::GrpcService;
 use crate::gateway::ops::Ops;
 use crate::gateway::pb;
@@ -24,7 +25,6 @@ use crate::registry::shared::sync::SyncState;
 use crate::registry::{
     ArbiterPool, ContextDirectory, Origin, Register, Registry, ShutdownAll, SubscriptionDirectory,
 };
-use crate::storage::checkpoint::Checkpointer;
 use crate::storage::health::StorageHealth;
 
 /// A start-up failure of the service.
@@ -88,7 +88,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .map_err(|e| ServiceError::Other(e.to_string()))?;
 
     // Recovery runs before the servers accept anything (connections wait in the listen backlog).
-    let loaded = crate::persistence::load(&config)?;
+    let loaded = crate::durability::load(&config)?;
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 8);

@@ -17,8 +17,8 @@ use crate::subscription::status::{StatusCell, SubscriptionStatus};
 use super::policy::{Refusal, RegistrationPolicy};
 use super::shared::etcd::{Created, EtcdRegistry};
 use super::shared::sync::{ApplyShared, Change};
+use crate::durability::checkpoint::{delete_registration, put_registration};
 use crate::storage::KvStore;
-use crate::storage::checkpoint::{delete_registration, put_registration};
 
 type LocalWork = LocalReply<()>;
 type Step = std::pin::Pin<Box<dyn ActorFuture<Registry, Output = ()>>>;

@@ -1,31 +1,13 @@
-//! Durable state: registrations, per-source watermarks and index state, behind a small key-value
-//! trait ([`KvStore`]) that knows nothing about RocksDB. [`rocks`] is the RocksDB implementation;
-//! [`memory`] an in-memory one with fault injection for tests.
-//!
-//! # Layout (column families)
-//!
-//! | cf | key | value |
-//! |---|---|---|
-//! | `meta` | `schema_version` | u32 BE |
-//! | `registrations` | service key text | JSON registration (Python names, hash profile inputs) |
-//! | `contexts` | context id (8 B) | JSON context key + hash profile inputs |
-//! | `holders` | ctx id + holder id (u32 BE) | JSON holder record (ids of reclaimed holders are gaps) |
-//! | `attachments` | ctx id + n (u32 BE) | JSON (source, instance, rank) |
-//! | `watermarks` | ctx id + source key text | the source's position: seq (u64 BE) + payload digest (u64 BE) |
-//! | `pairs` | ctx id + holder id (u32 BE) + block (u64 BE) | tier bits (1 B), then per tier announced more than once: its bit (1 B) + the announcements beyond the first (u32 BE) |
-//! | `aliases` | ctx id + engine hash (u64 BE) | derived key (u64 BE) |
-//!
-//! The context id is the first 8 bytes of SHA-256 over the context key, so it is stable across
-//! restarts without an allocation table. One checkpoint of one context is one atomic write, of
-//! what changed only (nothing for an idle context).
+//! The key-value layer: a small trait ([`KvStore`]) that knows nothing about RocksDB or about
+//! what is stored, its RocksDB implementation ([`rocks`]), an in-memory one with fault injection
+//! for tests ([`memory`]), the schema migrations over `migrations/` ([`migrations`]), the
+//! checkpoint health figures ([`health`]) and the operator's fault switch ([`fault_switch`]).
+//! What goes into which column family, and how, is [`crate::durability`]'s.
 
-pub mod checkpoint;
-pub mod codec;
 pub mod fault_switch;
 pub mod health;
 pub mod memory;
 pub mod migrations;
-pub mod recovery;
 #[cfg(feature = "rocksdb")]
 pub mod rocks;
 
@@ -148,6 +130,3 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     }
     vec![u8::MAX; prefix.len() + 1]
 }
-
-#[cfg(test)]
-mod tests;

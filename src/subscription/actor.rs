@@ -431,7 +431,7 @@ pub struct Stop;
 /// contexts' mailboxes, behind every op this source sent them: a checkpoint that asks a context
 /// for its changes after the reply records the source's position with exactly the ops that
 /// reached the context up to it, so no context lags its source (the checkpoint asks every
-/// subscription first, see `storage::checkpoint`).
+/// subscription first, see `durability::checkpoint`).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct PushMarks;

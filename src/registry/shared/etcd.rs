@@ -17,9 +17,9 @@ use super::EtcdConfig;
 use super::sync::{
     ApplyShared, Event, Kv, Step, SyncState, registration_key, registrations_prefix,
 };
+use crate::durability::codec::{decode_registration, registration_value};
 use crate::error::OpError;
 use crate::model::{PublisherConfig, SubscriptionKey};
-use crate::storage::codec::{decode_registration, registration_value};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 

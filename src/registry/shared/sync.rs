@@ -10,8 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::durability::codec::decode_registration;
 use crate::model::{PublisherConfig, SubscriptionKey};
-use crate::storage::codec::decode_registration;
 
 /// The sub-prefix (below the configured prefix) that holds one key per registration.
 pub const REGISTRATIONS: &str = "registrations/";

@@ -2,8 +2,8 @@
 //! anything under the prefix that is not a registration is ignored, compaction forces a list.
 
 use super::*;
+use crate::durability::codec::registration_value;
 use crate::model::PublisherType;
-use crate::storage::codec::registration_value;
 
 const PREFIX: &str = "/mc/";
 

@@ -12,7 +12,7 @@ use crate::index::{ContextIndex, Restorer, Watermark};
 use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
 
 use super::codec;
-use super::{Cf, KvStore, StorageError};
+use crate::storage::{Cf, KvStore, StorageError};
 
 /// What recovery loaded.
 pub struct Recovered {

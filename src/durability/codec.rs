@@ -8,7 +8,7 @@ use crate::hashing::HashProfile;
 use crate::index::{HolderRecord, Watermark};
 use crate::model::{ContextKey, PublisherConfig, PublisherType, SubscriptionKey};
 
-use super::StorageError;
+use crate::storage::StorageError;
 
 /// Stable 8-byte id of a context.
 pub fn context_id(key: &ContextKey) -> [u8; 8] {

@@ -21,8 +21,8 @@ use crate::model::ContextKey;
 use crate::subscription::directory::SubscriptionDirectory;
 
 use super::codec::{self, context_id};
-use super::health::StorageHealth;
-use super::{Cf, KvOp, KvStore, StorageError, prefix_end};
+use crate::storage::health::StorageHealth;
+use crate::storage::{Cf, KvOp, KvStore, StorageError, prefix_end};
 
 /// The writes of one context's checkpoint (none for a context that did not change).
 pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {

@@ -7,9 +7,9 @@ use crate::index::{ContextIndex, ContextSnapshot, Watermark};
 use crate::model::{BlockHash, ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier};
 
 use super::checkpoint::{context_ops, forget_context_ops, put_registration};
-use super::memory::{Fault, MemoryStore};
 use super::recovery::recover;
-use super::{Cf, KvStore};
+use crate::storage::memory::{Fault, MemoryStore};
+use crate::storage::{Cf, KvStore};
 use crate::test_rng::Rng;
 
 fn profile() -> HashProfile {
@@ -88,7 +88,10 @@ fn random_batch(rng: &mut Rng, s: u32) -> IndexBatch {
     }
 }
 
-fn checkpoint(index: &mut ContextIndex, store: &dyn KvStore) -> Result<(), super::StorageError> {
+fn checkpoint(
+    index: &mut ContextIndex,
+    store: &dyn KvStore,
+) -> Result<(), crate::storage::StorageError> {
     let changes = index.take_changes();
     let result = store.write(context_ops(&changes));
     if result.is_err() {

@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::recovery::{Recovered, recover};
 use crate::config::Config;
-use crate::storage::recovery::{Recovered, recover};
 use crate::storage::{KvStore, StorageError, migrations};
 
 /// The store and what it held.

@@ -1,0 +1,37 @@
+//! Durable state: what the Conductor writes to the key-value store ([`crate::storage`]) and reads
+//! back at start-up. [`checkpoint`] turns a context's changes into one atomic write and runs the
+//! rounds; [`codec`] is the byte format of every record; [`recovery`] rebuilds the contexts and
+//! registrations from a store; [`load`] opens the data directory at start-up (migrations,
+//! recovery, the policy for unreadable data). Registrations are written by
+//! [`checkpoint::put_registration`] when they are accepted, not at checkpoints.
+//!
+//! What a context hands to a checkpoint and takes back at recovery
+//! ([`crate::index::ContextChanges`], [`crate::index::Restorer`]) stays in the index: producing
+//! it reads the index's private structure, which this module never sees.
+//!
+//! # Layout (column families)
+//!
+//! | cf | key | value |
+//! |---|---|---|
+//! | `meta` | `schema_version` | u32 BE |
+//! | `registrations` | service key text | JSON registration (Python names, hash profile inputs) |
+//! | `contexts` | context id (8 B) | JSON context key + hash profile inputs |
+//! | `holders` | ctx id + holder id (u32 BE) | JSON holder record (ids of reclaimed holders are gaps) |
+//! | `attachments` | ctx id + n (u32 BE) | JSON (source, instance, rank) |
+//! | `watermarks` | ctx id + source key text | the source's position: seq (u64 BE) + payload digest (u64 BE) |
+//! | `pairs` | ctx id + holder id (u32 BE) + block (u64 BE) | tier bits (1 B), then per tier announced more than once: its bit (1 B) + the announcements beyond the first (u32 BE) |
+//! | `aliases` | ctx id + engine hash (u64 BE) | derived key (u64 BE) |
+//!
+//! The context id is the first 8 bytes of SHA-256 over the context key, so it is stable across
+//! restarts without an allocation table. One checkpoint of one context is one atomic write, of
+//! what changed only (nothing for an idle context).
+
+pub mod checkpoint;
+pub mod codec;
+pub mod load;
+pub mod recovery;
+
+pub use load::{Loaded, load};
+
+#[cfg(test)]
+mod tests;
