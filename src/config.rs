@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::durability::OnCorruptData;
 use crate::gateway::auth::Tokens;
 use crate::registry::policy::{
     DEFAULT_MAX_NAME_BYTES, DEFAULT_MAX_SUBSCRIPTIONS, HostRule, RegistrationPolicy,
@@ -392,6 +393,14 @@ pub enum LogLevel {
 }
 
 impl Config {
+    pub fn on_corrupt_data(&self) -> OnCorruptData {
+        if self.move_corrupt_data_aside {
+            OnCorruptData::MoveAside
+        } else {
+            OnCorruptData::Stop
+        }
+    }
+
     /// What every subscription is started with (the socket timings are not configurable).
     pub fn subscription_settings(&self) -> SubscriptionSettings {
         SubscriptionSettings {

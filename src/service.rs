@@ -88,7 +88,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .map_err(|e| ServiceError::Other(e.to_string()))?;
 
     // Recovery runs before the servers accept anything (connections wait in the listen backlog).
-    let loaded = crate::durability::load(&config)?;
+    let loaded = crate::durability::load(&config.data_dir, config.on_corrupt_data())?;
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 8);

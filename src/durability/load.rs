@@ -5,8 +5,16 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::recovery::{Recovered, recover};
-use crate::config::Config;
 use crate::storage::{KvStore, StorageError, migrations};
+
+/// What start-up does with a data directory whose contents are corrupt (`on_corrupt_data`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnCorruptData {
+    /// Refuse to start.
+    Stop,
+    /// Move the directory aside and start empty.
+    MoveAside,
+}
 
 /// The store and what it held.
 pub struct Loaded {
@@ -18,34 +26,33 @@ pub struct Loaded {
 /// any other failure, unless `on_corrupt_data` is `move_aside` and the data is corrupt. A
 /// directory is never moved for a held LOCK, a permission, a process limit or a full disk:
 /// those say nothing about the data, and moving it would start the service empty beside it.
-pub fn load(config: &Config) -> Result<Loaded, StorageError> {
-    match open_and_recover(&config.data_dir) {
+pub fn load(data_dir: &Path, on_corrupt: OnCorruptData) -> Result<Loaded, StorageError> {
+    let move_aside = on_corrupt == OnCorruptData::MoveAside;
+    match open_and_recover(data_dir) {
         Ok(loaded) => Ok(loaded),
         Err(e @ StorageError::TooNew { .. }) => Err(e),
-        Err(e) if config.move_corrupt_data_aside && !e.is_corruption() => {
+        Err(e) if move_aside && !e.is_corruption() => {
             tracing::error!(
                 "data directory {} cannot be opened ({e}); this is not corruption, so it is not \
                  moved aside",
-                config.data_dir.display()
+                data_dir.display()
             );
             Err(e)
         }
-        Err(e) if config.move_corrupt_data_aside => {
+        Err(e) if move_aside => {
             let stamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
-            let aside = config
-                .data_dir
-                .with_extension(format!("unreadable-{stamp}"));
+            let aside = data_dir.with_extension(format!("unreadable-{stamp}"));
             tracing::error!(
                 "data directory {} is unreadable ({e}); moving it to {} and starting empty",
-                config.data_dir.display(),
+                data_dir.display(),
                 aside.display()
             );
-            std::fs::rename(&config.data_dir, &aside).map_err(|io| {
-                StorageError::Io(format!("move {} aside: {io}", config.data_dir.display()))
+            std::fs::rename(data_dir, &aside).map_err(|io| {
+                StorageError::Io(format!("move {} aside: {io}", data_dir.display()))
             })?;
-            open_and_recover(&config.data_dir)
+            open_and_recover(data_dir)
         }
         Err(e) => Err(e),
     }

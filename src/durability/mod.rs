@@ -31,7 +31,7 @@ pub mod codec;
 pub mod load;
 pub mod recovery;
 
-pub use load::{Loaded, load};
+pub use load::{Loaded, OnCorruptData, load};
 
 #[cfg(test)]
 mod tests;
