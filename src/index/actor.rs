@@ -8,10 +8,10 @@ use crate::events::{InFlightGuard, IndexBatch};
 use crate::hashing::PrefixKeys;
 use crate::model::{ContextKey, SubscriptionKey};
 
+use super::answer::QueryHits;
 use super::context::{ApplyReport, ContextIndex};
 use super::handle::{ContextView, IndexReader, IndexStats};
 use super::persist::{ContextChanges, Watermark};
-use super::query::QueryHits;
 use super::snapshot::ContextSnapshot;
 
 pub struct ContextActor {

@@ -8,11 +8,14 @@ use crate::events::{Holder, IndexBatch, IndexOp};
 use crate::hashing::{HashProfile, PrefixKeys};
 use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
-use super::handle::{ContextView, IndexReader, IndexStats, MetaLock, Shared};
+use super::answer::QueryHits;
+use super::handle::{ContextView, IndexReader, IndexStats};
 use super::holder::{FreeIds, HolderKey, HolderState};
 use super::keying;
-use super::query::{self, QueryHits};
+use super::plan::MetaLock;
+use super::query;
 use super::refs::RefList;
+use super::shared::Shared;
 use super::store_run::{self, RAW_KEY, RUN_MAX, StoreRun};
 use super::table::{
     CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, SHARED_TIERS, Table, tier_bit,

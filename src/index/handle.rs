@@ -1,149 +1,18 @@
-//! The read side of a context: what the writer shares with concurrent readers, and
-//! [`IndexReader`], the cloneable handle queries and the global view go through.
+//! The read side of a context: [`IndexReader`], the cloneable handle queries and the global view
+//! go through, over what the writer shares with its readers (`shared`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use crate::hashing::derived::{BlockRule, DerivedChain};
 use crate::hashing::{HashProfile, PrefixKeys, Token};
 use crate::model::{BlockHash, ContextKey, SubscriptionKey};
 
-use super::aliases::Aliases;
-use super::plan::Plan;
+use super::answer::QueryHits;
 use super::prompt_keys::{AliasedHashes, TokenKeys};
-use super::query::{self, QueryHits};
-use super::table::{Table, read_lock, write_lock};
-
-/// State shared between the single writer ([`super::ContextIndex`]) and any number of readers.
-pub(crate) struct Shared {
-    pub key: ContextKey,
-    pub profile: HashProfile,
-    pub table: Table,
-    /// Registered ranks and the holder ids behind each (instance, rank); small, read once per
-    /// query to fetch the walk's plan.
-    pub meta: MetaLock,
-    /// Distinct blocks (in any tier). Written only by the writer; relaxed is enough for metrics
-    /// and the global view, which are point-in-time figures anyway.
-    pub blocks: AtomicU64,
-    /// (block, holder) pairs.
-    pub holder_blocks: AtomicU64,
-    /// Ops refused as invalid (e.g. an engine storing into cpu_share), counted not failed.
-    pub invalid_ops: AtomicU64,
-    /// Engine hash → derived key.
-    pub aliases: Aliases,
-    /// Pairs keyed by a published hash rather than a derived key (see "Keys" in the module doc):
-    /// while there are any, a query from tokens also walks the registered profile's chain.
-    pub raw_pairs: AtomicU64,
-    /// Blocks whose contents came with an unknown parent, so they are keyed by their hash.
-    pub unlinked: AtomicU64,
-}
-
-/// The metadata lock. Its only way to change [`Meta`] is [`MetaLock::write`], which drops the
-/// cached query plan, so a plan never outlives the metadata it was built from.
-#[derive(Default)]
-pub(crate) struct MetaLock {
-    lock: RwLock<Meta>,
-    /// Every plan built that may still be alive (the cached one, and those of running walks),
-    /// for the reclaim of holder ids (see `holder::FreeIds`).
-    built: Mutex<Vec<Weak<Plan>>>,
-}
-
-impl MetaLock {
-    pub fn read(&self) -> RwLockReadGuard<'_, Meta> {
-        read_lock(&self.lock)
-    }
-
-    pub fn write(&self) -> RwLockWriteGuard<'_, Meta> {
-        let mut meta = write_lock(&self.lock);
-        meta.plan = OnceLock::new();
-        meta
-    }
-
-    /// The plan for the current metadata, built by the first query after a change.
-    pub fn plan(&self) -> Arc<Plan> {
-        let meta = self.read();
-        Arc::clone(meta.plan.get_or_init(|| {
-            let plan = Arc::new(Plan::build(&meta));
-            // Under the read lock: a writer's change either precedes this plan or waits for it
-            // to be listed.
-            let mut built = self.built();
-            built.retain(|p| p.strong_count() > 0);
-            built.push(Arc::downgrade(&plan));
-            plan
-        }))
-    }
-
-    /// The plans built so far that are still alive.
-    pub fn plans_alive(&self) -> Vec<Weak<Plan>> {
-        let mut built = self.built();
-        built.retain(|p| p.strong_count() > 0);
-        built.clone()
-    }
-
-    fn built(&self) -> std::sync::MutexGuard<'_, Vec<Weak<Plan>>> {
-        // A list of weak references cannot be left half-updated: a poisoned lock is safe.
-        self.built.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    #[cfg(test)]
-    pub fn is_unlocked(&self) -> bool {
-        self.lock.try_write().is_ok()
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct Meta {
-    /// instance → rank → who listed it and which holders hold blocks for it.
-    pub ranks: BTreeMap<String, BTreeMap<u32, RankEntry>>,
-    /// Holder id → whether it is a shared (store backend) holder (false for a reclaimed id). An
-    /// id is reused only once no plan that routed it can still be in a walk (`holder::FreeIds`),
-    /// so a plan stays valid for the whole walk.
-    pub shared: Vec<bool>,
-    /// Holders interned and not reclaimed.
-    pub holders: usize,
-    /// Every source that has a holder or a position (watermark) here, so a subscription that
-    /// starts over recovered state knows which contexts it fed and keeps their positions current.
-    pub sources: BTreeSet<SubscriptionKey>,
-    /// The query plan for the fields above; reset by every [`MetaLock::write`].
-    plan: OnceLock<Arc<Plan>>,
-}
-
-#[derive(Default)]
-pub(crate) struct RankEntry {
-    /// Sources whose registration (or engine stores) list this rank; listed while non-empty.
-    pub attached_by: BTreeSet<SubscriptionKey>,
-    /// Engine holder ids naming this (instance, rank), one per source that stored for it.
-    pub holders: Vec<u32>,
-}
-
-impl RankEntry {
-    pub fn listed(&self) -> bool {
-        !self.attached_by.is_empty()
-    }
-}
-
-impl Meta {
-    pub fn instances(&self) -> BTreeMap<String, BTreeSet<u32>> {
-        self.ranks
-            .iter()
-            .filter_map(|(inst, ranks)| {
-                let listed: BTreeSet<u32> = ranks
-                    .iter()
-                    .filter(|(_, e)| e.listed())
-                    .map(|(r, _)| *r)
-                    .collect();
-                (!listed.is_empty()).then(|| (inst.clone(), listed))
-            })
-            .collect()
-    }
-
-    pub fn has_listed_rank(&self) -> bool {
-        self.ranks
-            .values()
-            .any(|ranks| ranks.values().any(RankEntry::listed))
-    }
-}
+use super::query;
+use super::shared::Shared;
 
 /// One context as the global view reports it (`docs/python-api.md`, get_global_view()).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -202,6 +202,7 @@
 pub mod actor;
 mod alias_table;
 mod aliases;
+mod answer;
 pub mod context;
 pub mod directory;
 pub mod handle;
@@ -212,6 +213,7 @@ mod plan;
 mod prompt_keys;
 pub mod query;
 mod refs;
+mod shared;
 mod snapshot;
 pub mod sorted_map;
 mod store_run;
@@ -228,10 +230,11 @@ pub use actor::{
     ApplyBatch, AttachRank, ContextActor, ContextHandle, DetachOutcome, DetachSource, DropSource,
     GetStats, Snapshot,
 };
+pub use answer::{InstanceHits, QueryHits, TierCounts};
 pub use context::{ApplyReport, ContextIndex};
 pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use handle::{ContextView, IndexReader, IndexStats};
 pub use persist::{ContextChanges, HolderRecord, Restorer, Watermark, payload_digest};
-pub use query::{HashList, InstanceHits, QueryHits, TierCounts};
+pub use query::HashList;
 pub use snapshot::ContextSnapshot;
 pub use sorted_map::SortedMap;

@@ -1,6 +1,8 @@
-//! A query's plan: which cursor each holder's entries feed, and the answer's shape. Built from the
-//! context's metadata once per change of it (not once per query) and shared by every query until
-//! the next change; see [`super::handle::MetaLock`].
+//! A context's metadata (its listed ranks and their holders, behind [`MetaLock`]) and the query
+//! plan built from it: which cursor each holder's entries feed, and the answer's shape. A plan is
+//! built once per change of the metadata (not once per query) and shared by every query until the
+//! next change. The two live in one file because each names the other: the lock caches the plan,
+//! and the plan is built from what the lock guards.
 //!
 //! Why cached: planning walks the instance → rank → holders maps and copies every instance id,
 //! and building the answer inserts every instance and rank into fresh maps; for 64 instances x 2
@@ -9,10 +11,120 @@
 //! through [`super::IndexReader::query_into`], writes them into the caller's previous answer
 //! without allocating at all.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
-use super::handle::Meta;
-use super::query::{InstanceHits, QueryHits, Shape, TierCounts};
+use crate::model::SubscriptionKey;
+
+use super::answer::{InstanceHits, QueryHits, Shape, TierCounts};
+use super::table::{read_lock, write_lock};
+
+/// The metadata lock. Its only way to change [`Meta`] is [`MetaLock::write`], which drops the
+/// cached query plan, so a plan never outlives the metadata it was built from.
+#[derive(Default)]
+pub(crate) struct MetaLock {
+    lock: RwLock<Meta>,
+    /// Every plan built that may still be alive (the cached one, and those of running walks),
+    /// for the reclaim of holder ids (see `holder::FreeIds`).
+    built: Mutex<Vec<Weak<Plan>>>,
+}
+
+impl MetaLock {
+    pub fn read(&self) -> RwLockReadGuard<'_, Meta> {
+        read_lock(&self.lock)
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, Meta> {
+        let mut meta = write_lock(&self.lock);
+        meta.plan = OnceLock::new();
+        meta
+    }
+
+    /// The plan for the current metadata, built by the first query after a change.
+    pub fn plan(&self) -> Arc<Plan> {
+        let meta = self.read();
+        Arc::clone(meta.plan.get_or_init(|| {
+            let plan = Arc::new(Plan::build(&meta));
+            // Under the read lock: a writer's change either precedes this plan or waits for it
+            // to be listed.
+            let mut built = self.built();
+            built.retain(|p| p.strong_count() > 0);
+            built.push(Arc::downgrade(&plan));
+            plan
+        }))
+    }
+
+    /// The plans built so far that are still alive.
+    pub fn plans_alive(&self) -> Vec<Weak<Plan>> {
+        let mut built = self.built();
+        built.retain(|p| p.strong_count() > 0);
+        built.clone()
+    }
+
+    fn built(&self) -> std::sync::MutexGuard<'_, Vec<Weak<Plan>>> {
+        // A list of weak references cannot be left half-updated: a poisoned lock is safe.
+        self.built.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    #[cfg(test)]
+    pub fn is_unlocked(&self) -> bool {
+        self.lock.try_write().is_ok()
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Meta {
+    /// instance → rank → who listed it and which holders hold blocks for it.
+    pub ranks: BTreeMap<String, BTreeMap<u32, RankEntry>>,
+    /// Holder id → whether it is a shared (store backend) holder (false for a reclaimed id). An
+    /// id is reused only once no plan that routed it can still be in a walk (`holder::FreeIds`),
+    /// so a plan stays valid for the whole walk.
+    pub shared: Vec<bool>,
+    /// Holders interned and not reclaimed.
+    pub holders: usize,
+    /// Every source that has a holder or a position (watermark) here, so a subscription that
+    /// starts over recovered state knows which contexts it fed and keeps their positions current.
+    pub sources: BTreeSet<SubscriptionKey>,
+    /// The query plan for the fields above; reset by every [`MetaLock::write`].
+    plan: OnceLock<Arc<Plan>>,
+}
+
+#[derive(Default)]
+pub(crate) struct RankEntry {
+    /// Sources whose registration (or engine stores) list this rank; listed while non-empty.
+    pub attached_by: BTreeSet<SubscriptionKey>,
+    /// Engine holder ids naming this (instance, rank), one per source that stored for it.
+    pub holders: Vec<u32>,
+}
+
+impl RankEntry {
+    pub fn listed(&self) -> bool {
+        !self.attached_by.is_empty()
+    }
+}
+
+impl Meta {
+    pub fn instances(&self) -> BTreeMap<String, BTreeSet<u32>> {
+        self.ranks
+            .iter()
+            .filter_map(|(inst, ranks)| {
+                let listed: BTreeSet<u32> = ranks
+                    .iter()
+                    .filter(|(_, e)| e.listed())
+                    .map(|(r, _)| *r)
+                    .collect();
+                (!listed.is_empty()).then(|| (inst.clone(), listed))
+            })
+            .collect()
+    }
+
+    pub fn has_listed_rank(&self) -> bool {
+        self.ranks
+            .values()
+            .any(|ranks| ranks.values().any(RankEntry::listed))
+    }
+}
 
 /// Plan ids, unique in the process, so an answer names the plan that shaped it.
 static NEXT_PLAN: AtomicU64 = AtomicU64::new(1);
