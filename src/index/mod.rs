@@ -208,7 +208,6 @@ pub mod directory;
 pub mod handle;
 mod holder;
 mod keying;
-pub mod persist;
 mod plan;
 mod prompt_keys;
 pub mod query;
@@ -231,10 +230,10 @@ pub use actor::{
     GetStats, Snapshot,
 };
 pub use answer::{InstanceHits, QueryHits, TierCounts};
+pub use context::persist::{ContextChanges, HolderRecord, Restorer, Watermark, payload_digest};
 pub use context::{ApplyReport, ContextIndex};
 pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use handle::{ContextView, IndexReader, IndexStats};
-pub use persist::{ContextChanges, HolderRecord, Restorer, Watermark, payload_digest};
 pub use query::HashList;
 pub use snapshot::ContextSnapshot;
 pub use sorted_map::SortedMap;

@@ -1,5 +1,7 @@
 //! [`ContextIndex`]: the single writer of one context's prefix index, a plain struct.
 
+pub mod persist;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,7 +59,7 @@ pub struct ContextIndex {
     /// Reclaimed holder ids whose records the next checkpoint deletes.
     pub(super) holders_gone: Vec<u32>,
     /// What the store holds of this context besides pairs and aliases (see `persist`).
-    pub(super) on_disk: super::persist::OnDisk,
+    pub(super) on_disk: persist::OnDisk,
     /// Source → (instance, rank) it listed, for detach without scanning the context.
     pub(super) attached: HashMap<SubscriptionKey, Vec<(String, u32)>>,
     /// (holder, block) pairs touched since the last checkpoint took them, with repeats; the
@@ -67,7 +69,7 @@ pub struct ContextIndex {
     pub(super) dirty: Vec<(u32, u64)>,
     /// Per source, its position: the last publisher batch that reached this context, with ops for
     /// it or not (see `persist`).
-    pub(super) watermarks: HashMap<SubscriptionKey, super::persist::Watermark>,
+    pub(super) watermarks: HashMap<SubscriptionKey, persist::Watermark>,
     /// Engine hashes whose alias was added, moved or dropped since the last checkpoint.
     pub(super) alias_dirty: Vec<u64>,
     /// Alias count above which the next sweep runs (see `sweep_aliases`).
@@ -100,7 +102,7 @@ impl ContextIndex {
             by_source: HashMap::new(),
             free_ids: FreeIds::default(),
             holders_gone: Vec::new(),
-            on_disk: super::persist::OnDisk::new_context(),
+            on_disk: persist::OnDisk::new_context(),
             attached: HashMap::new(),
             dirty: Vec::new(),
             watermarks: HashMap::new(),

@@ -21,8 +21,8 @@ use crate::events::{Holder, IndexBatch};
 use crate::hashing::HashProfile;
 use crate::model::{BlockHash, ContextKey, SubscriptionKey};
 
-use super::context::{ApplyReport, ContextIndex};
-use super::holder::HolderState;
+use super::{ApplyReport, ContextIndex};
+use crate::index::holder::HolderState;
 
 /// The last publisher batch of one source that reached one context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -99,7 +99,7 @@ impl ContextChanges {
 }
 
 /// What the store holds of a context besides its pairs and aliases, as far as its writer knows.
-pub(super) struct OnDisk {
+pub(in crate::index) struct OnDisk {
     /// Rewrite the header, holder records, listings and watermarks whole (see
     /// [`ContextChanges::full`]).
     pub(super) full: bool,
@@ -215,7 +215,7 @@ impl ContextIndex {
                 continue;
             }
             for tier in crate::model::Tier::ALL {
-                let bit = super::table::tier_bit(tier);
+                let bit = crate::index::table::tier_bit(tier);
                 if let Some(&n) = state.repeats.get(&(block, bit)).filter(|_| bits & bit != 0) {
                     repeats.push((id, block, bit, n));
                 }
@@ -347,7 +347,7 @@ impl Restorer {
     /// out of range or naming a holder a record already named (corrupt data).
     pub fn holder(&mut self, record: &HolderRecord) -> bool {
         let id = record.id as usize;
-        if id < self.index.holders.len() || id >= super::table::MAX_HOLDERS {
+        if id < self.index.holders.len() || id >= crate::index::table::MAX_HOLDERS {
             return false;
         }
         if self.index.holders.len() < id {
