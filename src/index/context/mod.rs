@@ -1,5 +1,6 @@
 //! [`ContextIndex`]: the single writer of one context's prefix index, a plain struct.
 
+mod holders;
 pub mod persist;
 
 use std::collections::HashMap;
