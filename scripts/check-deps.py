@@ -93,6 +93,59 @@ def expand(tail, text, start):
     return paths
 
 
+def split_top(text):
+    """Split at the commas that are not inside braces."""
+    items, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        cur += ch
+    return items + [cur]
+
+
+def use_leaves(tree):
+    """(path, name it is known by) of every leaf of a use tree: `a::{b as c, d::{self}}`."""
+    tree = tree.strip()
+    brace = tree.find("{")
+    if brace < 0:
+        path, _, alias = tree.partition(" as ")
+        segs = [s.strip() for s in path.split("::") if s.strip()]
+        return [(segs, alias.strip() or segs[-1])] if segs and segs[-1] != "*" else []
+    prefix = [s.strip() for s in tree[:brace].split("::") if s.strip()]
+    out = []
+    for item in split_top(tree[brace + 1 : tree.rindex("}")]):
+        for segs, name in use_leaves(item):
+            if segs == ["self"]:
+                out.append((prefix, alias_or(name, prefix)))
+            else:
+                out.append((prefix + segs, name))
+    return out
+
+
+def alias_or(name, prefix):
+    return prefix[-1] if name == "self" else name
+
+
+def absolute(mod, segs):
+    """The crate-rooted path that `segs`, written in module `mod`, names."""
+    if segs and segs[0] == "crate":
+        path, segs = [], segs[1:]
+    else:
+        path = list(mod)
+    for s in segs:
+        if s == "super":
+            path = path[:-1]
+        elif s not in ("self", "{"):
+            path.append(s)
+    return path
+
+
+PUB_USE = re.compile(r"\bpub(?:\s*\([^)]*\))?\s+use\s+([^;]+);")
+
+
 def edges_of(src):
     files = {}
     for root, _, names in os.walk(src):
@@ -100,26 +153,42 @@ def edges_of(src):
             rel = os.path.relpath(os.path.join(root, name), src)
             if name.endswith(".rs") and not is_test_file(rel):
                 files[module_path(rel)] = rel
+    texts = {
+        mod: code_only(open(os.path.join(src, rel), encoding="utf-8").read())
+        for mod, rel in files.items()
+    }
+    # What each module re-exports: a path through `index::Watermark` depends on the module that
+    # declares `Watermark`, not on `index` (else re-exports from a parent would hide cycles).
+    reexports = {}
+    for mod, text in texts.items():
+        for m in PUB_USE.finditer(text):
+            for segs, name in use_leaves(m.group(1)):
+                reexports[(mod, name)] = absolute(mod, segs)
+
+    def declaring_module(path):
+        for _ in range(16):
+            target = ()
+            for k in range(len(path), 0, -1):
+                if tuple(path[:k]) in files:
+                    target = tuple(path[:k])
+                    break
+            rest = path[len(target) :]
+            step = reexports.get((target, rest[0])) if rest else None
+            if step is None or step == path[: len(target) + 1]:
+                return target
+            path = step + rest[1:]
+        return target
+
     edges = {}  # (from, to) -> list of "file:line"
     for mod, rel in files.items():
-        text = code_only(open(os.path.join(src, rel), encoding="utf-8").read())
-        # `super` names the parent module, whether the module is `a/b.rs` or `a/b/mod.rs`.
+        text = texts[mod]
         for m in PATH.finditer(text):
             kind = m.group(1)
             line = text.count("\n", 0, m.start()) + 1
             for segs in expand(m.group(2), text, m.end()):
+                # `super` names the parent module, whether the module is `a/b.rs` or `a/b/mod.rs`.
                 base = {"crate": (), "self": mod, "super": mod[:-1]}[kind]
-                path = list(base)
-                for s in segs:
-                    if s == "super":
-                        path = path[:-1]
-                    elif s not in ("self", "{"):
-                        path.append(s)
-                target = ()
-                for k in range(len(path), 0, -1):
-                    if tuple(path[:k]) in files:
-                        target = tuple(path[:k])
-                        break
+                target = declaring_module(absolute(base, segs))
                 # Ancestors (and the module itself) are not dependencies.
                 if not target or mod[: len(target)] == target:
                     continue
@@ -178,7 +247,7 @@ def main():
     problems = 0
 
     top = {}
-    for (a, b), where in edges.items():
+    for (a, b), where in sorted(edges.items()):
         if a and b and a[0] != b[0]:
             top.setdefault((a[:1], b[:1]), []).extend(f"{name(a)} -> {name(b)} ({w})" for w in where)
     adjacent = {}
@@ -189,8 +258,11 @@ def main():
         print("cycle between top-level modules:", " <-> ".join(map(name, component)))
         for a in component:
             for b in component:
-                for why in top.get((a, b), [])[:5]:
+                whys = top.get((a, b), [])
+                for why in whys[:3]:
                     print("   ", why)
+                if len(whys) > 3:
+                    print(f"    ... and {len(whys) - 3} more from {name(a)} to {name(b)}")
 
     for first in sorted({m[0] for m in files if m}):
         members = {m for m in files if m and m[0] == first}
