@@ -151,12 +151,16 @@ def edges_of(src):
     for root, _, names in os.walk(src):
         for name in names:
             rel = os.path.relpath(os.path.join(root, name), src)
-            if name.endswith(".rs") and not is_test_file(rel):
+            # main.rs is the binary's own crate: it reaches the library by name, not `crate::`.
+            if name.endswith(".rs") and not is_test_file(rel) and rel != "main.rs":
                 files[module_path(rel)] = rel
-    texts = {
-        mod: code_only(open(os.path.join(src, rel), encoding="utf-8").read())
-        for mod, rel in files.items()
-    }
+    raw = {mod: open(os.path.join(src, rel), encoding="utf-8").read() for mod, rel in files.items()}
+    # A module declared `#[cfg(test)] mod x;` is test code wherever its file lives.
+    for mod, text in raw.items():
+        for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text):
+            child = mod + (m.group(1),)
+            files.pop(child, None)
+    texts = {mod: code_only(raw[mod]) for mod in files}
     # What each module re-exports: a path through `index::Watermark` depends on the module that
     # declares `Watermark`, not on `index` (else re-exports from a parent would hide cycles).
     reexports = {}
@@ -277,7 +281,31 @@ def main():
                 for b in component:
                     for where in edges.get((a, b), [])[:3]:
                         print(f"    {name(a)} -> {name(b)} ({where})")
+    problems += check_documented_order(src, files, edges)
     sys.exit(1 if problems else 0)
+
+
+def check_documented_order(src, files, edges):
+    """The crate root's doc lists the top-level modules as bullets, lowest first: every module
+    must be listed, and may use only modules of its own bullet or an earlier one."""
+    doc = [line[3:] for line in open(os.path.join(src, "lib.rs"), encoding="utf-8") if line.startswith("//!")]
+    rank, bullet = {}, -1
+    for line in doc:
+        if line.lstrip().startswith("- "):
+            bullet += 1
+        if bullet >= 0:
+            for name in re.findall(r"\[`(\w+)`\]", line):
+                rank.setdefault(name, bullet)
+    problems = 0
+    for top in sorted({m[0] for m in files if m}):
+        if top not in rank:
+            problems += 1
+            print(f"module {top} is not listed in the layout doc of {src}/lib.rs")
+    for (a, b), where in sorted(edges.items()):
+        if a and b and a[0] != b[0] and a[0] in rank and b[0] in rank and rank[b[0]] > rank[a[0]]:
+            problems += 1
+            print(f"{'::'.join(a)} uses {'::'.join(b)}, listed after it in {src}/lib.rs ({where[0]})")
+    return problems
 
 
 if __name__ == "__main__":

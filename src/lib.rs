@@ -1,11 +1,24 @@
 //! Mooncake Conductor: a global KV-cache prefix indexer.
 //!
-//! Layout: [`model`] domain newtypes; [`error`] the stable result codes; [`hashing`] byte-exact
-//! engine hash chains; [`wire`] publisher payload decoders; [`events`] normalized events;
-//! [`index`] per-context prefix indexes; [`subscription`] one actor per publisher; [`registry`]
-//! subscriptions and contexts; [`gateway`] gRPC and HTTP over one operation layer; [`metrics`]
-//! Prometheus text; [`service`] the running service; [`config`] its configuration; [`fixture`]
-//! recorded event fixtures (`record`, `play`, `check`).
+//! Modules, in dependency order: each uses only modules listed before it (checked by
+//! `scripts/check-deps.py`; `docs/ARCHITECTURE.md` has the data flow and where each concept
+//! lives).
+//!
+//! - [`error`] the stable result codes; [`hashing`] byte-exact engine hash chains and the
+//!   [`hashing::BlockHash`] they yield; [`storage`] the key-value layer (trait, RocksDB, memory,
+//!   migrations). These three use no other module.
+//! - [`model`] domain newtypes (context and subscription keys, tiers, registrations).
+//! - [`events`] normalized events; [`wire`] publisher payload decoders into them.
+//! - [`index`] per-context prefix indexes, their actors and the directory of live contexts.
+//! - [`subscription`] one actor per publisher, and the directory of running subscriptions.
+//! - [`durability`] checkpoints, recovery, the record format, opening the data directory.
+//! - [`registry`] registrations: policy, lifecycle, sharing through etcd.
+//! - [`metrics`] Prometheus text of the registry's and the indexes' figures.
+//! - [`gateway`] gRPC and HTTP over one operation layer.
+//! - [`config`] the service configuration (it builds the settings of the modules above).
+//! - [`service`] the running service.
+//! - [`admin`] offline commands on a data directory; [`fixture`] recorded event fixtures
+//!   (`record`, `play`, `check`).
 
 pub mod admin;
 pub mod config;
