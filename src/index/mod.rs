@@ -2,15 +2,27 @@
 //!
 //! # Layout
 //!
-//! - [`context`]: [`ContextIndex`], the plain struct that is a context's single writer (apply
-//!   batches, attach/detach sources, snapshots). Unit-tested without any runtime.
+//! Files, each using only the ones listed before it (`scripts/check-deps.py` checks this):
+//!
 //! - `table`: the sharded block table, 64-bit block key → compact holder set (one inline entry,
 //!   or the value of an interned set shared by every block with the same entries).
-//! - `plan`: the walk's plan and answer template, cached until the metadata changes.
-//! - [`query`]: the prefix walk and the answer types ([`QueryHits`], [`HashList`]).
+//! - `answer`: the answer types ([`QueryHits`], [`InstanceHits`], [`TierCounts`]).
+//! - `plan`: the context's metadata (listed ranks and their holders) behind its lock, and the
+//!   walk's plan and answer template cached from it until it changes.
+//! - `shared`: what the single writer shares with its readers (table, metadata, aliases).
+//! - [`query`]: the prefix walk ([`HashList`] names a prompt by its block hashes).
 //! - [`handle`]: [`IndexReader`], the read handle queries and the global view use.
+//! - `holder`: the writer's per-holder state and the reuse of reclaimed holder ids.
+//! - [`context`]: [`ContextIndex`], the plain struct that is a context's single writer (apply
+//!   batches, attach/detach sources, snapshots), unit-tested without any runtime; its
+//!   `holders` file interns and reclaims holders, and [`context::persist`] is what it hands to
+//!   checkpoints ([`ContextChanges`], [`Watermark`]) and how [`Restorer`] rebuilds it. Those stay
+//!   here, not in [`crate::durability`], because they read and write the writer's private
+//!   structure; the durability module sees only the plain records.
 //! - [`actor`]: [`ContextActor`], a thin actix shell forwarding one call per message, and
 //!   [`ContextHandle`] (its address plus the read handle).
+//! - [`directory`]: [`ContextDirectory`], every live context by key, shared by the registry,
+//!   the subscriptions and the query path.
 //!
 //! # Data model
 //!

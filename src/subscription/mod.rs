@@ -6,7 +6,8 @@
 //! [`ingest`] one payload decoded, rank-checked and routed (shared with `check`);
 //! [`marks`] the source's position for the contexts it fed; [`hash_check`] the runtime profile
 //! check; [`status`] what a subscription reports; [`warn_limit`] rate-limited warnings;
-//! [`settings`] its bounds; [`actor`] the actix shell tying them together.
+//! [`settings`] its bounds; [`actor`] the actix shell tying them together; [`directory`] the
+//! running subscriptions by key.
 
 pub mod actor;
 pub mod directory;
