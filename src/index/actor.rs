@@ -9,9 +9,9 @@ use crate::hashing::PrefixKeys;
 use crate::model::{ContextKey, SubscriptionKey};
 
 use super::answer::QueryHits;
-use super::context::persist::{ContextChanges, Watermark};
 use super::context::{ApplyReport, ContextIndex};
 use super::handle::{ContextView, IndexReader, IndexStats};
+use super::image::{ContextChanges, Watermark};
 use super::snapshot::ContextSnapshot;
 
 pub struct ContextActor {

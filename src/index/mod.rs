@@ -13,12 +13,13 @@
 //! - [`query`]: the prefix walk ([`HashList`] names a prompt by its block hashes).
 //! - [`handle`]: [`IndexReader`], the read handle queries and the global view use.
 //! - `holder`: the writer's per-holder state and the reuse of reclaimed holder ids.
+//! - `image`: the plain records a context hands to checkpoints ([`ContextChanges`],
+//!   [`Watermark`], [`HolderRecord`]); [`crate::durability`] encodes them.
 //! - [`context`]: [`ContextIndex`], the plain struct that is a context's single writer (apply
 //!   batches, attach/detach sources, snapshots), unit-tested without any runtime; its
-//!   `holders` file interns and reclaims holders, and [`context::persist`] is what it hands to
-//!   checkpoints ([`ContextChanges`], [`Watermark`]) and how [`Restorer`] rebuilds it. Those stay
-//!   here, not in [`crate::durability`], because they read and write the writer's private
-//!   structure; the durability module sees only the plain records.
+//!   `holders` file interns and reclaims holders, and [`context::persist`] takes a context's
+//!   changes and rebuilds a context from them ([`Restorer`]). Those stay here, not in
+//!   [`crate::durability`], because they read and write the writer's private structure.
 //! - [`actor`]: [`ContextActor`], a thin actix shell forwarding one call per message, and
 //!   [`ContextHandle`] (its address plus the read handle).
 //! - [`directory`]: [`ContextDirectory`], every live context by key, shared by the registry,
@@ -219,6 +220,7 @@ pub mod context;
 pub mod directory;
 pub mod handle;
 mod holder;
+mod image;
 mod keying;
 mod plan;
 mod prompt_keys;
@@ -242,10 +244,11 @@ pub use actor::{
     GetStats, Snapshot,
 };
 pub use answer::{InstanceHits, QueryHits, TierCounts};
-pub use context::persist::{ContextChanges, HolderRecord, Restorer, Watermark, payload_digest};
+pub use context::persist::Restorer;
 pub use context::{ApplyReport, ContextIndex};
 pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use handle::{ContextView, IndexReader, IndexStats};
+pub use image::{ContextChanges, HolderRecord, Watermark, payload_digest};
 pub use query::HashList;
 pub use snapshot::ContextSnapshot;
 pub use sorted_map::SortedMap;

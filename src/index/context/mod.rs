@@ -70,7 +70,7 @@ pub struct ContextIndex {
     pub(super) dirty: Vec<(u32, u64)>,
     /// Per source, its position: the last publisher batch that reached this context, with ops for
     /// it or not (see `persist`).
-    pub(super) watermarks: HashMap<SubscriptionKey, persist::Watermark>,
+    pub(super) watermarks: HashMap<SubscriptionKey, super::image::Watermark>,
     /// Engine hashes whose alias was added, moved or dropped since the last checkpoint.
     pub(super) alias_dirty: Vec<u64>,
     /// Alias count above which the next sweep runs (see `sweep_aliases`).
