@@ -2,6 +2,7 @@
 """Fail when the crate's modules import each other in a circle.
 
     scripts/check-deps.py [SRC]        (default: src)
+    scripts/check-deps.py --self-test  (the checker against small trees with known answers)
 
 Two graphs are checked: the top-level modules of the crate (`index`, `registry`, ...), and, inside
 each top-level module, its files. An edge A -> B means code in A names a path into B
@@ -244,8 +245,8 @@ def cycles(nodes, adjacent):
     return found
 
 
-def main():
-    src = sys.argv[1] if len(sys.argv) > 1 else "src"
+def problems_in(src):
+    """Print every cycle and order violation under `src`; return how many."""
     files, edges = edges_of(src)
     name = lambda m: "::".join(m) or "crate"
     problems = 0
@@ -281,8 +282,7 @@ def main():
                 for b in component:
                     for where in edges.get((a, b), [])[:3]:
                         print(f"    {name(a)} -> {name(b)} ({where})")
-    problems += check_documented_order(src, files, edges)
-    sys.exit(1 if problems else 0)
+    return problems + check_documented_order(src, files, edges)
 
 
 def check_documented_order(src, files, edges):
@@ -306,6 +306,68 @@ def check_documented_order(src, files, edges):
             problems += 1
             print(f"{'::'.join(a)} uses {'::'.join(b)}, listed after it in {src}/lib.rs ({where[0]})")
     return problems
+
+
+SELF_TEST = {
+    # name: (files, problems expected)
+    "one way": ({"lib.rs": "//! - [`a`]\n//! - [`b`]\n", "a.rs": "", "b.rs": "use crate::a::X;"}, 0),
+    "two modules": (
+        {"lib.rs": "//! - [`a`], [`b`]\n", "a.rs": "use crate::b::X;", "b.rs": "use crate::a::{Y, Z};"},
+        1,
+    ),
+    "through a parent's re-export": (
+        {
+            "lib.rs": "//! - [`m`]\n",
+            "m/mod.rs": "mod x;\nmod y;\npub use x::X;\n",
+            "m/x.rs": "use super::y::Y;",
+            "m/y.rs": "// crate::m::x is named in a comment only\nuse crate::m::X;",
+        },
+        1,
+    ),
+    "a child using its parent": (
+        {"lib.rs": "//! - [`m`]\n", "m/mod.rs": "mod c;\nuse c::C;", "m/c.rs": "use super::Parent;"},
+        0,
+    ),
+    "test code reaches anywhere": (
+        {
+            "lib.rs": "//! - [`a`]\n//! - [`b`]\n",
+            "a.rs": "#[cfg(test)]\nmod t;\n#[cfg(test)]\nmod inline { use crate::b::X; }",
+            "a/t.rs": "use crate::b::X;",
+            "b.rs": "use crate::a::X;",
+        },
+        0,
+    ),
+    "a use of a later module": ({"lib.rs": "//! - [`a`]\n//! - [`b`]\n", "a.rs": "use crate::b::X;", "b.rs": ""}, 1),
+    "an unlisted module": ({"lib.rs": "//! - [`a`]\n", "a.rs": "", "b.rs": ""}, 1),
+}
+
+
+def self_test():
+    import contextlib
+    import io
+    import tempfile
+
+    failed = 0
+    for name, (tree, expected) in SELF_TEST.items():
+        with tempfile.TemporaryDirectory() as root:
+            for rel, text in tree.items():
+                os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+                with open(os.path.join(root, rel), "w", encoding="utf-8") as f:
+                    f.write(text)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                found = problems_in(root)
+        if found != expected:
+            failed += 1
+            print(f"self-test {name!r}: {found} problem(s), expected {expected}\n{out.getvalue()}")
+    return failed
+
+
+def main():
+    if sys.argv[1:] == ["--self-test"]:
+        sys.exit(1 if self_test() else 0)
+    src = sys.argv[1] if len(sys.argv) > 1 else "src"
+    sys.exit(1 if problems_in(src) else 0)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ source scripts/setup.sh
 
 cargo fmt --all -- --check
 # Modules depend one way (docs/ARCHITECTURE.md): any import cycle fails the run, in well under a second.
+python3 scripts/check-deps.py --self-test
 python3 scripts/check-deps.py src
 cargo clippy --locked --all-targets -p mooncake-conductor -- -D warnings
 cargo clippy --locked --all-targets -p mooncake-conductor-python -- -D warnings
