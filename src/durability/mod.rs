@@ -1,8 +1,8 @@
 //! Durable state: what the Conductor writes to the key-value store ([`crate::storage`]) and reads
 //! back at start-up. [`checkpoint`] turns a context's changes into one atomic write and runs the
 //! rounds; [`codec`] is the byte format of every record; [`recovery`] rebuilds the contexts and
-//! registrations from a store; [`load`](mod@load) opens the data directory at start-up (migrations,
-//! recovery, the policy for unreadable data). Registrations are written by
+//! registrations from a store; [`load`](mod@load) opens the data directory at start-up
+//! (migrations, recovery, the policy for unreadable data). Registrations are written by
 //! [`checkpoint::put_registration`] when they are accepted, not at checkpoints.
 //!
 //! What a context hands to a checkpoint and takes back at recovery
