@@ -254,7 +254,8 @@ def problems_in(src):
     top = {}
     for (a, b), where in sorted(edges.items()):
         if a and b and a[0] != b[0]:
-            top.setdefault((a[:1], b[:1]), []).extend(f"{name(a)} -> {name(b)} ({w})" for w in where)
+            lines = [f"{name(a)} -> {name(b)} ({w})" for w in where]
+            top.setdefault((a[:1], b[:1]), []).extend(lines)
     adjacent = {}
     for a, b in top:
         adjacent.setdefault(a, set()).add(b)
@@ -288,7 +289,8 @@ def problems_in(src):
 def check_documented_order(src, files, edges):
     """The crate root's doc lists the top-level modules as bullets, lowest first: every module
     must be listed, and may use only modules of its own bullet or an earlier one."""
-    doc = [line[3:] for line in open(os.path.join(src, "lib.rs"), encoding="utf-8") if line.startswith("//!")]
+    with open(os.path.join(src, "lib.rs"), encoding="utf-8") as f:
+        doc = [line[3:] for line in f if line.startswith("//!")]
     rank, bullet = {}, -1
     for line in doc:
         if line.lstrip().startswith("- "):
@@ -304,15 +306,23 @@ def check_documented_order(src, files, edges):
     for (a, b), where in sorted(edges.items()):
         if a and b and a[0] != b[0] and a[0] in rank and b[0] in rank and rank[b[0]] > rank[a[0]]:
             problems += 1
-            print(f"{'::'.join(a)} uses {'::'.join(b)}, listed after it in {src}/lib.rs ({where[0]})")
+            user, used = "::".join(a), "::".join(b)
+            print(f"{user} uses {used}, listed after it in {src}/lib.rs ({where[0]})")
     return problems
 
 
 SELF_TEST = {
     # name: (files, problems expected)
-    "one way": ({"lib.rs": "//! - [`a`]\n//! - [`b`]\n", "a.rs": "", "b.rs": "use crate::a::X;"}, 0),
+    "one way": (
+        {"lib.rs": "//! - [`a`]\n//! - [`b`]\n", "a.rs": "", "b.rs": "use crate::a::X;"},
+        0,
+    ),
     "two modules": (
-        {"lib.rs": "//! - [`a`], [`b`]\n", "a.rs": "use crate::b::X;", "b.rs": "use crate::a::{Y, Z};"},
+        {
+            "lib.rs": "//! - [`a`], [`b`]\n",
+            "a.rs": "use crate::b::X;",
+            "b.rs": "use crate::a::{Y, Z};",
+        },
         1,
     ),
     "through a parent's re-export": (
@@ -325,7 +335,11 @@ SELF_TEST = {
         1,
     ),
     "a child using its parent": (
-        {"lib.rs": "//! - [`m`]\n", "m/mod.rs": "mod c;\nuse c::C;", "m/c.rs": "use super::Parent;"},
+        {
+            "lib.rs": "//! - [`m`]\n",
+            "m/mod.rs": "mod c;\nuse c::C;",
+            "m/c.rs": "use super::Parent;",
+        },
         0,
     ),
     "test code reaches anywhere": (
@@ -337,7 +351,10 @@ SELF_TEST = {
         },
         0,
     ),
-    "a use of a later module": ({"lib.rs": "//! - [`a`]\n//! - [`b`]\n", "a.rs": "use crate::b::X;", "b.rs": ""}, 1),
+    "a use of a later module": (
+        {"lib.rs": "//! - [`a`]\n//! - [`b`]\n", "a.rs": "use crate::b::X;", "b.rs": ""},
+        1,
+    ),
     "an unlisted module": ({"lib.rs": "//! - [`a`]\n", "a.rs": "", "b.rs": ""}, 1),
 }
 
