@@ -206,6 +206,16 @@ impl Handler<Snapshot> for ContextActor {
 
 /// What the rest of the service holds for one context: the writer's address for changes and the
 /// read handle for queries. `Clone + Send + Sync`.
+/// A message that may skip the mailbox's bound ([`ContextHandle::notify`]): small, and at most a
+/// few per source or per checkpoint round, so it cannot queue without bound the way batches
+/// could; and its sender must not wait for a context that is behind (a drop, a position, a retry).
+pub trait Control: Message + Send + 'static {}
+
+impl Control for AttachRank {}
+impl Control for DropSource {}
+impl Control for Advance {}
+impl Control for MarkDirty {}
+
 #[derive(Clone)]
 pub struct ContextHandle {
     addr: Addr<ContextActor>,
@@ -234,10 +244,6 @@ impl ContextHandle {
         self.reader.key()
     }
 
-    pub fn addr(&self) -> &Addr<ContextActor> {
-        &self.addr
-    }
-
     pub fn reader(&self) -> &IndexReader {
         &self.reader
     }
@@ -253,6 +259,28 @@ impl ContextHandle {
 
     pub fn view(&self) -> ContextView {
         self.reader.view()
+    }
+
+    /// Queue a message unless the mailbox is full (or the actor stopped): then it comes back.
+    pub fn try_send<M>(&self, msg: M) -> Result<(), SendError<M>>
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        ContextActor: Handler<M>,
+        <ContextActor as Actor>::Context: ToEnvelope<ContextActor, M>,
+    {
+        self.addr.try_send(msg)
+    }
+
+    /// Queue a control message past a full mailbox, without waiting (see [`Control`]).
+    pub fn notify<M>(&self, msg: M)
+    where
+        M: Control,
+        M::Result: Send,
+        ContextActor: Handler<M>,
+        <ContextActor as Actor>::Context: ToEnvelope<ContextActor, M>,
+    {
+        self.addr.do_send(msg)
     }
 
     /// Send a message to the writer and wait for its reply (back-pressure when the mailbox is

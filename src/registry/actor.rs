@@ -166,7 +166,7 @@ impl Registry {
             )));
         }
         if let Some((handle, _)) = attach {
-            handle.addr().do_send(AttachRank {
+            handle.notify(AttachRank {
                 source: key.clone(),
                 instance_id: config.instance_id.clone(),
                 dp_rank: config.dp_rank,

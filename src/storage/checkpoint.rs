@@ -237,7 +237,7 @@ impl Checkpointer {
                     report.failed += 1;
                     tracing::warn!(context = %changes.key, "checkpoint write failed, retried next round: {e}");
                     first_error.get_or_insert_with(|| e.to_string());
-                    handle.addr().do_send(MarkDirty {
+                    handle.notify(MarkDirty {
                         pairs: changes.pairs.iter().map(|&(h, b, _)| (h, b)).collect(),
                         aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
                         fresh: changes.fresh,
