@@ -8,6 +8,7 @@ pub mod actor;
 pub mod contexts;
 pub mod policy;
 pub mod shared;
+pub mod state;
 pub mod subscriptions;
 
 pub use actor::{
