@@ -6,7 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
 
 cargo fmt --all -- --check
-cargo clippy --locked --all-targets -p mooncake-conductor -- -D warnings
+cargo clippy --locked --all-targets -p mooncake-conductor -p mooncake-conductor-codes -- -D warnings
 cargo clippy --locked --all-targets -p mooncake-conductor-python -- -D warnings
 cargo build --locked --bins
 # Property tests draw fresh cases on every developer run; CI pins the seed so that a red run is
