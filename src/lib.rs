@@ -24,5 +24,4 @@ pub mod storage;
 pub mod subscription;
 pub mod wire;
 
-#[cfg(test)]
-mod test_rng;
+pub mod test_rng;

@@ -233,3 +233,4 @@ pub use persist::{ContextChanges, HolderRecord, Restorer, Watermark};
 pub use query::{HashList, InstanceHits, QueryHits, TierCounts};
 pub use snapshot::ContextSnapshot;
 pub use sorted_map::SortedMap;
+pub use table::mix64;

@@ -98,7 +98,7 @@ const fn make_entry(id: u32, bits: u8) -> u32 {
 /// The splitmix64 finalizer: a bijective mix, so distinct keys never collide after mixing and
 /// sequential or adversarially structured keys still spread over shards and slots.
 #[inline]
-pub(crate) const fn mix64(mut x: u64) -> u64 {
+pub const fn mix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
