@@ -12,6 +12,7 @@ use super::handle::{ContextView, IndexReader, IndexStats, MetaLock, Shared};
 use super::holder::{FreeIds, HolderKey, HolderState};
 use super::keying;
 use super::query::{self, QueryHits};
+use super::records::Attachment;
 use super::refs::RefList;
 use super::store_run::{self, RAW_KEY, RUN_MAX, StoreRun};
 use super::table::{
@@ -394,11 +395,17 @@ impl ContextIndex {
     }
 
     /// Every (source, instance, rank) listing, sorted.
-    pub(super) fn attachments(&self) -> Vec<(SubscriptionKey, String, u32)> {
-        let mut all: Vec<(SubscriptionKey, String, u32)> = self
+    pub(super) fn attachments(&self) -> Vec<Attachment> {
+        let mut all: Vec<Attachment> = self
             .attached
             .iter()
-            .flat_map(|(s, list)| list.iter().map(move |(i, r)| (s.clone(), i.clone(), *r)))
+            .flat_map(|(s, list)| {
+                list.iter().map(move |(i, r)| Attachment {
+                    source: s.clone(),
+                    instance_id: i.clone(),
+                    dp_rank: *r,
+                })
+            })
             .collect();
         all.sort();
         all

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::index::ContextChanges;
 use crate::index::actor::{MarkDirty, TakeChanges};
+use crate::index::{ContextChanges, PairBits};
 use crate::model::ContextKey;
 use crate::registry::{ContextDirectory, SubscriptionDirectory};
 
@@ -66,7 +66,12 @@ pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
     }
     // `repeats` is sorted like `pairs`: walk both together.
     let mut repeats = changes.repeats.iter().peekable();
-    for &(holder, block, bits) in &changes.pairs {
+    for &PairBits {
+        holder,
+        block,
+        bits,
+    } in &changes.pairs
+    {
         let key = codec::pair_key(&ctx, holder, block);
         let mut mine = Vec::new();
         while let Some(&&(h, b, bit, extra)) = repeats.peek() {
@@ -105,8 +110,8 @@ pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
     // Listings are few: rewritten whole when they changed.
     if let Some(attachments) = &changes.attachments {
         ops.push(range_of(Cf::Attachments, &ctx));
-        for (n, (source, instance, rank)) in attachments.iter().enumerate() {
-            let value = codec::attachment_value(source, instance, *rank);
+        for (n, a) in attachments.iter().enumerate() {
+            let value = codec::attachment_value(&a.source, &a.instance_id, a.dp_rank);
             ops.push(KvOp::Put {
                 cf: Cf::Attachments,
                 key: codec::indexed_key(&ctx, n as u32),
@@ -225,7 +230,7 @@ impl CheckpointState {
                 tracing::warn!(context = %changes.key, "checkpoint write failed, retried next round: {e}");
                 round.first_error.get_or_insert_with(|| e.to_string());
                 Some(MarkDirty {
-                    pairs: changes.pairs.iter().map(|&(h, b, _)| (h, b)).collect(),
+                    pairs: changes.pairs.iter().map(|p| (p.holder, p.block)).collect(),
                     aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
                     fresh: changes.fresh,
                 })

@@ -93,7 +93,7 @@ fn checkpoint(index: &mut ContextIndex, store: &dyn KvStore) -> Result<(), super
     let result = store.write(context_ops(&changes));
     if result.is_err() {
         index.mark_dirty(
-            changes.pairs.iter().map(|&(h, b, _)| (h, b)),
+            changes.pairs.iter().map(|p| (p.holder, p.block)),
             changes.aliases.iter().map(|&(h, _)| h),
             changes.fresh,
         );
@@ -198,7 +198,7 @@ fn sources_without_a_registration_are_not_recovered() {
         snapshot.batches.iter().all(|b| b.source == source(0)),
         "no block of e1 survives"
     );
-    assert!(snapshot.attachments.iter().all(|a| a.0 == source(0)));
+    assert!(snapshot.attachments.iter().all(|a| a.source == source(0)));
     let regs = recover(&store).unwrap().registrations;
     assert_eq!(regs.len(), 1);
     assert_eq!(
