@@ -283,6 +283,22 @@ impl ContextHandle {
         self.addr.do_send(msg)
     }
 
+    /// Queue `msg` now, and return the wait for its reply. Unlike [`ContextHandle::send`], the
+    /// message is in the mailbox on return (or, when this handle's sender is parked on a full
+    /// mailbox, held by the returned future), so that nothing queued afterwards overtakes it.
+    pub fn queue<M>(
+        &self,
+        msg: M,
+    ) -> impl std::future::Future<Output = Result<M::Result, MailboxError>> + 'static
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        ContextActor: Handler<M>,
+        <ContextActor as Actor>::Context: ToEnvelope<ContextActor, M>,
+    {
+        self.addr.send(msg)
+    }
+
     /// Send a message to the writer and wait for its reply (back-pressure when the mailbox is
     /// full; an error only when the actor has stopped).
     pub async fn send<M>(&self, msg: M) -> Result<M::Result, MailboxError>

@@ -192,8 +192,7 @@ impl SubscriptionActor {
         };
         self.status.update(|s| s.backpressure_waits += 1);
         self.waiting_hand_offs += 1;
-        let handle = handle.clone();
-        let send = async move { handle.send(msg).await };
+        let send = handle.queue(msg);
         ctx.wait(actix::fut::wrap_future(send).map(|_, act: &mut Self, _| {
             act.waiting_hand_offs -= 1;
         }));
