@@ -6,21 +6,11 @@ use std::sync::Arc;
 use super::*;
 use crate::error::Code;
 use crate::gateway::registration::PYTHON_NAMES;
-use crate::model::PublisherType;
 
 fn config(instance: &str, rank: u32, port: u16) -> PublisherConfig {
     PublisherConfig {
-        instance_id: instance.into(),
-        endpoint: format!("tcp://127.0.0.1:{port}"),
-        replay_endpoint: String::new(),
-        publisher_type: PublisherType::Vllm,
-        model_name: "m".into(),
-        lora_name: String::new(),
-        tenant_id: "default".into(),
-        block_size: 16,
         dp_rank: rank,
-        cache_group: None,
-        hash_profile: crate::hashing::profile::test_vllm_cbor(),
+        ..PublisherConfig::test_vllm(instance, &format!("tcp://127.0.0.1:{port}"))
     }
 }
 

@@ -59,21 +59,12 @@ pub(super) mod tests {
     use rmpv::Value as M;
 
     use super::*;
-    use crate::model::PublisherType;
 
     pub(in crate::subscription) fn config() -> PublisherConfig {
         PublisherConfig {
-            instance_id: "i".into(),
-            endpoint: "tcp://127.0.0.1:1".into(),
-            replay_endpoint: String::new(),
-            publisher_type: PublisherType::Vllm,
-            model_name: "m".into(),
-            lora_name: String::new(),
-            tenant_id: "default".into(),
             block_size: 2,
             dp_rank: 1,
-            cache_group: None,
-            hash_profile: crate::hashing::profile::test_vllm_cbor(),
+            ..PublisherConfig::test_vllm("i", "tcp://127.0.0.1:1")
         }
     }
 
