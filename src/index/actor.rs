@@ -311,3 +311,43 @@ impl ContextHandle {
         self.addr.send(msg).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{Holder, IndexOp};
+    use crate::model::{BlockHash, Tier};
+
+    /// A batch queued for later waiting, then a drop of its source: the drop must find the
+    /// batch applied, whatever the caller does with the wait meanwhile (the subscription waits
+    /// for it only after the rest of its handler ran).
+    #[test]
+    fn a_queued_batch_is_in_the_mailbox_before_anything_sent_after_it() {
+        actix_rt::System::new().block_on(async {
+            let key = ContextKey::new("", "m", "", 16);
+            let profile = crate::hashing::profile::test_vllm_cbor();
+            let handle = ContextHandle::start(ContextIndex::new(key, profile));
+            let source = SubscriptionKey::new("a", "", 0);
+            let batch = IndexBatch {
+                source: source.clone(),
+                ops: vec![IndexOp::Store {
+                    holder: Holder::Engine {
+                        instance_id: "a".into(),
+                        dp_rank: 0,
+                    },
+                    tier: Tier::Device,
+                    hashes: vec![BlockHash(1), BlockHash(2)],
+                }],
+            };
+            let wait = handle.queue(ApplySequenced {
+                batch,
+                mark: Watermark { seq: 1, digest: 1 },
+                in_flight: None,
+            });
+            handle.notify(DropSource(source));
+            wait.await.expect("actor alive");
+            let stats = handle.send(GetStats).await.expect("actor alive");
+            assert_eq!(stats.holder_blocks, 0, "the drop came after the batch");
+        });
+    }
+}
