@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod hashing;
 pub mod index;
 pub mod metrics;
+pub mod mix;
 pub mod model;
 pub mod persistence;
 pub mod registry;

@@ -2,9 +2,9 @@
 //! tests and the benchmarks (fixed seeds, so a failure names a seed that replays it, and a
 //! benchmark draws the same data on every machine). Not for anything an adversary can see.
 //!
-//! Its output step is [`mix64`], the finalizer the index mixes its keys with.
+//! Its output step is [`mix64`], the finalizer the index also mixes its keys with.
 
-pub use crate::index::mix64;
+pub use crate::mix::mix64;
 
 /// splitmix64's increment (the golden ratio in 64 bits).
 const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;

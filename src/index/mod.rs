@@ -235,4 +235,3 @@ pub use query::{HashList, InstanceHits, QueryHits, TierCounts};
 pub use records::{Attachment, PairBits};
 pub use snapshot::ContextSnapshot;
 pub use sorted_map::SortedMap;
-pub use table::mix64;
