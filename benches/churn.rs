@@ -14,16 +14,18 @@
 //! `cargo bench --bench churn` (needs the `rocksdb` feature, on by default).
 //! `CHURN_ROUNDS=1000` picks the number of churned instances.
 
+mod support;
+
 use mooncake_conductor::durability::checkpoint::{context_ops, put_registration};
 use mooncake_conductor::durability::recovery;
 use mooncake_conductor::events::{Holder, IndexBatch, IndexOp};
-use mooncake_conductor::hashing::HashProfile;
 use mooncake_conductor::index::{ContextIndex, Watermark};
 use mooncake_conductor::model::{
     BlockHash, ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier,
 };
 use mooncake_conductor::storage::rocks::RocksStore;
 use mooncake_conductor::storage::{KvOp, KvStore, migrations};
+use support::profile;
 
 /// Instances registered for the whole run.
 const STEADY: u32 = 4;
@@ -33,34 +35,13 @@ const OWN: u64 = 48;
 /// Blocks each steady instance and the store add (and take away) per round.
 const WINDOW: u64 = 8;
 
-fn profile() -> HashProfile {
-    HashProfile::resolve(
-        Some("vllm_v1"),
-        Some("sha256_cbor"),
-        Some("0"),
-        Some("low64_be"),
-    )
-    .expect("profile")
-}
-
 fn source(instance: &str) -> SubscriptionKey {
     SubscriptionKey::new(instance, "default", 0)
 }
 
 fn registration(instance: &str, kind: PublisherType) -> PublisherConfig {
-    PublisherConfig {
-        instance_id: instance.into(),
-        endpoint: format!("tcp://127.0.0.1:1/{instance}"),
-        replay_endpoint: String::new(),
-        publisher_type: kind,
-        model_name: "churn".into(),
-        lora_name: String::new(),
-        tenant_id: "default".into(),
-        block_size: 16,
-        dp_rank: 0,
-        cache_group: None,
-        hash_profile: profile(),
-    }
+    let endpoint = format!("tcp://127.0.0.1:1/{instance}");
+    support::registration(instance, endpoint, kind, "churn")
 }
 
 fn engine(instance: &str) -> Holder {

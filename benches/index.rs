@@ -13,34 +13,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput};
+mod support;
+
 use mooncake_conductor::events::{Holder, IndexBatch, IndexOp};
-use mooncake_conductor::hashing::{HashProfile, PrefixKeys};
+use mooncake_conductor::hashing::PrefixKeys;
 use mooncake_conductor::index::{ContextIndex, HashList, IndexReader, QueryHits};
 use mooncake_conductor::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
+use support::profile;
 
 const MEM_ENV: &str = "INDEX_BENCH_MEM";
 const BS: u32 = 16;
 const OP_LEN: usize = 16;
 
-fn profile() -> HashProfile {
-    HashProfile::resolve(
-        Some("vllm_v1"),
-        Some("sha256_cbor"),
-        Some("0"),
-        Some("low64_be"),
-    )
-    .expect("valid profile")
-}
-
 fn new_index() -> ContextIndex {
     ContextIndex::new(ContextKey::new("", "bench-model", "", BS), profile())
 }
 
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+use support::mix64 as mix;
 
 fn keys(n: usize, salt: u64) -> Vec<BlockHash> {
     (0..n as u64)

@@ -7,50 +7,28 @@
 
 use std::time::{Duration, Instant};
 
+mod support;
+
 use mooncake_conductor::durability::checkpoint::{context_ops, put_registration};
 use mooncake_conductor::durability::recovery;
 use mooncake_conductor::events::{BlockContents, Holder, IndexBatch, IndexOp};
-use mooncake_conductor::hashing::HashProfile;
 use mooncake_conductor::hashing::derived;
 use mooncake_conductor::index::{ContextIndex, Watermark};
 use mooncake_conductor::model::{
-    BlockHash, ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier,
+    ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier,
 };
 use mooncake_conductor::storage::rocks::RocksStore;
 use mooncake_conductor::storage::{KvStore, migrations};
-
-fn profile() -> HashProfile {
-    HashProfile::resolve(
-        Some("vllm_v1"),
-        Some("sha256_cbor"),
-        Some("0"),
-        Some("low64_be"),
-    )
-    .expect("profile")
-}
+use support::{block, profile};
 
 fn registration(i: u32) -> PublisherConfig {
-    PublisherConfig {
-        instance_id: format!("engine-{i}"),
-        endpoint: format!("tcp://127.0.0.1:{}", 20000 + i),
-        replay_endpoint: String::new(),
-        publisher_type: PublisherType::Vllm,
-        model_name: "bench".into(),
-        lora_name: String::new(),
-        tenant_id: "default".into(),
-        block_size: 16,
-        dp_rank: 0,
-        cache_group: None,
-        hash_profile: profile(),
-    }
-}
-
-/// Pseudo-random block hashes (splitmix64 of a counter).
-fn block(i: u64) -> BlockHash {
-    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    BlockHash(z ^ (z >> 31))
+    let endpoint = format!("tcp://127.0.0.1:{}", 20000 + i);
+    support::registration(
+        &format!("engine-{i}"),
+        endpoint,
+        PublisherType::Vllm,
+        "bench",
+    )
 }
 
 const SOURCES: u32 = 8;

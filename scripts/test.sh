@@ -9,7 +9,7 @@ cargo fmt --all -- --check
 # Modules depend one way (docs/ARCHITECTURE.md): any import cycle fails the run, in well under a second.
 python3 scripts/check-deps.py --self-test
 python3 scripts/check-deps.py src
-cargo clippy --locked --all-targets -p mooncake-conductor -- -D warnings
+cargo clippy --locked --all-targets -p mooncake-conductor -p mooncake-conductor-codes -- -D warnings
 cargo clippy --locked --all-targets -p mooncake-conductor-python -- -D warnings
 cargo build --locked --bins
 # Property tests draw fresh cases on every developer run; CI pins the seed so that a red run is

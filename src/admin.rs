@@ -69,7 +69,7 @@ pub fn dump(store: &dyn KvStore, filter: &str, out: &mut dyn Write) -> Result<us
             "hash_profile": {"strategy": profile.strategy().as_str(), "algorithm": profile.algorithm().as_str(),
                 "python_hash_seed": profile.python_hash_seed(), "root_digest": profile.root_digest_hex(),
                 "index_projection": profile.index_projection().as_str()},
-            "ranks": snapshot.attachments.iter().map(|(s, i, r)| json!({"source": s.to_string(), "instance_id": i, "dp_rank": r})).collect::<Vec<_>>(),
+            "ranks": snapshot.attachments.iter().map(|a| json!({"source": a.source.to_string(), "instance_id": a.instance_id, "dp_rank": a.dp_rank})).collect::<Vec<_>>(),
         });
         writeln!(out, "{header}").map_err(io)?;
         for batch in &snapshot.batches {

@@ -6,7 +6,8 @@
 //!
 //! - [`error`] the stable result codes; [`hashing`] byte-exact engine hash chains and the
 //!   [`hashing::BlockHash`] they yield; [`storage`] the key-value layer (trait, RocksDB, memory,
-//!   migrations). These three use no other module.
+//!   migrations); [`mix`] the splitmix64 finalizer and [`test_rng`] the seeded generator built
+//!   on it (for tests and benchmarks). These use no other module but `mix`.
 //! - [`model`] domain newtypes (context and subscription keys, tiers, registrations).
 //! - [`events`] normalized events; [`wire`] publisher payload decoders into them.
 //! - [`index`] per-context prefix indexes, their actors and the directory of live contexts.
@@ -30,6 +31,7 @@ pub mod gateway;
 pub mod hashing;
 pub mod index;
 pub mod metrics;
+pub mod mix;
 pub mod model;
 pub mod registry;
 pub mod service;
@@ -37,5 +39,4 @@ pub mod storage;
 pub mod subscription;
 pub mod wire;
 
-#[cfg(test)]
-mod test_rng;
+pub mod test_rng;

@@ -230,6 +230,28 @@ pub const HTTP_NAMES: FieldNames = FieldNames {
     publisher_type: "type",
 };
 
+/// The registration most unit tests start from (and change a field or two of).
+#[cfg(test)]
+impl PublisherConfig {
+    /// vLLM at `endpoint`: model "m", the default tenant, block size 16, rank 0, the
+    /// `test_vllm_cbor` profile.
+    pub(crate) fn test_vllm(instance_id: &str, endpoint: &str) -> Self {
+        PublisherConfig {
+            instance_id: instance_id.into(),
+            endpoint: endpoint.into(),
+            replay_endpoint: String::new(),
+            publisher_type: PublisherType::Vllm,
+            model_name: "m".into(),
+            lora_name: String::new(),
+            tenant_id: DEFAULT_TENANT.into(),
+            block_size: 16,
+            dp_rank: 0,
+            cache_group: None,
+            hash_profile: crate::hashing::profile::test_vllm_cbor(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -199,7 +199,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         _ => None,
     };
     readiness.set_starting("starting static registrations");
-    start_static_registrations(&config, &registry).await;
+    start_static_registrations(&config, &ops).await;
     let checkpoint_stop = CancellationToken::new();
     let checkpointer = Checkpointer::new(
         loaded.store.clone(),
@@ -240,7 +240,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
 }
 
 /// Start every `kvevent_instance` entry; a bad entry is logged by its name and skipped.
-async fn start_static_registrations(config: &Config, registry: &actix::Addr<Registry>) {
+async fn start_static_registrations(config: &Config, ops: &Ops) {
     let (mut ok, mut failed) = (0, 0);
     for (name, entry) in &config.kvevent_instance {
         let mut entry = entry.clone();
@@ -254,27 +254,14 @@ async fn start_static_registrations(config: &Config, registry: &actix::Addr<Regi
                 max_tokens: config.max_query_tokens,
             },
         };
-        let fields = crate::gateway::request::from_json_map(entry, seed);
-        let result = match fields.and_then(crate::gateway::http_register::registration_from_http) {
-            Ok(input) => match input.validate(HTTP_NAMES) {
-                Ok(config) => match registry
-                    .send(Register {
-                        config,
-                        names: HTTP_NAMES,
-                        resume_after: None,
-                        origin: Origin::Request,
-                    })
-                    .await
-                {
-                    Ok(result) => result.map(|_| ()),
-                    Err(e) => Err(crate::error::OpError::internal(e.to_string())),
-                },
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
+        let result = async {
+            let fields = crate::gateway::request::from_json_map(entry, seed)?;
+            let input = crate::gateway::http_register::registration_from_http(fields)?;
+            ops.register_at_start(input, HTTP_NAMES).await
+        }
+        .await;
         match result {
-            Ok(()) => ok += 1,
+            Ok(_) => ok += 1,
             Err(e) => {
                 failed += 1;
                 tracing::error!(entry = %name, field = ?e.field, "static registration skipped: {}", e.message);

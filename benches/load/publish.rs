@@ -32,11 +32,7 @@ pub(crate) fn block_keys(tokens: &[i32]) -> Vec<u64> {
     (0..chain.num_blocks()).map(|i| chain.key(i).0).collect()
 }
 
-pub(crate) fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+pub(crate) use mooncake_conductor::test_rng::mix64 as mix;
 
 /// The msgpack values the payloads need, written directly with `rmp` so that encoding stays
 /// cheap next to what the service does with them.

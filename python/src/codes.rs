@@ -1,18 +1,21 @@
 //! Result codes of the Python API (`docs/python-api.md`, "Error codes") and the mapping of transport
 //! failures onto them. The server sends its own codes in `ret`; these constants only name them and
-//! add the client-side ones (RPC_FAIL, RPC_TIMEOUT, CONDUCTOR_UNAVAILABLE).
+//! add the client-side ones (RPC_FAIL, RPC_TIMEOUT, CONDUCTOR_UNAVAILABLE). The values come from the
+//! table the service uses (`mooncake-conductor-codes`).
 
+use mooncake_conductor_codes::Code as Table;
 use tonic::{Code, Status};
 
-pub const OK: i32 = 0;
-pub const INTERNAL_ERROR: i32 = -1;
-pub const INVALID_PARAMS: i32 = -600;
-pub const RPC_FAIL: i32 = -900;
-pub const RPC_TIMEOUT: i32 = -901;
-pub const CONDUCTOR_UNAVAILABLE: i32 = -2000;
-pub const SERVICE_NOT_FOUND: i32 = -2001;
+// The values are the service's own table's: the server sends them in `ret` unchanged.
+pub const OK: i32 = Table::Ok.value();
+pub const INTERNAL_ERROR: i32 = Table::InternalError.value();
+pub const INVALID_PARAMS: i32 = Table::InvalidParams.value();
+pub const RPC_FAIL: i32 = Table::RpcFail.value();
+pub const RPC_TIMEOUT: i32 = Table::RpcTimeout.value();
+pub const CONDUCTOR_UNAVAILABLE: i32 = Table::ConductorUnavailable.value();
+pub const SERVICE_NOT_FOUND: i32 = Table::ServiceNotFound.value();
 /// The service requires a token (`CONDUCTOR_AUTH_TOKEN`) and the request had none or a wrong one.
-pub const UNAUTHORIZED: i32 = -2002;
+pub const UNAUTHORIZED: i32 = Table::Unauthorized.value();
 
 /// `health_check()` statuses: a separate, non-negative scale.
 pub const HEALTH_OK: i32 = 0;

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::index::ContextChanges;
 use crate::index::ContextDirectory;
 use crate::index::actor::{MarkDirty, TakeChanges};
+use crate::index::{ContextChanges, PairBits};
 use crate::model::ContextKey;
 use crate::subscription::directory::SubscriptionDirectory;
 
@@ -67,7 +67,12 @@ pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
     }
     // `repeats` is sorted like `pairs`: walk both together.
     let mut repeats = changes.repeats.iter().peekable();
-    for &(holder, block, bits) in &changes.pairs {
+    for &PairBits {
+        holder,
+        block,
+        bits,
+    } in &changes.pairs
+    {
         let key = codec::pair_key(&ctx, holder, block);
         let mut mine = Vec::new();
         while let Some(&&(h, b, bit, extra)) = repeats.peek() {
@@ -106,8 +111,8 @@ pub fn context_ops(changes: &ContextChanges) -> Vec<KvOp> {
     // Listings are few: rewritten whole when they changed.
     if let Some(attachments) = &changes.attachments {
         ops.push(range_of(Cf::Attachments, &ctx));
-        for (n, (source, instance, rank)) in attachments.iter().enumerate() {
-            let value = codec::attachment_value(source, instance, *rank);
+        for (n, a) in attachments.iter().enumerate() {
+            let value = codec::attachment_value(&a.source, &a.instance_id, a.dp_rank);
             ops.push(KvOp::Put {
                 cf: Cf::Attachments,
                 key: codec::indexed_key(&ctx, n as u32),
@@ -177,13 +182,94 @@ pub struct CheckpointReport {
     pub idle: usize,
 }
 
-/// Writes checkpoints of every live context.
+/// The synchronous part of checkpointing, without any actor: which contexts have data on disk,
+/// and what one round writes, retries and forgets. [`Checkpointer`] feeds it each live context's
+/// changes and sends back what it returns.
+#[derive(Debug, Default)]
+pub struct CheckpointState {
+    /// Contexts that have data on disk (so a removed one is deleted there too).
+    persisted: HashSet<ContextKey>,
+}
+
+/// What a round did so far, and the first failure's text (for [`StorageHealth`]).
+#[derive(Debug, Default)]
+pub struct Round {
+    pub report: CheckpointReport,
+    pub first_error: Option<String>,
+}
+
+impl CheckpointState {
+    /// `persisted`: the contexts recovery found on disk.
+    pub fn new(persisted: HashSet<ContextKey>) -> Self {
+        CheckpointState { persisted }
+    }
+
+    /// Write one context's changes. On a failed write, the returned [`MarkDirty`] must go back to
+    /// the context, so that the next round writes them again.
+    pub fn write_context(
+        &mut self,
+        store: &dyn KvStore,
+        changes: ContextChanges,
+        round: &mut Round,
+    ) -> Option<MarkDirty> {
+        let pairs = changes.pairs.len();
+        let ops = context_ops(&changes);
+        if ops.is_empty() {
+            // Idle: nothing to write (its key is already in `persisted`).
+            round.report.idle += 1;
+            return None;
+        }
+        match store.write(ops) {
+            Ok(()) => {
+                round.report.contexts += 1;
+                round.report.pairs += pairs;
+                self.persisted.insert(changes.key);
+                None
+            }
+            Err(e) => {
+                round.report.failed += 1;
+                tracing::warn!(context = %changes.key, "checkpoint write failed, retried next round: {e}");
+                round.first_error.get_or_insert_with(|| e.to_string());
+                Some(MarkDirty {
+                    pairs: changes.pairs.iter().map(|p| (p.holder, p.block)).collect(),
+                    aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
+                    fresh: changes.fresh,
+                })
+            }
+        }
+    }
+
+    /// Delete what the store holds of every persisted context that is no longer `live`; a failed
+    /// delete is tried again next round.
+    pub fn forget_gone(
+        &mut self,
+        store: &dyn KvStore,
+        live: &HashSet<ContextKey>,
+        round: &mut Round,
+    ) {
+        let gone: Vec<ContextKey> = self.persisted.difference(live).cloned().collect();
+        for key in gone {
+            match store.write(forget_context_ops(&key)) {
+                Ok(()) => {
+                    round.report.forgotten += 1;
+                    self.persisted.remove(&key);
+                }
+                Err(e) => {
+                    round.report.failed += 1;
+                    tracing::warn!(context = %key, "could not delete a removed context: {e}");
+                    round.first_error.get_or_insert_with(|| e.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// Writes checkpoints of every live context: asks the actors, and lets [`CheckpointState`] decide.
 pub struct Checkpointer {
     store: Arc<dyn KvStore>,
     contexts: ContextDirectory,
     subscriptions: SubscriptionDirectory,
-    /// Contexts that have data on disk (so a removed one is deleted there too).
-    persisted: HashSet<ContextKey>,
+    state: CheckpointState,
     health: Arc<StorageHealth>,
 }
 
@@ -199,7 +285,7 @@ impl Checkpointer {
             store,
             contexts,
             subscriptions,
-            persisted,
+            state: CheckpointState::new(persisted),
             health: Arc::default(),
         }
     }
@@ -211,57 +297,27 @@ impl Checkpointer {
     }
 
     pub async fn checkpoint(&mut self) -> CheckpointReport {
-        let mut report = CheckpointReport::default();
         // Before any context is asked for its changes (see the module doc).
         self.subscriptions.push_marks().await;
-        let mut first_error = None;
+        let mut round = Round::default();
         let live = self.contexts.all();
         let live_keys: HashSet<ContextKey> = live.iter().map(|h| h.key().clone()).collect();
         for handle in live {
             let Ok(changes) = handle.send(TakeChanges).await else {
                 continue;
             };
-            let pairs = changes.pairs.len();
-            let ops = context_ops(&changes);
-            if ops.is_empty() {
-                // Idle: nothing to write (its key is already in `persisted`).
-                report.idle += 1;
-                continue;
-            }
-            match self.store.write(ops) {
-                Ok(()) => {
-                    report.contexts += 1;
-                    report.pairs += pairs;
-                    self.persisted.insert(changes.key);
-                }
-                Err(e) => {
-                    report.failed += 1;
-                    tracing::warn!(context = %changes.key, "checkpoint write failed, retried next round: {e}");
-                    first_error.get_or_insert_with(|| e.to_string());
-                    handle.addr().do_send(MarkDirty {
-                        pairs: changes.pairs.iter().map(|&(h, b, _)| (h, b)).collect(),
-                        aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
-                        fresh: changes.fresh,
-                    });
-                }
+            if let Some(retry) = self
+                .state
+                .write_context(self.store.as_ref(), changes, &mut round)
+            {
+                handle.notify(retry);
             }
         }
-        let gone: Vec<ContextKey> = self.persisted.difference(&live_keys).cloned().collect();
-        for key in gone {
-            match self.store.write(forget_context_ops(&key)) {
-                Ok(()) => {
-                    report.forgotten += 1;
-                    self.persisted.remove(&key);
-                }
-                Err(e) => {
-                    report.failed += 1;
-                    tracing::warn!(context = %key, "could not delete a removed context: {e}");
-                    first_error.get_or_insert_with(|| e.to_string());
-                }
-            }
-        }
-        self.health.record_round(report.failed, first_error);
-        report
+        self.state
+            .forget_gone(self.store.as_ref(), &live_keys, &mut round);
+        self.health
+            .record_round(round.report.failed, round.first_error);
+        round.report
     }
 
     /// Checkpoint every `interval` until `shutdown`; the caller takes the last one.
@@ -305,4 +361,122 @@ pub fn delete_registration(
         cf: Cf::Registrations,
         key: key.to_string().into_bytes(),
     }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{Holder, IndexBatch, IndexOp};
+    use crate::index::{ContextIndex, Watermark};
+    use crate::model::{BlockHash, SubscriptionKey, Tier};
+    use crate::storage::memory::{Fault, MemoryStore};
+
+    fn index(lora: &str) -> ContextIndex {
+        let key = ContextKey::new("", "m", lora, 16);
+        ContextIndex::new(key, crate::hashing::profile::test_vllm_cbor())
+    }
+
+    fn store_blocks(index: &mut ContextIndex, blocks: std::ops::Range<u64>, seq: u64) {
+        let batch = IndexBatch {
+            source: SubscriptionKey::new("e", "", 0),
+            ops: vec![IndexOp::Store {
+                holder: Holder::Engine {
+                    instance_id: "e".into(),
+                    dp_rank: 0,
+                },
+                tier: Tier::Device,
+                hashes: blocks.map(BlockHash).collect(),
+            }],
+        };
+        index.apply_sequenced(&batch, Watermark { seq, digest: seq });
+    }
+
+    /// What the checkpointer does for one context: write, and on failure hand the retry back.
+    fn round_of(
+        state: &mut CheckpointState,
+        store: &dyn KvStore,
+        indexes: &mut [&mut ContextIndex],
+    ) -> Round {
+        let mut round = Round::default();
+        for index in indexes.iter_mut() {
+            if let Some(retry) = state.write_context(store, index.take_changes(), &mut round) {
+                index.mark_dirty(retry.pairs, retry.aliases, retry.fresh);
+            }
+        }
+        let live = indexes.iter().map(|i| i.reader().key().clone()).collect();
+        state.forget_gone(store, &live, &mut round);
+        round
+    }
+
+    #[test]
+    fn a_round_writes_changed_contexts_and_counts_idle_ones() {
+        let store = MemoryStore::new();
+        let mut state = CheckpointState::default();
+        let (mut busy, mut idle) = (index(""), index("ad"));
+        store_blocks(&mut busy, 0..5, 1);
+        let round = round_of(&mut state, &store, &mut [&mut busy, &mut idle]);
+        // The new idle context still writes its header once.
+        assert_eq!(round.report.contexts, 2);
+        assert_eq!(round.report.pairs, 5);
+        assert_eq!(store.len(Cf::Pairs), 5);
+        assert_eq!(round.first_error, None);
+
+        store_blocks(&mut busy, 5..7, 2);
+        let round = round_of(&mut state, &store, &mut [&mut busy, &mut idle]);
+        assert_eq!(
+            round.report,
+            CheckpointReport {
+                contexts: 1,
+                pairs: 2,
+                idle: 1,
+                ..Default::default()
+            }
+        );
+        assert_eq!(store.len(Cf::Pairs), 7);
+    }
+
+    #[test]
+    fn a_failed_write_is_counted_named_and_retried_by_the_next_round() {
+        let store = MemoryStore::new();
+        let mut state = CheckpointState::default();
+        let mut ctx = index("");
+        store_blocks(&mut ctx, 0..5, 1);
+        store.inject(Fault::Before);
+        let round = round_of(&mut state, &store, &mut [&mut ctx]);
+        assert_eq!(round.report.failed, 1);
+        assert!(round.first_error.is_some());
+        assert_eq!(
+            store.len(Cf::Pairs),
+            0,
+            "nothing of the failed write landed"
+        );
+        assert!(ctx.has_changes(), "the retry went back to the context");
+
+        let round = round_of(&mut state, &store, &mut [&mut ctx]);
+        assert_eq!((round.report.contexts, round.report.pairs), (1, 5));
+        assert_eq!(round.report.failed, 0);
+        assert_eq!(store.len(Cf::Pairs), 5);
+    }
+
+    #[test]
+    fn a_context_no_longer_live_is_forgotten_on_disk_once_the_delete_lands() {
+        let store = MemoryStore::new();
+        let mut ctx = index("");
+        store_blocks(&mut ctx, 0..3, 1);
+        let mut state = CheckpointState::default();
+        round_of(&mut state, &store, &mut [&mut ctx]);
+        assert_eq!(store.len(Cf::Contexts), 1);
+
+        // Recovered from disk but no longer live: its delete fails once, then lands.
+        let mut recovered = CheckpointState::new(HashSet::from([ctx.reader().key().clone()]));
+        store.inject(Fault::Before);
+        let round = round_of(&mut recovered, &store, &mut []);
+        assert_eq!((round.report.failed, round.report.forgotten), (1, 0));
+        assert_eq!(store.len(Cf::Contexts), 1);
+        let round = round_of(&mut recovered, &store, &mut []);
+        assert_eq!(round.report.forgotten, 1);
+        assert!(store.is_empty(), "every record of the context is gone");
+        let round = round_of(&mut recovered, &store, &mut []);
+        assert_eq!(round.report, CheckpointReport::default(), "forgotten once");
+    }
 }

@@ -162,14 +162,14 @@ pub fn attachment_value(source: &SubscriptionKey, instance_id: &str, dp_rank: u3
         .into_bytes()
 }
 
-pub fn decode_attachment(bytes: &[u8]) -> Result<(SubscriptionKey, String, u32), StorageError> {
+pub fn decode_attachment(bytes: &[u8]) -> Result<crate::index::Attachment, StorageError> {
     const CF: &str = "attachments";
     let v = parse(CF, bytes)?;
-    Ok((
-        source_from(CF, &v)?,
-        text(CF, &v, "instance_id")?.to_owned(),
-        uint(CF, &v, "dp_rank")?,
-    ))
+    Ok(crate::index::Attachment {
+        source: source_from(CF, &v)?,
+        instance_id: text(CF, &v, "instance_id")?.to_owned(),
+        dp_rank: uint(CF, &v, "dp_rank")?,
+    })
 }
 
 pub fn watermark_value(mark: Watermark) -> Vec<u8> {

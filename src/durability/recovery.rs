@@ -68,8 +68,8 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             Ok(())
         })?;
         store.scan_prefix(Cf::Attachments, &ctx, &mut |_, v| {
-            let (source, instance, rank) = codec::decode_attachment(v)?;
-            restorer.attach(&source, &instance, rank);
+            let a = codec::decode_attachment(v)?;
+            restorer.attach(&a.source, &a.instance_id, a.dp_rank);
             Ok(())
         })?;
         store.scan_prefix(Cf::Watermarks, &ctx, &mut |k, v| {

@@ -4,7 +4,7 @@
 use crate::events::{Holder, IndexBatch, IndexOp};
 use crate::hashing::HashProfile;
 use crate::index::{ContextIndex, ContextSnapshot, Watermark};
-use crate::model::{BlockHash, ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier};
+use crate::model::{BlockHash, ContextKey, PublisherConfig, SubscriptionKey, Tier};
 
 use super::checkpoint::{context_ops, forget_context_ops, put_registration};
 use super::recovery::recover;
@@ -25,19 +25,7 @@ fn source(i: u32) -> SubscriptionKey {
 }
 
 fn registration(i: u32) -> PublisherConfig {
-    PublisherConfig {
-        instance_id: format!("e{i}"),
-        endpoint: format!("tcp://127.0.0.1:{}", 6000 + i),
-        replay_endpoint: String::new(),
-        publisher_type: PublisherType::Vllm,
-        model_name: "m".into(),
-        lora_name: String::new(),
-        tenant_id: "default".into(),
-        block_size: 16,
-        dp_rank: 0,
-        cache_group: None,
-        hash_profile: profile(),
-    }
+    PublisherConfig::test_vllm(&format!("e{i}"), &format!("tcp://127.0.0.1:{}", 6000 + i))
 }
 
 /// One random publisher batch of source `s` (engine or store holder).
@@ -96,7 +84,7 @@ fn checkpoint(
     let result = store.write(context_ops(&changes));
     if result.is_err() {
         index.mark_dirty(
-            changes.pairs.iter().map(|&(h, b, _)| (h, b)),
+            changes.pairs.iter().map(|p| (p.holder, p.block)),
             changes.aliases.iter().map(|&(h, _)| h),
             changes.fresh,
         );
@@ -201,7 +189,7 @@ fn sources_without_a_registration_are_not_recovered() {
         snapshot.batches.iter().all(|b| b.source == source(0)),
         "no block of e1 survives"
     );
-    assert!(snapshot.attachments.iter().all(|a| a.0 == source(0)));
+    assert!(snapshot.attachments.iter().all(|a| a.source == source(0)));
     let regs = recover(&store).unwrap().registrations;
     assert_eq!(regs.len(), 1);
     assert_eq!(

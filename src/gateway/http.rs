@@ -210,11 +210,9 @@ async fn register(State(state): State<Http>, request: Request) -> Response {
         Err(r) => return r,
     };
     let result = async {
-        let config = registration_from_http(d.fields)?.validate(HTTP_NAMES)?;
-        // The id the registration got (a store publisher's may be its endpoint).
-        let instance = config.instance_id.clone();
-        state.ops.register_config(config, HTTP_NAMES).await?;
-        Ok::<_, OpError>(instance)
+        let input = registration_from_http(d.fields)?;
+        let reply = state.ops.register(input, HTTP_NAMES).await?;
+        Ok::<_, OpError>(reply.instance_id)
     }
     .await;
     match result {

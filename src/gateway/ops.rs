@@ -43,6 +43,13 @@ pub struct QueryByHashInput {
 }
 
 /// Shared state of the gateway.
+/// What a registration did, and the instance id it was registered under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisterReply {
+    pub outcome: RegisterOutcome,
+    pub instance_id: String,
+}
+
 #[derive(Clone)]
 pub struct Ops {
     registry: Addr<Registry>,
@@ -130,22 +137,38 @@ impl Ops {
         }
     }
 
+    /// Validate and register `input`: every transport's registrations are validated here, and
+    /// only here. A bad one is refused at once, even while the service is starting.
     pub async fn register(
         &self,
         input: RegistrationInput,
         names: FieldNames,
-    ) -> Result<RegisterOutcome, OpError> {
-        self.register_config(input.validate(names)?, names).await
+    ) -> Result<RegisterReply, OpError> {
+        let config = input.validate(names)?;
+        self.ready_for_changes().await?;
+        self.send_register(config, names).await
     }
 
-    /// Register an already validated configuration.
-    pub async fn register_config(
+    /// [`Ops::register`] without waiting for readiness: the service's own static entries, which
+    /// it registers while it starts.
+    pub async fn register_at_start(
+        &self,
+        input: RegistrationInput,
+        names: FieldNames,
+    ) -> Result<RegisterReply, OpError> {
+        let config = input.validate(names)?;
+        self.send_register(config, names).await
+    }
+
+    async fn send_register(
         &self,
         config: PublisherConfig,
         names: FieldNames,
-    ) -> Result<RegisterOutcome, OpError> {
-        self.ready_for_changes().await?;
-        self.registry
+    ) -> Result<RegisterReply, OpError> {
+        // The id the registration got (a store publisher's may be its endpoint).
+        let instance_id = config.instance_id.clone();
+        let outcome = self
+            .registry
             .send(Register {
                 config,
                 names,
@@ -153,7 +176,11 @@ impl Ops {
                 origin: crate::registry::Origin::Request,
             })
             .await
-            .map_err(unavailable)?
+            .map_err(unavailable)??;
+        Ok(RegisterReply {
+            outcome,
+            instance_id,
+        })
     }
 
     pub async fn unregister(

@@ -206,6 +206,16 @@ impl Handler<Snapshot> for ContextActor {
 
 /// What the rest of the service holds for one context: the writer's address for changes and the
 /// read handle for queries. `Clone + Send + Sync`.
+/// A message that may skip the mailbox's bound ([`ContextHandle::notify`]): small, and at most a
+/// few per source or per checkpoint round, so it cannot queue without bound the way batches
+/// could; and its sender must not wait for a context that is behind (a drop, a position, a retry).
+pub trait Control: Message + Send + 'static {}
+
+impl Control for AttachRank {}
+impl Control for DropSource {}
+impl Control for Advance {}
+impl Control for MarkDirty {}
+
 #[derive(Clone)]
 pub struct ContextHandle {
     addr: Addr<ContextActor>,
@@ -234,10 +244,6 @@ impl ContextHandle {
         self.reader.key()
     }
 
-    pub fn addr(&self) -> &Addr<ContextActor> {
-        &self.addr
-    }
-
     pub fn reader(&self) -> &IndexReader {
         &self.reader
     }
@@ -255,6 +261,44 @@ impl ContextHandle {
         self.reader.view()
     }
 
+    /// Queue a message unless the mailbox is full (or the actor stopped): then it comes back.
+    pub fn try_send<M>(&self, msg: M) -> Result<(), SendError<M>>
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        ContextActor: Handler<M>,
+        <ContextActor as Actor>::Context: ToEnvelope<ContextActor, M>,
+    {
+        self.addr.try_send(msg)
+    }
+
+    /// Queue a control message past a full mailbox, without waiting (see [`Control`]).
+    pub fn notify<M>(&self, msg: M)
+    where
+        M: Control,
+        M::Result: Send,
+        ContextActor: Handler<M>,
+        <ContextActor as Actor>::Context: ToEnvelope<ContextActor, M>,
+    {
+        self.addr.do_send(msg)
+    }
+
+    /// Queue `msg` now, and return the wait for its reply. Unlike [`ContextHandle::send`], the
+    /// message is in the mailbox on return (or, when this handle's sender is parked on a full
+    /// mailbox, held by the returned future), so that nothing queued afterwards overtakes it.
+    pub fn queue<M>(
+        &self,
+        msg: M,
+    ) -> impl std::future::Future<Output = Result<M::Result, MailboxError>> + 'static
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        ContextActor: Handler<M>,
+        <ContextActor as Actor>::Context: ToEnvelope<ContextActor, M>,
+    {
+        self.addr.send(msg)
+    }
+
     /// Send a message to the writer and wait for its reply (back-pressure when the mailbox is
     /// full; an error only when the actor has stopped).
     pub async fn send<M>(&self, msg: M) -> Result<M::Result, MailboxError>
@@ -265,5 +309,45 @@ impl ContextHandle {
         <ContextActor as Actor>::Context: ToEnvelope<ContextActor, M>,
     {
         self.addr.send(msg).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{Holder, IndexOp};
+    use crate::model::{BlockHash, Tier};
+
+    /// A batch queued for later waiting, then a drop of its source: the drop must find the
+    /// batch applied, whatever the caller does with the wait meanwhile (the subscription waits
+    /// for it only after the rest of its handler ran).
+    #[test]
+    fn a_queued_batch_is_in_the_mailbox_before_anything_sent_after_it() {
+        actix_rt::System::new().block_on(async {
+            let key = ContextKey::new("", "m", "", 16);
+            let profile = crate::hashing::profile::test_vllm_cbor();
+            let handle = ContextHandle::start(ContextIndex::new(key, profile));
+            let source = SubscriptionKey::new("a", "", 0);
+            let batch = IndexBatch {
+                source: source.clone(),
+                ops: vec![IndexOp::Store {
+                    holder: Holder::Engine {
+                        instance_id: "a".into(),
+                        dp_rank: 0,
+                    },
+                    tier: Tier::Device,
+                    hashes: vec![BlockHash(1), BlockHash(2)],
+                }],
+            };
+            let wait = handle.queue(ApplySequenced {
+                batch,
+                mark: Watermark { seq: 1, digest: 1 },
+                in_flight: None,
+            });
+            handle.notify(DropSource(source));
+            wait.await.expect("actor alive");
+            let stats = handle.send(GetStats).await.expect("actor alive");
+            assert_eq!(stats.holder_blocks, 0, "the drop came after the batch");
+        });
     }
 }

@@ -22,6 +22,24 @@ pub struct ProfileConflict {
     pub requested: String,
 }
 
+impl ProfileConflict {
+    /// A conflict when context `key`, bound to `existing`, is asked for `requested`.
+    pub fn check(
+        key: &ContextKey,
+        existing: &HashProfile,
+        requested: &HashProfile,
+    ) -> Result<(), Box<ProfileConflict>> {
+        if existing == requested {
+            return Ok(());
+        }
+        Err(Box::new(ProfileConflict {
+            key: key.clone(),
+            existing: existing.to_string(),
+            requested: requested.to_string(),
+        }))
+    }
+}
+
 /// Arbiters (one OS thread each) the context actors are spread over, round robin.
 #[derive(Clone)]
 pub struct ArbiterPool {
@@ -149,14 +167,6 @@ fn check_profile(
     handle: ContextHandle,
     profile: &HashProfile,
 ) -> Result<ContextHandle, Box<ProfileConflict>> {
-    let existing = handle.reader().profile();
-    if existing == profile {
-        Ok(handle)
-    } else {
-        Err(Box::new(ProfileConflict {
-            key: handle.key().clone(),
-            existing: existing.to_string(),
-            requested: profile.to_string(),
-        }))
-    }
+    ProfileConflict::check(handle.key(), handle.reader().profile(), profile)?;
+    Ok(handle)
 }

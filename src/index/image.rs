@@ -58,12 +58,12 @@ pub struct ContextChanges {
     /// Reclaimed holder ids whose records go (a reused one is also in `holders`).
     pub holders_gone: Vec<u32>,
     /// (holder id, block, tier bits now); bits 0 means the pair is gone.
-    pub pairs: Vec<(u32, u64, u8)>,
+    pub pairs: Vec<crate::index::PairBits>,
     /// (holder id, block, tier bit, announcements beyond the first) of the pairs in `pairs` that
     /// have more than one announcement in some tier, sorted like `pairs`.
     pub repeats: Vec<(u32, u64, u8, u32)>,
     /// Every (source, instance, rank) listing, sorted, when they changed (few: rewritten whole).
-    pub attachments: Option<Vec<(SubscriptionKey, String, u32)>>,
+    pub attachments: Option<Vec<crate::index::Attachment>>,
     /// Per source whose position changed, sorted: the position, `None` for a source no longer
     /// here.
     pub watermarks: Vec<(SubscriptionKey, Option<Watermark>)>,

@@ -268,14 +268,14 @@ fn counts_and_aliases_survive_a_checkpoint() {
     for h in &changes.holders {
         assert!(restorer.holder(h));
     }
-    for (source, instance, rank) in changes.attachments.iter().flatten() {
-        restorer.attach(source, instance, *rank);
+    for a in changes.attachments.iter().flatten() {
+        restorer.attach(&a.source, &a.instance_id, a.dp_rank);
     }
     for &(hash, key) in &changes.aliases {
         restorer.alias(hash, key.unwrap());
     }
-    for &(h, b, bits) in &changes.pairs {
-        assert!(restorer.pair(h, b, bits));
+    for p in &changes.pairs {
+        assert!(restorer.pair(p.holder, p.block, p.bits));
     }
     for &(h, b, bit, n) in &changes.repeats {
         assert!(restorer.repeat(h, b, bit, n));

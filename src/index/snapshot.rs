@@ -18,7 +18,7 @@ pub struct ContextSnapshot {
     pub key: ContextKey,
     pub profile: HashProfile,
     /// (source, instance, rank) listings, sorted.
-    pub attachments: Vec<(SubscriptionKey, String, u32)>,
+    pub attachments: Vec<super::Attachment>,
     /// One batch of Store ops per source, sorted by source (keys as the table holds them).
     pub batches: Vec<IndexBatch>,
     /// (engine hash, derived key), sorted by hash.
@@ -90,8 +90,8 @@ impl ContextSnapshot {
     /// Rebuild an index from a snapshot.
     pub fn restore(&self) -> ContextIndex {
         let mut index = ContextIndex::new(self.key.clone(), self.profile.clone());
-        for (source, instance, rank) in &self.attachments {
-            index.attach_rank(source, instance, *rank);
+        for a in &self.attachments {
+            index.attach_rank(&a.source, &a.instance_id, a.dp_rank);
         }
         for batch in &self.batches {
             index.apply(batch);

@@ -1,6 +1,7 @@
-//! The registry actor and its messages.
+//! The registry actor and its messages: a shell over [`RegistryState`] that does the I/O (the
+//! registrations on disk and in etcd, the subscription actors, the contexts' rank listings).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -14,35 +15,25 @@ use crate::subscription::directory::SubscriptionDirectory;
 use crate::subscription::settings::SubscriptionSettings;
 use crate::subscription::status::{StatusCell, SubscriptionStatus};
 
-use super::policy::{Refusal, RegistrationPolicy};
+pub use super::state::RegisterOutcome;
+
+use super::policy::RegistrationPolicy;
 use super::shared::etcd::{Created, EtcdRegistry};
 use super::shared::sync::{ApplyShared, Change};
+use super::state::{RegistryState, agree};
 use crate::durability::checkpoint::{delete_registration, put_registration};
 use crate::storage::KvStore;
 
 type LocalWork = LocalReply<()>;
 type Step = std::pin::Pin<Box<dyn ActorFuture<Registry, Output = ()>>>;
 
-/// One registered service.
-struct ServiceEntry {
-    config: Arc<PublisherConfig>,
-    status: StatusCell,
-    actor: Addr<SubscriptionActor>,
-}
-
 pub struct Registry {
     contexts: ContextDirectory,
     subscriptions: SubscriptionDirectory,
-    /// Ordered by the rendered service key, the order `list_services` reports.
-    services: BTreeMap<String, ServiceEntry>,
-    /// One endpoint feeds one subscription.
-    endpoints: HashMap<String, SubscriptionKey>,
+    state: RegistryState<Addr<SubscriptionActor>>,
     settings: SubscriptionSettings,
     /// Registrations are written here before they are acknowledged, so they survive a restart.
     store: Arc<dyn KvStore>,
-    policy: RegistrationPolicy,
-    /// Registrations refused by the policy, by label (`conductor_registrations_refused_total`).
-    refused: BTreeMap<&'static str, u64>,
     /// Registrations shared with other replicas: requests write through etcd first.
     shared: Option<Arc<EtcdRegistry>>,
 }
@@ -57,12 +48,9 @@ impl Registry {
         Registry {
             contexts,
             subscriptions,
-            services: BTreeMap::new(),
-            endpoints: HashMap::new(),
+            state: RegistryState::default(),
             settings,
             store,
-            policy: RegistrationPolicy::default(),
-            refused: BTreeMap::new(),
             shared: None,
         }
     }
@@ -73,13 +61,8 @@ impl Registry {
     }
 
     pub fn with_policy(mut self, policy: RegistrationPolicy) -> Self {
-        self.policy = policy;
+        self.state = self.state.with_policy(policy);
         self
-    }
-
-    fn refuse(&mut self, refusal: Refusal) -> OpError {
-        *self.refused.entry(refusal.label).or_default() += 1;
-        refusal.error
     }
 
     /// Every check a registration must pass here, without changing anything: `Some` when an
@@ -89,39 +72,9 @@ impl Registry {
         config: &PublisherConfig,
         names: FieldNames,
     ) -> Result<Option<RegisterOutcome>, OpError> {
-        if let Err(refusal) = self.policy.check(config, names) {
-            return Err(self.refuse(refusal));
-        }
-        let key_text = config.subscription_key().to_string();
-        if let Some(existing) = self.services.get(&key_text) {
-            return if *existing.config == *config {
-                Ok(Some(RegisterOutcome::Unchanged))
-            } else {
-                Err(OpError::invalid_registration(format!(
-                    "conflicting registration for service key: {key_text}"
-                )))
-            };
-        }
-        if let Some(owner) = self.endpoints.get(&config.endpoint) {
-            return Err(OpError::invalid_registration(format!(
-                "conflicting active registration for endpoint: {} (used by {owner})",
-                config.endpoint
-            )));
-        }
-        if let Err(refusal) = self.policy.check_capacity(self.services.len()) {
-            return Err(self.refuse(refusal));
-        }
-        if let Some(handle) = self.contexts.get(&config.context_key()) {
-            let existing = handle.reader().profile();
-            if *existing != config.hash_profile {
-                return Err(OpError::invalid_registration(format!(
-                    "context {} is bound to hash profile {existing}; this registration uses {}",
-                    config.context_key(),
-                    config.hash_profile
-                )));
-            }
-        }
-        Ok(None)
+        let bound = self.contexts.get(&config.context_key());
+        let bound = bound.as_ref().map(|handle| handle.reader().profile());
+        self.state.check(config, names, bound)
     }
 
     fn register(
@@ -134,7 +87,6 @@ impl Registry {
             return Ok(outcome);
         }
         let key = config.subscription_key();
-        let key_text = key.to_string();
         let context_key = config.context_key();
         // A failed write must leave no trace: the rank is attached only once the registration
         // is on disk, and a context this call created is dropped again.
@@ -148,13 +100,7 @@ impl Registry {
             attach = Some((handle, existed));
         } else if let Some(handle) = self.contexts.get(&context_key) {
             // A store registration never creates a context, but must agree with one that exists.
-            let existing = handle.reader().profile();
-            if *existing != config.hash_profile {
-                return Err(OpError::invalid_registration(format!(
-                    "context {context_key} is bound to hash profile {existing}; this registration uses {}",
-                    config.hash_profile
-                )));
-            }
+            agree(&config, handle.reader().profile())?;
         }
         if let Err(e) = put_registration(self.store.as_ref(), &config) {
             if let Some((_, false)) = attach {
@@ -165,7 +111,7 @@ impl Registry {
             )));
         }
         if let Some((handle, _)) = attach {
-            handle.addr().do_send(AttachRank {
+            handle.notify(AttachRank {
                 source: key.clone(),
                 instance_id: config.instance_id.clone(),
                 dp_rank: config.dp_rank,
@@ -184,17 +130,9 @@ impl Registry {
                 SubscriptionActor::new(config, contexts, status, settings, resume_after)
             })
         };
-        tracing::info!(service = %key_text, endpoint = %config.endpoint, kind = %config.publisher_type, "registered");
-        self.subscriptions.insert(key.clone(), actor.clone());
-        self.endpoints.insert(config.endpoint.clone(), key);
-        self.services.insert(
-            key_text,
-            ServiceEntry {
-                config,
-                status,
-                actor,
-            },
-        );
+        tracing::info!(service = %key, endpoint = %config.endpoint, kind = %config.publisher_type, "registered");
+        self.subscriptions.insert(key, actor.clone());
+        self.state.insert(config, status, actor);
         Ok(RegisterOutcome::Created)
     }
 }
@@ -221,13 +159,6 @@ pub enum Origin {
     Request,
     /// Recovered from this replica's own store at start: applied here only.
     Restore,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RegisterOutcome {
-    Created,
-    /// An identical registration already existed; nothing changed.
-    Unchanged,
 }
 
 /// Stop consuming a service and remove what it owned.
@@ -279,23 +210,21 @@ impl Registry {
     /// synchronous part is done on return; the returned work stops the subscription and detaches
     /// the source from every context.
     fn begin_unregister(&mut self, key: SubscriptionKey) -> Result<LocalWork, OpError> {
-        let key_text = key.to_string();
-        if !self.services.contains_key(&key_text) {
+        if !self.state.contains(&key) {
             return Err(OpError::not_found(format!("service not found: {key}")));
         }
         // Forget it on disk first: if that fails, nothing changed and the caller may retry.
         delete_registration(self.store.as_ref(), &key).map_err(|e| {
             OpError::internal(format!("cannot delete the persisted registration: {e}"))
         })?;
-        let Some(entry) = self.services.remove(&key_text) else {
+        let Some(entry) = self.state.remove(&key) else {
             return Err(OpError::not_found(format!("service not found: {key}")));
         };
-        self.endpoints.remove(&entry.config.endpoint);
         self.subscriptions.remove(&key);
         let contexts = self.contexts.clone();
         Ok(Box::pin(async move {
             // Stop first so no batch of this source can arrive after its blocks are removed.
-            let _ = entry.actor.send(Stop).await;
+            let _ = entry.subscription.send(Stop).await;
             for handle in contexts.all() {
                 match handle.send(DetachSource(key.clone())).await {
                     Ok(outcome) if outcome.empty_and_detached => {
@@ -423,8 +352,9 @@ impl Handler<ListServices> for Registry {
     type Result = Vec<ServiceInfo>;
 
     fn handle(&mut self, _: ListServices, _ctx: &mut Context<Self>) -> Vec<ServiceInfo> {
-        self.services
-            .values()
+        self.state
+            .services()
+            .into_iter()
             .map(|e| ServiceInfo {
                 config: e.config.clone(),
                 status: e.status.get(),
@@ -437,7 +367,7 @@ impl Handler<Refusals> for Registry {
     type Result = MessageResult<Refusals>;
 
     fn handle(&mut self, _: Refusals, _ctx: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.refused.clone())
+        MessageResult(self.state.refusals().clone())
     }
 }
 
@@ -445,7 +375,9 @@ impl Handler<ShutdownAll> for Registry {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, _: ShutdownAll, _ctx: &mut Context<Self>) -> Self::Result {
-        let actors: Vec<_> = self.services.values().map(|e| e.actor.clone()).collect();
+        let actors: Vec<_> = (self.state.services().into_iter())
+            .map(|e| e.subscription.clone())
+            .collect();
         Box::pin(async move {
             for actor in actors {
                 let _ = actor.send(Stop).await;

@@ -7,6 +7,7 @@
 pub mod actor;
 pub mod policy;
 pub mod shared;
+pub mod state;
 
 pub use actor::{
     ListServices, Origin, Refusals, Register, RegisterOutcome, Registry, ServiceInfo, ShutdownAll,

@@ -218,22 +218,9 @@ impl RegistrationPolicy {
 mod tests {
     use super::*;
     use crate::gateway::registration::{HTTP_NAMES, PYTHON_NAMES};
-    use crate::model::PublisherType;
 
     fn config(endpoint: &str) -> PublisherConfig {
-        PublisherConfig {
-            instance_id: "i".into(),
-            endpoint: endpoint.into(),
-            replay_endpoint: String::new(),
-            publisher_type: PublisherType::Vllm,
-            model_name: "m".into(),
-            lora_name: String::new(),
-            tenant_id: "default".into(),
-            block_size: 16,
-            dp_rank: 0,
-            cache_group: None,
-            hash_profile: crate::hashing::profile::test_vllm_cbor(),
-        }
+        PublisherConfig::test_vllm("i", endpoint)
     }
 
     fn allowing(rules: &[&str]) -> RegistrationPolicy {

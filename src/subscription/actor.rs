@@ -1,5 +1,6 @@
-//! The subscription actor: a thin shell that feeds socket input to [`SeqState`], decodes what it
-//! must apply, routes it to the context actors, and spawns the socket tasks.
+//! The subscription actor: a thin shell that feeds socket input to [`SeqState`], runs what it
+//! must apply through the [`Ingest`] step, hands the batches to the context actors, and spawns
+//! the socket tasks.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,17 +9,14 @@ use actix::prelude::*;
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::{DecodedBatch, IndexBatch, KvEvent};
 use crate::index::ContextHandle;
 use crate::index::Watermark;
 use crate::index::actor::{Advance, ApplySequenced, DropSource, MAILBOX_CAPACITY};
 use crate::index::{ContextDirectory, payload_digest};
 use crate::model::{PublisherConfig, SubscriptionKey};
 
-use super::hash_check::HashCheck;
-use super::ingest::{Rejected, RoutedBatch, decode_and_route};
-use super::marks::SourceMarks;
-use super::route::{Refused, RouteLimits, Router};
+use super::ingest_step::{ContextBatch, Ingest, IngestStep, IngestWarning};
+use super::route::RouteLimits;
 use super::settings::SubscriptionSettings;
 use super::socket::{self, FrameSink, LinkLoss, ReplayEvent};
 use super::state::{Action, SeqState};
@@ -32,8 +30,7 @@ pub struct SubscriptionActor {
     config: Arc<PublisherConfig>,
     key: SubscriptionKey,
     seq: SeqState,
-    router: Router,
-    hash_check: HashCheck,
+    ingest: Ingest,
     contexts: ContextDirectory,
     status: StatusCell,
     settings: SubscriptionSettings,
@@ -44,8 +41,6 @@ pub struct SubscriptionActor {
     /// Identifies the current replay; answers of an abandoned replay are ignored.
     replay_generation: u64,
     replay_cancel: Option<CancellationToken>,
-    /// The source's position for the contexts it fed (see [`PushMarks`]).
-    marks: SourceMarks,
     /// Batches waiting for a context to take them (see `hand_off`).
     waiting_hand_offs: usize,
 }
@@ -73,21 +68,19 @@ impl SubscriptionActor {
             seq.resume_verified(mark.seq, mark.digest);
         }
         let key = config.subscription_key();
-        let mut router = Router::new(&config).with_limits(RouteLimits {
+        let fed: Vec<_> = contexts
+            .all()
+            .into_iter()
+            .filter(|handle| handle.reader().fed_by(&key))
+            .map(|handle| handle.reader().key().clone())
+            .collect();
+        let limits = RouteLimits {
             max_contexts: settings.max_contexts,
             max_name_bytes: settings.max_name_bytes,
-        });
-        // Contexts recovered from disk that this source fed: its removals and clears must still
-        // reach them (an adapter's context, a store's contexts), or their blocks would stay.
-        for handle in contexts.all() {
-            if handle.reader().fed_by(&key) {
-                router.feed(handle.reader().key().clone());
-            }
-        }
+        };
         SubscriptionActor {
             key,
-            router,
-            hash_check: HashCheck::new(&config),
+            ingest: Ingest::new(config.clone(), limits, resume_after, fed),
             seq,
             contexts,
             status,
@@ -96,7 +89,6 @@ impl SubscriptionActor {
             cancel: CancellationToken::new(),
             replay_generation: 0,
             replay_cancel: None,
-            marks: SourceMarks::new(resume_after),
             waiting_hand_offs: 0,
             config,
         }
@@ -105,7 +97,7 @@ impl SubscriptionActor {
     /// Bring every context this source fed up to the last batch it consumed (see
     /// [`PushMarks`]). Contexts that got ops of that batch already have its mark.
     fn push_marks(&mut self) {
-        for (key, mark) in self.marks.due(self.router.fed_contexts()) {
+        for (key, mark) in self.ingest.due_marks() {
             // Only a context of this source's profile is one it feeds (another one refused its
             // events).
             let Some(handle) = self
@@ -115,7 +107,7 @@ impl SubscriptionActor {
             else {
                 continue;
             };
-            handle.addr().do_send(Advance {
+            handle.notify(Advance {
                 source: self.key.clone(),
                 mark,
             });
@@ -130,9 +122,9 @@ impl SubscriptionActor {
                     if let Some(suppressed) = self.warn_due("drop_source") {
                         tracing::warn!(service = %self.key, reason = reason.as_str(), suppressed, "dropping everything this source owns");
                     }
-                    self.marks.dropped();
+                    self.ingest.source_dropped();
                     for handle in self.contexts.all() {
-                        handle.addr().do_send(DropSource(self.key.clone()));
+                        handle.notify(DropSource(self.key.clone()));
                     }
                 }
                 Action::RequestReplay { from_seq } => self.start_replay(from_seq, ctx),
@@ -190,7 +182,7 @@ impl SubscriptionActor {
         {
             msg
         } else {
-            match handle.addr().try_send(msg) {
+            match handle.try_send(msg) {
                 Ok(()) => return,
                 Err(SendError::Full(msg)) => msg,
                 // A context forgotten meanwhile (its last source left): nothing to apply.
@@ -199,59 +191,29 @@ impl SubscriptionActor {
         };
         self.status.update(|s| s.backpressure_waits += 1);
         self.waiting_hand_offs += 1;
-        let send = handle.addr().send(msg);
+        let send = handle.queue(msg);
         ctx.wait(actix::fut::wrap_future(send).map(|_, act: &mut Self, _| {
             act.waiting_hand_offs -= 1;
         }));
     }
 
-    /// Decode one batch and hand its ops to the contexts. A bad payload is counted and dropped;
-    /// it never disturbs what is already indexed.
+    /// Run one batch through the ingest step and perform what it returns: hand each context its
+    /// ops, log the warnings due, update the status once.
     fn apply(&mut self, seq: u64, payload: &[u8], ctx: &mut Context<Self>) {
         let mark = Watermark {
             seq,
             digest: payload_digest(payload),
         };
-        // Consumed whatever follows: a batch that cannot be decoded or applies nothing moves
-        // the source's position all the same.
-        self.marks.consumed(mark);
-        let mut counts = EventCounts::default();
-        let (key, hash_check) = (&self.key, &mut self.hash_check);
-        let inspect = |batch: &DecodedBatch| {
-            for message in &batch.invalid {
-                tracing::debug!(service = %key, seq, "invalid event skipped: {message}");
-            }
-            observe_hashes(hash_check, batch);
-            counts = EventCounts::of(batch);
-        };
-        let batch = match decode_and_route(&self.config, &mut self.router, payload, inspect) {
-            Ok(batch) => batch,
-            Err(Rejected::Undecodable(e)) => {
-                if let Some(suppressed) = self.warn_due("undecodable") {
-                    tracing::warn!(service = %self.key, seq, error = %e, suppressed, "undecodable batch dropped");
-                }
-                self.status.update(|s| s.decode_errors += 1);
-                return;
-            }
-            Err(Rejected::OtherRank(batch_rank)) => {
-                if let Some(suppressed) = self.warn_due("rank_mismatch") {
-                    tracing::warn!(
-                        service = %self.key, seq, ?batch_rank, suppressed,
-                        "batch from another DP rank than registered; rejected whole"
-                    );
-                }
-                self.status.update(|s| s.rank_mismatches += 1);
-                return;
-            }
-        };
-        let RoutedBatch {
-            ts,
-            routed,
-            ignored,
-        } = batch;
-        let refused = self.router.take_refused();
-        self.report_refused(seq, &refused);
-        for (context, ops) in routed {
+        let IngestStep {
+            batches,
+            mut status,
+            warnings,
+            ..
+        } = self.ingest.step(mark, payload);
+        for warning in &warnings {
+            self.warn(seq, warning);
+        }
+        for ContextBatch { context, batch } in batches {
             match self
                 .contexts
                 .get_or_create(&context, &self.config.hash_profile)
@@ -260,121 +222,51 @@ impl SubscriptionActor {
                     // Adapter contexts list this rank by themselves: an engine store lists its
                     // (instance, rank) in the context it lands in.
                     let msg = ApplySequenced {
-                        batch: IndexBatch {
-                            source: self.key.clone(),
-                            ops,
-                        },
+                        batch,
                         mark,
                         in_flight: Some(self.status.in_flight().guard()),
                     };
                     self.hand_off(&handle, msg, ctx);
-                    self.marks.sent(&context, seq);
+                    self.ingest.delivered(&context, seq);
                 }
                 Err(conflict) => {
                     if let Some(suppressed) = self.warn_due("profile_conflict") {
                         tracing::warn!(service = %self.key, suppressed, "{conflict}; events for it are skipped");
                     }
-                    counts.profile_conflicts += 1;
+                    status.profile_conflict();
                 }
             }
         }
-        let hash_check = self.hash_check.summary();
-        let engine_recipe = self.hash_check.engine_recipe();
-        self.status.update(|s| {
-            *s.events.entry("stored").or_default() += counts.stored;
-            *s.events.entry("removed").or_default() += counts.removed;
-            *s.events.entry("cleared").or_default() += counts.cleared;
-            s.invalid_events += counts.invalid;
-            s.profile_conflicts += counts.profile_conflicts;
-            for reason in &ignored {
-                *s.ignored.entry(reason.as_str()).or_default() += 1;
-            }
-            (
-                s.hash_check,
-                s.hash_check_ok,
-                s.hash_check_mismatch,
-                s.hash_check_mismatch_rate,
-            ) = hash_check;
-            s.engine_recipe = engine_recipe;
-            s.last_batch_ts_ms = timestamp_ms(ts, self.config.publisher_type.is_engine());
-        });
+        self.status.update(|s| status.apply(s));
     }
 
-    /// Count refused events by field, and warn once per interval per field, with the first
-    /// refusal of this batch as the example.
-    fn report_refused(&mut self, seq: u64, refused: &[Refused]) {
-        if refused.is_empty() {
+    fn warn(&mut self, seq: u64, warning: &IngestWarning) {
+        let Some(suppressed) = self.warn_due(warning.kind()) else {
             return;
-        }
-        let mut by_field: Vec<(&'static str, u64, &str)> = Vec::new();
-        for r in refused {
-            match by_field.iter_mut().find(|(f, _, _)| *f == r.field) {
-                Some((_, n, _)) => *n += 1,
-                None => by_field.push((r.field, 1, &r.detail)),
+        };
+        match warning {
+            IngestWarning::Undecodable(e) => {
+                tracing::warn!(service = %self.key, seq, error = %e, suppressed, "undecodable batch dropped");
             }
+            IngestWarning::OtherRank(batch_rank) => tracing::warn!(
+                service = %self.key, seq, ?batch_rank, suppressed,
+                "batch from another DP rank than registered; rejected whole"
+            ),
+            IngestWarning::Refused {
+                field,
+                count,
+                example,
+            } => tracing::warn!(
+                service = %self.key, seq, field, count, suppressed,
+                "events refused: {example}"
+            ),
         }
-        for &(field, count, example) in &by_field {
-            if let Some(suppressed) = self.warn_due(field) {
-                tracing::warn!(
-                    service = %self.key, seq, field, count, suppressed,
-                    "events refused: {example}"
-                );
-            }
-        }
-        self.status.update(|s| {
-            for &(field, count, _) in &by_field {
-                *s.refused.entry(field).or_default() += count;
-            }
-        });
     }
 
     /// `Some(suppressed)` when a warning of `kind` may be logged now (see [`WarnLimiter`]).
     fn warn_due(&mut self, kind: &'static str) -> Option<u64> {
         self.warnings.check(kind, Instant::now())
     }
-}
-
-/// Show the runtime profile check the blocks a batch stores (a clear resets it).
-fn observe_hashes(hash_check: &mut HashCheck, batch: &DecodedBatch) {
-    for event in &batch.events {
-        match event {
-            KvEvent::Stored(stored) => hash_check.observe_stored(stored),
-            KvEvent::AllCleared => hash_check.forget_all(),
-            _ => {}
-        }
-    }
-}
-
-#[derive(Default)]
-struct EventCounts {
-    stored: u64,
-    removed: u64,
-    cleared: u64,
-    invalid: u64,
-    profile_conflicts: u64,
-}
-
-impl EventCounts {
-    fn of(batch: &DecodedBatch) -> Self {
-        let mut counts = EventCounts {
-            invalid: batch.invalid.len() as u64,
-            ..Default::default()
-        };
-        for event in &batch.events {
-            match event {
-                KvEvent::Stored(_) | KvEvent::StoreStored(_) => counts.stored += 1,
-                KvEvent::Removed(_) | KvEvent::StoreRemoved(_) => counts.removed += 1,
-                KvEvent::AllCleared | KvEvent::StoreCleared { .. } => counts.cleared += 1,
-            }
-        }
-        counts
-    }
-}
-
-/// Engines stamp seconds (float), the Mooncake store milliseconds.
-fn timestamp_ms(ts: f64, seconds: bool) -> Option<u64> {
-    let ms = if seconds { ts * 1000.0 } else { ts };
-    (ms.is_finite() && ms >= 0.0 && ms < u64::MAX as f64).then_some(ms as u64)
 }
 
 impl Actor for SubscriptionActor {

@@ -249,20 +249,11 @@ impl HashCheck {
 mod tests {
     use super::*;
     use crate::hashing::profile::VLLM_UNSET_SEED;
-    use crate::model::{PublisherType, Tier};
+    use crate::model::Tier;
 
     fn config(seed: &str) -> PublisherConfig {
         PublisherConfig {
-            instance_id: "i".into(),
-            endpoint: "tcp://127.0.0.1:1".into(),
-            replay_endpoint: String::new(),
-            publisher_type: PublisherType::Vllm,
-            model_name: "m".into(),
-            lora_name: String::new(),
-            tenant_id: "default".into(),
             block_size: 4,
-            dp_rank: 0,
-            cache_group: None,
             hash_profile: HashProfile::resolve(
                 Some("vllm_v1"),
                 Some("sha256"),
@@ -270,6 +261,7 @@ mod tests {
                 Some("low64_be"),
             )
             .unwrap(),
+            ..PublisherConfig::test_vllm("i", "tcp://127.0.0.1:1")
         }
     }
 

@@ -55,29 +55,20 @@ pub fn decode_and_route(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use rmpv::Value as M;
 
     use super::*;
-    use crate::model::PublisherType;
 
-    fn config() -> PublisherConfig {
+    pub(in crate::subscription) fn config() -> PublisherConfig {
         PublisherConfig {
-            instance_id: "i".into(),
-            endpoint: "tcp://127.0.0.1:1".into(),
-            replay_endpoint: String::new(),
-            publisher_type: PublisherType::Vllm,
-            model_name: "m".into(),
-            lora_name: String::new(),
-            tenant_id: "default".into(),
             block_size: 2,
             dp_rank: 1,
-            cache_group: None,
-            hash_profile: crate::hashing::profile::test_vllm_cbor(),
+            ..PublisherConfig::test_vllm("i", "tcp://127.0.0.1:1")
         }
     }
 
-    fn stored(hash: u64, block_size: i64, lora: Option<&str>) -> M {
+    pub(in crate::subscription) fn stored(hash: u64, block_size: i64, lora: Option<&str>) -> M {
         let s = |v: &str| M::from(v);
         M::Map(vec![
             (s("type"), s("BlockStored")),
@@ -94,7 +85,7 @@ mod tests {
         ])
     }
 
-    fn batch(events: Vec<M>, rank: u32) -> Vec<u8> {
+    pub(in crate::subscription) fn batch(events: Vec<M>, rank: u32) -> Vec<u8> {
         let mut out = Vec::new();
         let v = M::Array(vec![M::F64(1.5e9), M::Array(events), M::from(rank)]);
         rmpv::encode::write_value(&mut out, &v).unwrap();

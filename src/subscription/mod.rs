@@ -3,7 +3,8 @@
 //!
 //! Layout: [`state`] the pure sequence state machine; [`socket`] the SUB/DEALER tasks over
 //! [`zmtp`], our bounded ZeroMQ reader; [`route`] decoded events → per-context index batches;
-//! [`ingest`] one payload decoded, rank-checked and routed (shared with `check`);
+//! [`ingest`] one payload decoded, rank-checked and routed (shared with `check`); [`ingest_step`]
+//! what the actor does with one payload, as data (batches, status change, warnings);
 //! [`marks`] the source's position for the contexts it fed; [`hash_check`] the runtime profile
 //! check; [`status`] what a subscription reports; [`warn_limit`] rate-limited warnings;
 //! [`settings`] its bounds; [`actor`] the actix shell tying them together; [`directory`] the
@@ -13,6 +14,7 @@ pub mod actor;
 pub mod directory;
 pub mod hash_check;
 pub mod ingest;
+pub mod ingest_step;
 pub mod marks;
 pub mod route;
 pub mod settings;

@@ -69,13 +69,7 @@ pub(crate) async fn deliver(server: &Server, player: &mut Player) {
 }
 
 /// splitmix64 for seeded rounds.
-pub(crate) fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+pub(crate) use mooncake_conductor::test_rng::splitmix64 as next;
 
 pub(crate) fn random_batch(rng: &mut u64) -> Vec<u8> {
     let p = (next(rng) % PROMPTS as u64) as i32;

@@ -17,6 +17,7 @@ use super::holder::{FreeIds, HolderKey, HolderState};
 use super::keying;
 use super::plan::MetaLock;
 use super::query;
+use super::records::Attachment;
 use super::refs::RefList;
 use super::shared::Shared;
 use super::store_run::{self, RAW_KEY, RUN_MAX, StoreRun};
@@ -400,11 +401,17 @@ impl ContextIndex {
     }
 
     /// Every (source, instance, rank) listing, sorted.
-    pub(super) fn attachments(&self) -> Vec<(SubscriptionKey, String, u32)> {
-        let mut all: Vec<(SubscriptionKey, String, u32)> = self
+    pub(super) fn attachments(&self) -> Vec<Attachment> {
+        let mut all: Vec<Attachment> = self
             .attached
             .iter()
-            .flat_map(|(s, list)| list.iter().map(move |(i, r)| (s.clone(), i.clone(), *r)))
+            .flat_map(|(s, list)| {
+                list.iter().map(move |(i, r)| Attachment {
+                    source: s.clone(),
+                    instance_id: i.clone(),
+                    dp_rank: *r,
+                })
+            })
             .collect();
         all.sort();
         all

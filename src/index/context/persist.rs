@@ -115,18 +115,21 @@ impl ContextIndex {
         }
         touched.sort_unstable();
         touched.dedup();
-        let pairs: Vec<(u32, u64, u8)> = touched
+        let pairs: Vec<crate::index::PairBits> = touched
             .into_iter()
-            .map(|(id, block)| {
-                (
-                    id,
-                    block,
-                    self.shared.table.read(block).holder_bits(block, id),
-                )
+            .map(|(id, block)| crate::index::PairBits {
+                holder: id,
+                block,
+                bits: self.shared.table.read(block).holder_bits(block, id),
             })
             .collect();
         let mut repeats = Vec::new();
-        for &(id, block, bits) in &pairs {
+        for &crate::index::PairBits {
+            holder: id,
+            block,
+            bits,
+        } in &pairs
+        {
             let Some(state) = self.holders.get(id as usize) else {
                 continue;
             };

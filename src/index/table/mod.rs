@@ -95,14 +95,8 @@ const fn make_entry(id: u32, bits: u8) -> u32 {
     (id << 4) | (bits & ALL_TIERS) as u32
 }
 
-/// The splitmix64 finalizer: a bijective mix, so distinct keys never collide after mixing and
-/// sequential or adversarially structured keys still spread over shards and slots.
-#[inline]
-pub(crate) const fn mix64(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+/// Keys are mixed before they pick a shard and a slot (see [`crate::mix`]).
+pub(crate) use crate::mix::mix64;
 
 /// A per-process random seed, so a publisher cannot aim keys at one probe cluster.
 pub(crate) fn random_seed() -> u64 {

@@ -3,24 +3,11 @@
 
 use super::*;
 use crate::durability::codec::registration_value;
-use crate::model::PublisherType;
 
 const PREFIX: &str = "/mc/";
 
 fn config(i: u32, port: u16) -> PublisherConfig {
-    PublisherConfig {
-        instance_id: format!("e{i}"),
-        endpoint: format!("tcp://127.0.0.1:{port}"),
-        replay_endpoint: String::new(),
-        publisher_type: PublisherType::Vllm,
-        model_name: "m".into(),
-        lora_name: String::new(),
-        tenant_id: "default".into(),
-        block_size: 16,
-        dp_rank: 0,
-        cache_group: None,
-        hash_profile: crate::hashing::profile::test_vllm_cbor(),
-    }
+    PublisherConfig::test_vllm(&format!("e{i}"), &format!("tcp://127.0.0.1:{port}"))
 }
 
 fn kv(c: &PublisherConfig, rev: i64) -> Kv {
