@@ -3,9 +3,10 @@
 //! Layout: [`model`] domain newtypes; [`error`] the stable result codes; [`hashing`] byte-exact
 //! engine hash chains; [`wire`] publisher payload decoders; [`events`] normalized events;
 //! [`index`] per-context prefix indexes; [`subscription`] one actor per publisher; [`registry`]
-//! subscriptions and contexts; [`gateway`] gRPC and HTTP over one operation layer; [`metrics`]
-//! Prometheus text; [`service`] the running service; [`config`] its configuration; [`fixture`]
-//! recorded event fixtures (`record`, `play`, `check`).
+//! subscriptions and contexts; [`replica`] a new replica's bootstrap from a peer's snapshot;
+//! [`gateway`] gRPC and HTTP over one operation layer; [`metrics`] Prometheus text; [`service`]
+//! the running service; [`config`] its configuration; [`fixture`] recorded event fixtures
+//! (`record`, `play`, `check`).
 
 pub mod admin;
 pub mod config;
@@ -19,6 +20,7 @@ pub mod metrics;
 pub mod model;
 pub mod persistence;
 pub mod registry;
+pub mod replica;
 pub mod service;
 pub mod storage;
 pub mod subscription;

@@ -203,6 +203,7 @@ pub mod actor;
 mod alias_table;
 mod aliases;
 pub mod context;
+pub mod export;
 pub mod handle;
 mod holder;
 mod keying;
