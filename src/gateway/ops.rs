@@ -55,6 +55,8 @@ pub struct Ops {
     storage: Arc<StorageHealth>,
     /// Registrations shared through etcd, for `/metrics`.
     shared: Option<Arc<crate::registry::shared::etcd::EtcdRegistry>>,
+    /// This replica's id and bootstrap progress, for `/metrics`.
+    replica: Option<Arc<crate::replica::progress::Progress>>,
     auth: Arc<Auth>,
 }
 
@@ -73,6 +75,7 @@ impl Ops {
             max_query_tokens: usize::MAX,
             storage: Arc::default(),
             shared: None,
+            replica: None,
             auth: Arc::new(auth),
         }
     }
@@ -82,6 +85,11 @@ impl Ops {
         shared: Option<Arc<crate::registry::shared::etcd::EtcdRegistry>>,
     ) -> Self {
         self.shared = shared;
+        self
+    }
+
+    pub fn with_replica(mut self, replica: Arc<crate::replica::progress::Progress>) -> Self {
+        self.replica = Some(replica);
         self
     }
 
@@ -261,7 +269,7 @@ impl Ops {
             .iter()
             .map(|h| h.reader().stats())
             .collect();
-        Ok(crate::metrics::render(&Scrape {
+        let mut text = crate::metrics::render(&Scrape {
             ready: self.is_ready(),
             services: &services,
             contexts: &contexts,
@@ -270,7 +278,11 @@ impl Ops {
             checkpoint_failures: self.storage.failures_total(),
             registrations_refused: &refused,
             etcd: self.shared.as_ref().map(|e| (e.is_up(), e.revision())),
-        }))
+        });
+        if let Some(replica) = &self.replica {
+            replica.render(&mut text);
+        }
+        Ok(text)
     }
 }
 
