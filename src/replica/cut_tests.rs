@@ -171,7 +171,7 @@ fn the_chunks_recover_into_the_same_context_and_respect_their_bound() {
             records += chunk.records.len() as u64;
         }
         assert_eq!(records, begin.records);
-        let end = chunks.last().and_then(|c| c.end.clone()).expect("end mark");
+        let end = chunks.last().and_then(|c| c.end).expect("end mark");
         assert_eq!((end.records, end.pairs), (records, pairs));
 
         let recovered = recover(&store_of(&chunks)).unwrap();

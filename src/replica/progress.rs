@@ -48,6 +48,7 @@ pub struct Progress {
     phase: Mutex<Phase>,
     pairs_expected: AtomicU64,
     pairs_received: AtomicU64,
+    bytes_received: AtomicU64,
 }
 
 impl Progress {
@@ -57,6 +58,7 @@ impl Progress {
             phase: Mutex::new(Phase::Off),
             pairs_expected: AtomicU64::new(0),
             pairs_received: AtomicU64::new(0),
+            bytes_received: AtomicU64::new(0),
         }
     }
 
@@ -78,8 +80,10 @@ impl Progress {
         self.set_phase(Phase::Pulling);
     }
 
-    pub fn received(&self, pairs: u64) {
+    /// One more chunk: its pairs and its encoded size.
+    pub fn received(&self, pairs: u64, bytes: u64) {
         self.pairs_received.fetch_add(pairs, Ordering::Relaxed);
+        self.bytes_received.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub fn loading(&self) {
@@ -122,7 +126,10 @@ impl Progress {
             "# HELP conductor_bootstrap_pairs_received Pairs received from the peer's snapshot\n\
              # TYPE conductor_bootstrap_pairs_received gauge\nconductor_bootstrap_pairs_received {received}\n\
              # HELP conductor_bootstrap_pairs_expected Pairs the peer's snapshot announced\n\
-             # TYPE conductor_bootstrap_pairs_expected gauge\nconductor_bootstrap_pairs_expected {expected}"
+             # TYPE conductor_bootstrap_pairs_expected gauge\nconductor_bootstrap_pairs_expected {expected}\n\
+             # HELP conductor_bootstrap_bytes_received Bytes of snapshot chunks received from the peer\n\
+             # TYPE conductor_bootstrap_bytes_received gauge\nconductor_bootstrap_bytes_received {}",
+            self.bytes_received.load(Ordering::Relaxed)
         );
     }
 }
@@ -147,7 +154,7 @@ mod tests {
     fn metrics_name_the_replica_and_the_one_current_phase() {
         let p = Progress::new("a\"b".into());
         p.pulling(10);
-        p.received(4);
+        p.received(4, 100);
         let mut text = String::new();
         p.render(&mut text);
         assert!(text.contains("conductor_replica_info{replica_id=\"a\\\"b\"} 1"));
@@ -155,6 +162,7 @@ mod tests {
         assert!(text.contains("conductor_bootstrap_state{state=\"off\"} 0"));
         assert!(text.contains("conductor_bootstrap_pairs_received 4"));
         assert!(text.contains("conductor_bootstrap_pairs_expected 10"));
+        assert!(text.contains("conductor_bootstrap_bytes_received 100"));
     }
 
     #[test]

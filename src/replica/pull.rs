@@ -188,6 +188,7 @@ async fn receive(
                 "the stream ended after {records} records without its end mark"
             )));
         };
+        let bytes = prost::Message::encoded_len(&chunk) as u64;
         if chunk.seq != seq {
             return Err(bad(format!("chunk {} where {seq} was due", chunk.seq)));
         }
@@ -248,7 +249,7 @@ async fn receive(
                 begin.records, begin.pairs
             )));
         }
-        progress.received(chunk_pairs);
+        progress.received(chunk_pairs, bytes);
         if !ops.is_empty() && tx.send(ops).await.is_err() {
             // The writer stopped on a store error, which the caller reports.
             return Ok((begin.replica_id.clone(), Vec::new()));
