@@ -22,6 +22,8 @@ use super::progress::Progress;
 
 /// Connecting to the peer gives up after this long.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// The HTTP/2 flow-control window the stream gets: several chunks in flight.
+const WINDOW_BYTES: u32 = 4 * MAX_CHUNK_BYTES as u32;
 /// A peer that sends nothing for this long is given up on.
 const STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -71,10 +73,12 @@ pub async fn pull(
     store: &Arc<dyn KvStore>,
     progress: &Progress,
 ) -> Result<Pulled, PullError> {
+    let started = std::time::Instant::now();
     clear(store.as_ref()).map_err(|e| PullError::Load(e, peer.to_owned()))?;
     let result = fetch(peer, token, store, progress).await;
     let result = match result {
         Ok(peer_id) => {
+            tracing::info!(peer, elapsed = ?started.elapsed(), "snapshot received; recovering it");
             progress.loading();
             let store = store.clone();
             let loaded = tokio::task::spawn_blocking(move || recover(store.as_ref()))
@@ -112,7 +116,11 @@ async fn fetch(
     };
     let endpoint = tonic::transport::Endpoint::from_shared(peer.to_owned())
         .map_err(|e| unreachable(e.to_string()))?
-        .connect_timeout(CONNECT_TIMEOUT);
+        .connect_timeout(CONNECT_TIMEOUT)
+        // HTTP/2's default 64 KiB window would have the peer wait for a window update every
+        // 64 KiB of a stream of hundreds of megabytes.
+        .initial_stream_window_size(WINDOW_BYTES)
+        .initial_connection_window_size(WINDOW_BYTES);
     let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
         .await
         .map_err(|_| unreachable(format!("no connection within {CONNECT_TIMEOUT:?}")))?
@@ -233,6 +241,13 @@ async fn receive(
                 value: r.value,
             };
             match cf {
+                // Held until the end: never more than announced.
+                Cf::Registrations if registrations.len() as u64 >= begin.registrations => {
+                    return Err(bad(format!(
+                        "more registrations than the {} announced",
+                        begin.registrations
+                    )));
+                }
                 Cf::Registrations => registrations.push(op),
                 Cf::Pairs => {
                     chunk_pairs += 1;

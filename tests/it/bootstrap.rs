@@ -330,6 +330,27 @@ async fn a_newer_format_is_refused_and_the_replica_starts_empty() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_than_announced_is_refused_and_the_replica_starts_empty() {
+    let format = mooncake_conductor::replica::format::FORMAT;
+    let mut announced = begin(format, 1, 0);
+    announced.registrations = 0;
+    let peer = scripted_peer(Scripted {
+        chunks: vec![pb::SnapshotChunk {
+            seq: 0,
+            begin: Some(announced),
+            records: vec![registration_record()],
+            end: Some(pb::SnapshotEnd {
+                records: 1,
+                pairs: 0,
+            }),
+        }],
+        pause: Duration::ZERO,
+    })
+    .await;
+    starts_empty_after(&peer, "more registrations than the 0 announced").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_truncated_snapshot_reports_progress_then_leaves_nothing_behind() {
     let format = mooncake_conductor::replica::format::FORMAT;
     let ctx = [7u8; 8];
