@@ -19,6 +19,13 @@ use crate::service::InProcess;
 use crate::{BS, E2E_EVENTS, EVENT_BLOCKS, INGEST_MODEL, opt};
 
 pub(crate) async fn bootstrap() {
+    // The bootstrap's own log lines say where its time goes (cut, transfer, recovery).
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "mooncake_conductor::replica=info",
+        ))
+        .with_writer(std::io::stderr)
+        .init();
     let sizes: Vec<u64> = opt("pairs", "1000000,10000000".to_owned())
         .split(',')
         .filter_map(|n| n.trim().parse().ok())

@@ -37,7 +37,9 @@ impl Cut {
         contexts: &ContextDirectory,
         subscriptions: &SubscriptionDirectory,
     ) -> Result<Cut, StorageError> {
+        let started = std::time::Instant::now();
         subscriptions.push_marks().await;
+        let marks = started.elapsed();
         let mut handles = contexts.all();
         handles.sort_by_key(|h| context_id(h.key()));
         let mut exported = Vec::with_capacity(handles.len());
@@ -47,6 +49,11 @@ impl Cut {
                 exported.push(changes);
             }
         }
+        tracing::info!(
+            marks = ?marks,
+            exports = ?(started.elapsed() - marks),
+            "snapshot cut: positions pushed, contexts exported"
+        );
         let mut registrations = Vec::new();
         store.scan_prefix(Cf::Registrations, b"", &mut |k, v| {
             registrations.push((k.to_vec(), v.to_vec()));

@@ -58,6 +58,7 @@ impl Replica for SnapshotService {
         self.ops
             .authorize(Access::Write, authorization.map(|v| v.as_bytes()))
             .map_err(|e| Status::unauthenticated(e.message))?;
+        let started = std::time::Instant::now();
         let cut = Cut::take(self.store.as_ref(), &self.contexts, &self.subscriptions)
             .await
             .map_err(|e| Status::unavailable(format!("cannot read the registrations: {e}")))?;
@@ -66,7 +67,8 @@ impl Replica for SnapshotService {
             contexts = cut.contexts.len(),
             pairs,
             registrations = cut.registrations.len(),
-            "serving a snapshot to a new replica"
+            elapsed = ?started.elapsed(),
+            "serving a snapshot to a new replica: cut taken"
         );
         let chunks = cut.into_chunks(self.replica_id.clone(), CHUNK_BYTES);
         Ok(Response::new(Box::pin(futures::stream::iter(
