@@ -138,7 +138,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .with_max_query_tokens(config.max_query_tokens)
         .with_shared(shared.clone())
         .with_storage_health(storage_health.clone())
-        .with_replica(replica.clone());
+        .with_metrics_section(replica.clone());
 
     // The servers answer before any subscription starts: whatever a publisher does at start,
     // `/health` says what the service is doing and an operator can look at `/services/status`.

@@ -55,8 +55,8 @@ pub struct Ops {
     storage: Arc<StorageHealth>,
     /// Registrations shared through etcd, for `/metrics`.
     shared: Option<Arc<crate::registry::shared::etcd::EtcdRegistry>>,
-    /// This replica's id and bootstrap progress, for `/metrics`.
-    replica: Option<Arc<crate::replica::progress::Progress>>,
+    /// Further `/metrics` sections (the replica's id and bootstrap progress).
+    sections: Vec<Arc<dyn crate::metrics::Section>>,
     auth: Arc<Auth>,
 }
 
@@ -75,7 +75,7 @@ impl Ops {
             max_query_tokens: usize::MAX,
             storage: Arc::default(),
             shared: None,
-            replica: None,
+            sections: Vec::new(),
             auth: Arc::new(auth),
         }
     }
@@ -88,8 +88,8 @@ impl Ops {
         self
     }
 
-    pub fn with_replica(mut self, replica: Arc<crate::replica::progress::Progress>) -> Self {
-        self.replica = Some(replica);
+    pub fn with_metrics_section(mut self, section: Arc<dyn crate::metrics::Section>) -> Self {
+        self.sections.push(section);
         self
     }
 
@@ -279,8 +279,8 @@ impl Ops {
             registrations_refused: &refused,
             etcd: self.shared.as_ref().map(|e| (e.is_up(), e.revision())),
         });
-        if let Some(replica) = &self.replica {
-            replica.render(&mut text);
+        for section in &self.sections {
+            section.render(&mut text);
         }
         Ok(text)
     }

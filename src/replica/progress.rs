@@ -97,9 +97,11 @@ impl Progress {
             self.pairs_expected.load(Ordering::Relaxed),
         )
     }
+}
 
+impl crate::metrics::Section for Progress {
     /// The Prometheus text of this replica's gauges.
-    pub fn render(&self, w: &mut String) {
+    fn render(&self, w: &mut String) {
         let id = self.replica_id.replace('\\', "\\\\").replace('"', "\\\"");
         let _ = writeln!(
             w,
@@ -149,6 +151,7 @@ pub fn replica_id(configured: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Section;
 
     #[test]
     fn metrics_name_the_replica_and_the_one_current_phase() {
