@@ -92,6 +92,11 @@ pub struct Config {
     pub max_contexts_per_source: u64,
     /// Registrations shared with other replicas through etcd; `None`: this replica's own store.
     pub shared_registry: Option<crate::registry::shared::EtcdConfig>,
+    /// A peer replica (`http://host:grpc_port`) to take a snapshot from when the data directory
+    /// holds nothing.
+    pub bootstrap_from: Option<String>,
+    /// This replica's id in `/metrics` and in the snapshots it serves; `None`: the host name.
+    pub replica_id: Option<String>,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -232,6 +237,8 @@ impl Config {
             max_name_bytes: DEFAULT_MAX_NAME_BYTES as u64,
             max_contexts_per_source: DEFAULT_MAX_CONTEXTS_PER_SOURCE,
             shared_registry: None,
+            bootstrap_from: None,
+            replica_id: None,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -354,6 +361,24 @@ impl Config {
                     let etcd = crate::registry::shared::EtcdConfig::parse(value)
                         .map_err(|(f, m)| err(Some(f.as_str()), m))?;
                     config.shared_registry = Some(etcd);
+                }
+                "bootstrap_from" => {
+                    let text = value
+                        .as_str()
+                        .filter(|s| s.starts_with("http://") || s.starts_with("https://"));
+                    let text = text.ok_or_else(|| {
+                        err(
+                            field,
+                            "must be a peer's gRPC address, http://host:port".into(),
+                        )
+                    })?;
+                    config.bootstrap_from = Some(text.to_owned());
+                }
+                "replica_id" => {
+                    let text = value.as_str().filter(|s| !s.is_empty() && s.len() <= 256);
+                    let text = text
+                        .ok_or_else(|| err(field, "must be a string of 1 to 256 bytes".into()))?;
+                    config.replica_id = Some(text.to_owned());
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {
@@ -529,6 +554,21 @@ mod tests {
         let etcd = c.unwrap().shared_registry.expect("etcd registry");
         assert_eq!(etcd.endpoints, vec!["http://e:2379"]);
         assert!(Config::embedded_default().shared_registry.is_none());
+    }
+
+    #[test]
+    fn bootstrap_from_needs_an_http_address_and_replica_id_a_short_name() {
+        let c = Config::parse(
+            r#"{"bootstrap_from": "http://10.0.0.5:50051", "replica_id": "r-1"}"#,
+            "c",
+        )
+        .unwrap();
+        assert_eq!(c.bootstrap_from.as_deref(), Some("http://10.0.0.5:50051"));
+        assert_eq!(c.replica_id.as_deref(), Some("r-1"));
+        let e = Config::parse(r#"{"bootstrap_from": "10.0.0.5:50051"}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("bootstrap_from"));
+        let e = Config::parse(r#"{"replica_id": ""}"#, "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("replica_id"));
         let e = Config::parse("[1]", "c").unwrap_err();
         assert_eq!(e.field, None);
         let e = Config::parse("{", "broken.json").unwrap_err();

@@ -17,6 +17,7 @@
 //! - [`metrics`] Prometheus text of the registry's and the indexes' figures.
 //! - [`gateway`] gRPC and HTTP over one operation layer.
 //! - [`config`] the service configuration (it builds the settings of the modules above).
+//! - [`replica`] a new replica's bootstrap from a peer's snapshot (served and pulled).
 //! - [`service`] the running service.
 //! - [`admin`] offline commands on a data directory; [`fixture`] recorded event fixtures
 //!   (`record`, `play`, `check`).
@@ -34,6 +35,7 @@ pub mod metrics;
 pub mod mix;
 pub mod model;
 pub mod registry;
+pub mod replica;
 pub mod service;
 pub mod storage;
 pub mod subscription;

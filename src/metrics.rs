@@ -83,6 +83,12 @@ pub struct Scrape<'a> {
     pub etcd: Option<(bool, i64)>,
 }
 
+/// Gauges a part of the service adds to `/metrics` on its own (the gateway renders them without
+/// knowing what they are).
+pub trait Section: Send + Sync {
+    fn render(&self, w: &mut String);
+}
+
 /// Render the Prometheus text format.
 pub fn render(s: &Scrape<'_>) -> String {
     let mut out = String::with_capacity(4096);

@@ -89,6 +89,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
 
     // Recovery runs before the servers accept anything (connections wait in the listen backlog).
     let loaded = crate::durability::load(&config.data_dir, config.on_corrupt_data())?;
+    let bootstrap_peer = crate::replica::peer_to_pull(&config, &loaded.recovered);
+    let replica = Arc::new(crate::replica::progress::Progress::new(
+        crate::replica::progress::replica_id(config.replica_id.as_deref()),
+    ));
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 8);
@@ -115,8 +119,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         registry = registry.with_shared(shared.clone());
     }
     let registry = registry.start();
-    let registrations = loaded.recovered.registrations;
-    let restored: Vec<_> = registrations.iter().map(|(c, _)| c.clone()).collect();
+    let mut registrations = loaded.recovered.registrations;
     let readiness = Arc::new(Readiness::starting(format!(
         "restoring {} subscriptions",
         registrations.len()
@@ -133,7 +136,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone(), auth)
         .with_max_query_tokens(config.max_query_tokens)
         .with_shared(shared.clone())
-        .with_storage_health(storage_health.clone());
+        .with_storage_health(storage_health.clone())
+        .with_metrics_section(replica.clone());
 
     // The servers answer before any subscription starts: whatever a publisher does at start,
     // `/health` says what the service is doing and an operator can look at `/services/status`.
@@ -148,6 +152,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| ServiceError::Other(format!("gRPC reflection: {e}")))?;
+        let snapshots = crate::gateway::pb_server::replica_server::ReplicaServer::new(
+            crate::replica::serve::SnapshotService::new(
+                ops.clone(),
+                loaded.store.clone(),
+                contexts.clone(),
+                subscriptions.clone(),
+                replica.replica_id().to_owned(),
+            ),
+        )
+        .max_encoding_message_size(crate::replica::format::MAX_CHUNK_BYTES);
         Routers {
             http: crate::gateway::http::router(
                 ops.clone(),
@@ -157,12 +171,31 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
                     max_query_tokens: config.max_query_tokens,
                 },
             ),
-            grpc: tonic::service::Routes::new(service).add_service(reflection),
+            grpc: tonic::service::Routes::new(service)
+                .add_service(snapshots)
+                .add_service(reflection),
         }
     };
     let gateway = Workers::start(threads, http, rpc, routers, shutdown.clone())
         .map_err(|e| ServiceError::Other(format!("gateway workers: {e}")))?;
-    tracing::info!(http = %http_local, grpc = %rpc_local, "mooncake_conductor listening");
+    tracing::info!(http = %http_local, grpc = %rpc_local, replica_id = %replica.replica_id(), "mooncake_conductor listening");
+
+    // A new replica loads a peer's snapshot while its servers already say so on `/health`.
+    let mut bootstrapped = false;
+    if let Some(peer) = bootstrap_peer {
+        let token = config.auth_tokens.first();
+        if let Some(recovered) =
+            crate::replica::bootstrap(peer, token, &loaded.store, &readiness, &replica).await
+        {
+            for index in recovered.contexts {
+                persisted.insert(index.key().clone());
+                contexts.insert(contexts.start(index));
+            }
+            registrations = recovered.registrations;
+            bootstrapped = true;
+        }
+    }
+    let restored: Vec<_> = registrations.iter().map(|(c, _)| c.clone()).collect();
 
     // Each subscription is its own actor and socket tasks: one that fails to register is logged
     // and skipped, one whose publisher misbehaves only affects itself.
@@ -212,6 +245,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         Duration::from_millis(config.checkpoint_interval_ms),
         checkpoint_stop.clone(),
     ));
+    if bootstrapped {
+        crate::replica::catch_up(&registry, &readiness, &replica).await;
+    }
     readiness.set_ready();
     tracing::info!("ready");
 

@@ -11,6 +11,8 @@
 //!   last block applied.
 //! - `serve`: the service alone, configured like the binary (`CONDUCTOR_CONFIG_PATH`), until
 //!   SIGINT/SIGTERM or `serve-secs`: a release server that needs no RocksDB build.
+//! - `bootstrap`: time for a new replica to be ready from a peer holding `pairs` (default
+//!   1000000,10000000) pairs, and the snapshot's bytes per pair (see `bootstrap`).
 //! - `rust-query-latency`: `calls` sequential gRPC queries to a running server at `rpc-port`, the
 //!   Rust baseline the Python client's latency is compared with.
 //!
@@ -21,6 +23,7 @@
 //! checkpoint-ms 1000.
 //! Column `svc us` is the service's own mean time per query (hashing and walk, from `/metrics`):
 //! the rest of a latency is transport, client and scheduling.
+mod bootstrap;
 mod client;
 mod publish;
 mod scenario;
@@ -90,7 +93,8 @@ fn main() {
     match mode.as_str() {
         "scenario" => clients.block_on(scenario()),
         "rust-query-latency" => clients.block_on(rust_query_latency()),
-        other => panic!("unknown mode {other:?} (scenario, serve, rust-query-latency)"),
+        "bootstrap" => clients.block_on(bootstrap::bootstrap()),
+        other => panic!("unknown mode {other:?} (scenario, serve, bootstrap, rust-query-latency)"),
     }
 }
 

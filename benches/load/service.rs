@@ -51,36 +51,55 @@ fn free_port() -> u16 {
 
 impl InProcess {
     pub(crate) async fn start() -> InProcess {
+        InProcess::start_with(serde_json::json!({})).await
+    }
+
+    /// Start with extra configuration keys; returns once `/health` says ready.
+    pub(crate) async fn start_with(extra: serde_json::Value) -> InProcess {
+        let service = InProcess::spawn(extra);
+        service.wait_ready().await;
+        service
+    }
+
+    /// Start with extra configuration keys, without waiting for it.
+    pub(crate) fn spawn(extra: serde_json::Value) -> InProcess {
         let dir = tempfile::tempdir().expect("temp dir");
         let (http_port, rpc_port) = (free_port(), free_port());
-        let text = serde_json::json!({
+        let mut text = serde_json::json!({
             "http_server_port": http_port, "rpc_server_port": rpc_port,
             "bind_address": "127.0.0.1", "data_dir": dir.path().join("data"),
             // Without RocksDB checkpoints go to an in-memory store; its cost is part of ingest.
             "checkpoint_interval_ms": opt("checkpoint-ms", 1000u64),
         });
+        if let (Some(base), Some(extra)) = (text.as_object_mut(), extra.as_object()) {
+            base.extend(extra.clone());
+        }
         let config = Config::parse(&text.to_string(), "load bench").expect("config");
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let thread = std::thread::spawn(move || run_service(config, token, None));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(mut c) = HttpConn::connect(http_port).await
-                && c.call("GET", "/health", "", b"")
-                    .await
-                    .is_ok_and(|r| r.0 == 200)
-            {
-                let _dir = dir;
-                return InProcess {
-                    http_port,
-                    rpc_port,
-                    shutdown,
-                    thread,
-                    _dir,
-                };
-            }
-            assert!(Instant::now() < deadline, "service not ready in 30 s");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        InProcess {
+            http_port,
+            rpc_port,
+            shutdown,
+            thread,
+            _dir: dir,
+        }
+    }
+
+    /// `/health`: its status and body, once the server answers.
+    pub(crate) async fn health(&self) -> Option<(u16, String)> {
+        let mut c = HttpConn::connect(self.http_port).await.ok()?;
+        let (code, body) = c.call("GET", "/health", "", b"").await.ok()?;
+        Some((code, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    /// Wait until `/health` answers 200, at most 60 s.
+    pub(crate) async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.health().await.is_none_or(|(code, _)| code != 200) {
+            assert!(Instant::now() < deadline, "service not ready in 60 s");
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 

@@ -72,6 +72,11 @@ impl Tokens {
         self.0.len()
     }
 
+    /// The token this service presents to a peer (replicas of one fleet share their tokens).
+    pub fn first(&self) -> Option<&[u8]> {
+        self.0.first().map(Vec::as_slice)
+    }
+
     /// Whether `presented` is one of the tokens. Every token is compared in full whatever the
     /// outcome, so the time taken tells nothing about which bytes matched.
     fn accepts(&self, presented: &[u8]) -> bool {

@@ -62,6 +62,8 @@ pub struct Ops {
     storage: Arc<StorageHealth>,
     /// Registrations shared through etcd, for `/metrics`.
     shared: Option<Arc<crate::registry::shared::etcd::EtcdRegistry>>,
+    /// Further `/metrics` sections (the replica's id and bootstrap progress).
+    sections: Vec<Arc<dyn crate::metrics::Section>>,
     auth: Arc<Auth>,
 }
 
@@ -80,6 +82,7 @@ impl Ops {
             max_query_tokens: usize::MAX,
             storage: Arc::default(),
             shared: None,
+            sections: Vec::new(),
             auth: Arc::new(auth),
         }
     }
@@ -89,6 +92,11 @@ impl Ops {
         shared: Option<Arc<crate::registry::shared::etcd::EtcdRegistry>>,
     ) -> Self {
         self.shared = shared;
+        self
+    }
+
+    pub fn with_metrics_section(mut self, section: Arc<dyn crate::metrics::Section>) -> Self {
+        self.sections.push(section);
         self
     }
 
@@ -288,7 +296,7 @@ impl Ops {
             .iter()
             .map(|h| h.reader().stats())
             .collect();
-        Ok(crate::metrics::render(&Scrape {
+        let mut text = crate::metrics::render(&Scrape {
             ready: self.is_ready(),
             services: &services,
             contexts: &contexts,
@@ -297,7 +305,11 @@ impl Ops {
             checkpoint_failures: self.storage.failures_total(),
             registrations_refused: &refused,
             etcd: self.shared.as_ref().map(|e| (e.is_up(), e.revision())),
-        }))
+        });
+        for section in &self.sections {
+            section.render(&mut text);
+        }
+        Ok(text)
     }
 }
 

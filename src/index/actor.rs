@@ -15,7 +15,7 @@ use super::image::{ContextChanges, Watermark};
 use super::snapshot::ContextSnapshot;
 
 pub struct ContextActor {
-    index: ContextIndex,
+    pub(super) index: ContextIndex,
 }
 
 impl ContextActor {

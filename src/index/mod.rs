@@ -218,6 +218,7 @@ mod aliases;
 mod answer;
 pub mod context;
 pub mod directory;
+pub mod export;
 pub mod handle;
 mod holder;
 mod image;

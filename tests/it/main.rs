@@ -5,6 +5,7 @@ mod support;
 
 mod auth;
 mod backpressure;
+mod bootstrap;
 mod bounded_requests;
 mod caps;
 mod convergence;

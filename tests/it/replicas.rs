@@ -19,7 +19,7 @@ async fn replica(etcd: &Etcd, prefix: &str) -> Server {
 }
 
 /// Endpoint of every service the replica runs, by service key.
-async fn endpoints(server: &Server) -> Vec<(String, String)> {
+pub(crate) async fn endpoints(server: &Server) -> Vec<(String, String)> {
     let listing = http::get(server.http_port, "/services").await.json();
     let rows = listing["services"].as_array().cloned().unwrap_or_default();
     let mut out: Vec<(String, String)> = rows
@@ -52,7 +52,7 @@ fn registration(instance: &str, endpoint: &str) -> Value {
 
 /// Publish `payload` and re-send it until every replica has applied it (a PUB drops messages
 /// until a SUB's subscription has arrived; duplicates are ignored).
-async fn publish_to_all(
+pub(crate) async fn publish_to_all(
     replicas: &[&Server],
     player: &mut Player,
     service: &str,
@@ -82,7 +82,7 @@ async fn publish_to_all(
 }
 
 /// `conductor_registry_etcd_up` from `/metrics`.
-async fn etcd_up(server: &Server) -> Option<bool> {
+pub(crate) async fn etcd_up(server: &Server) -> Option<bool> {
     let text = http::get(server.http_port, "/metrics").await.text();
     let line = text
         .lines()

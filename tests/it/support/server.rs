@@ -54,6 +54,22 @@ impl Server {
         extra: serde_json::Value,
         env: &[(&str, V)],
     ) -> Server {
+        let mut server = Server::spawn_in_env(dir, extra, env);
+        server.wait_ready().await;
+        server
+    }
+
+    /// Start in an existing data directory without waiting until it is ready (tests of what it
+    /// reports while starting).
+    pub fn spawn_in(dir: tempfile::TempDir, extra: serde_json::Value) -> Server {
+        Server::spawn_in_env::<&str>(dir, extra, &[])
+    }
+
+    fn spawn_in_env<V: AsRef<std::ffi::OsStr> + Copy>(
+        dir: tempfile::TempDir,
+        extra: serde_json::Value,
+        env: &[(&str, V)],
+    ) -> Server {
         let (http_port, rpc_port) = (free_port(), free_port());
         let mut config = serde_json::json!({
             "http_server_port": http_port,
@@ -83,17 +99,16 @@ impl Server {
             .stderr(log)
             .spawn()
             .expect("spawn mooncake_conductor");
-        let mut server = Server {
+        Server {
             http_port,
             rpc_port,
             dir,
             child: Some(child),
-        };
-        server.wait_ready().await;
-        server
+        }
     }
 
-    async fn wait_ready(&mut self) {
+    /// Wait until `/health` answers 200, at most 30 s.
+    pub async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(child) = self.child.as_mut()

@@ -1,0 +1,110 @@
+//! A context's whole durable state at one instant, for a peer replica to start from.
+//!
+//! [`ContextIndex::export_changes`] describes everything the context holds as the first
+//! checkpoint of a context new to its store would (`full` and `fresh`), so the checkpoint's own
+//! encoding (`durability::checkpoint::context_ops`) turns it into store records. It reads only:
+//! the context's own checkpoints go on as if nothing happened. The pairs and the watermarks come
+//! from the same call on the context's single writer, so each watermark is paired with exactly
+//! the state it describes.
+
+use actix::{Handler, Message, MessageResult};
+
+use super::actor::ContextActor;
+use super::context::ContextIndex;
+use super::image::{ContextChanges, HolderRecord};
+use super::records::PairBits;
+
+/// Everything the context holds, as [`ContextIndex::export_changes`].
+#[derive(Debug, Message)]
+#[rtype(result = "ContextChanges")]
+pub struct ExportState;
+
+impl Handler<ExportState> for ContextActor {
+    type Result = MessageResult<ExportState>;
+    fn handle(&mut self, _: ExportState, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.index.export_changes())
+    }
+}
+
+impl ContextIndex {
+    /// Every holder, pair, repeat count, listing, watermark and alias, as a full checkpoint of
+    /// a context its store does not hold yet.
+    pub fn export_changes(&self) -> ContextChanges {
+        let table = &self.shared.table;
+        let mut pairs: Vec<PairBits> = Vec::new();
+        let mut holders = Vec::new();
+        for (id, state) in self.holders.iter().enumerate() {
+            if state.vacant {
+                continue;
+            }
+            let id = id as u32;
+            holders.push(HolderRecord {
+                id,
+                source: state.key.source.clone(),
+                holder: state.key.holder.clone(),
+                raw_pairs: Some(state.raw_live),
+            });
+            // A holder's reverse list names every block it stores (and possibly some it no
+            // longer does: those read back as no bits).
+            let mut mine: Vec<u64> = state
+                .blocks
+                .iter_from(0)
+                .filter_map(|r| table.held_key(r, id))
+                .collect();
+            mine.sort_unstable();
+            mine.dedup();
+            pairs.extend(mine.into_iter().filter_map(|block| {
+                let bits = table.read(block).holder_bits(block, id);
+                (bits != 0).then_some(PairBits {
+                    holder: id,
+                    block,
+                    bits,
+                })
+            }));
+        }
+        let mut repeats = Vec::new();
+        for &PairBits {
+            holder: id,
+            block,
+            bits,
+        } in &pairs
+        {
+            let state = &self.holders[id as usize];
+            if state.repeats.is_empty() {
+                continue;
+            }
+            for tier in crate::model::Tier::ALL {
+                let bit = super::table::tier_bit(tier);
+                if let Some(&n) = state.repeats.get(&(block, bit)).filter(|_| bits & bit != 0) {
+                    repeats.push((id, block, bit, n));
+                }
+            }
+        }
+        let mut watermarks: Vec<_> = self
+            .watermarks
+            .iter()
+            .map(|(s, w)| (s.clone(), Some(*w)))
+            .collect();
+        watermarks.sort_by(|a, b| a.0.cmp(&b.0));
+        let aliases = self
+            .shared
+            .aliases
+            .all()
+            .into_iter()
+            .map(|(hash, key)| (hash, Some(key)))
+            .collect();
+        ContextChanges {
+            key: self.key().clone(),
+            profile: self.profile().clone(),
+            full: true,
+            holders,
+            holders_gone: Vec::new(),
+            pairs,
+            repeats,
+            attachments: Some(self.attachments()),
+            watermarks,
+            aliases,
+            fresh: true,
+        }
+    }
+}

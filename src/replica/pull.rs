@@ -1,0 +1,312 @@
+//! The new replica's side: pull one snapshot from a peer into this replica's (empty) store,
+//! then recover from it exactly as after a restart.
+//!
+//! Nothing is served from the snapshot before it is complete and recovered: the records go to
+//! the store as they arrive (a writer thread, so the network and the disk overlap), the
+//! registrations last, and recovery reads them back only after the end mark. Any failure
+//! (unreachable peer, refused call, unknown format, a gap, more than announced, truncation,
+//! records recovery cannot read) clears what was written and the replica starts empty. A
+//! process killed mid-way leaves records without registrations, which recovery drops, and the
+//! next start bootstraps again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::durability::recovery::{Recovered, recover};
+use crate::gateway::pb;
+use crate::gateway::pb::replica_client::ReplicaClient;
+use crate::storage::{Cf, KvOp, KvStore, StorageError};
+
+use super::format::{self, FORMAT, MAX_CHUNK_BYTES};
+use super::progress::Progress;
+
+/// Connecting to the peer gives up after this long.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// The HTTP/2 flow-control window the stream gets: several chunks in flight.
+const WINDOW_BYTES: u32 = 4 * MAX_CHUNK_BYTES as u32;
+/// A peer that sends nothing for this long is given up on.
+const STALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a bootstrap failed; the replica then starts empty.
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    #[error("peer {peer} is unreachable: {reason}")]
+    Unreachable { peer: String, reason: String },
+    #[error("peer {peer} refused the snapshot: {reason}")]
+    Refused { peer: String, reason: String },
+    #[error(
+        "peer {peer} sends snapshot format {found}, newer than this binary reads ({supported}); \
+         bootstrap from a peer of the same version"
+    )]
+    TooNew {
+        peer: String,
+        found: u32,
+        supported: u32,
+    },
+    #[error(
+        "peer {peer} sends snapshot format {found}, older than this binary reads ({supported}); \
+         bootstrap from a peer of the same version"
+    )]
+    TooOld {
+        peer: String,
+        found: u32,
+        supported: u32,
+    },
+    #[error("bad snapshot from {peer}: {reason}")]
+    Bad { peer: String, reason: String },
+    #[error("snapshot from {peer} is truncated: {reason}")]
+    Truncated { peer: String, reason: String },
+    #[error("snapshot from {peer} cannot be loaded: {0}", peer = .1)]
+    Load(StorageError, String),
+}
+
+/// The peer's identity as it announced it, and what was loaded.
+pub struct Pulled {
+    pub peer_id: String,
+    pub recovered: Recovered,
+}
+
+/// Pull a snapshot from `peer` into `store` (which holds no registrations) and recover it.
+pub async fn pull(
+    peer: &str,
+    token: Option<&[u8]>,
+    store: &Arc<dyn KvStore>,
+    progress: &Progress,
+) -> Result<Pulled, PullError> {
+    let started = std::time::Instant::now();
+    clear(store.as_ref()).map_err(|e| PullError::Load(e, peer.to_owned()))?;
+    let result = fetch(peer, token, store, progress).await;
+    let result = match result {
+        Ok(peer_id) => {
+            tracing::info!(peer, elapsed = ?started.elapsed(), "snapshot received; recovering it");
+            progress.loading();
+            let store = store.clone();
+            let loaded = tokio::task::spawn_blocking(move || recover(store.as_ref()))
+                .await
+                .unwrap_or_else(|_| Err(StorageError::Io("recovery panicked".into())));
+            loaded
+                .map(|recovered| Pulled { peer_id, recovered })
+                .map_err(|e| PullError::Load(e, peer.to_owned()))
+        }
+        Err(e) => Err(e),
+    };
+    if result.is_err() {
+        // Never a partial state: whatever arrived goes.
+        if let Err(e) = clear(store.as_ref()) {
+            tracing::error!("cannot clear a failed bootstrap's records: {e}");
+        }
+    }
+    result
+}
+
+/// Receive every chunk and write its records; the peer's replica id once the end mark came.
+async fn fetch(
+    peer: &str,
+    token: Option<&[u8]>,
+    store: &Arc<dyn KvStore>,
+    progress: &Progress,
+) -> Result<String, PullError> {
+    let unreachable = |reason: String| PullError::Unreachable {
+        peer: peer.to_owned(),
+        reason,
+    };
+    let bad = |reason: String| PullError::Bad {
+        peer: peer.to_owned(),
+        reason,
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(peer.to_owned())
+        .map_err(|e| unreachable(e.to_string()))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        // HTTP/2's default 64 KiB window would have the peer wait for a window update every
+        // 64 KiB of a stream of hundreds of megabytes.
+        .initial_stream_window_size(WINDOW_BYTES)
+        .initial_connection_window_size(WINDOW_BYTES);
+    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
+        .await
+        .map_err(|_| unreachable(format!("no connection within {CONNECT_TIMEOUT:?}")))?
+        .map_err(|e| unreachable(source_chain(&e)))?;
+    let mut client = ReplicaClient::new(channel).max_decoding_message_size(MAX_CHUNK_BYTES);
+    let mut request = tonic::Request::new(pb::SnapshotRequest {});
+    if let Some(token) = token {
+        let mut value = b"Bearer ".to_vec();
+        value.extend_from_slice(token);
+        if let Ok(v) = tonic::metadata::MetadataValue::try_from(value.as_slice()) {
+            request.metadata_mut().insert("authorization", v);
+        }
+    }
+    let mut stream = tokio::time::timeout(STALL_TIMEOUT, client.snapshot(request))
+        .await
+        .map_err(|_| unreachable(format!("no answer within {STALL_TIMEOUT:?}")))?
+        .map_err(|s| PullError::Refused {
+            peer: peer.to_owned(),
+            reason: format!("{:?}: {}", s.code(), s.message()),
+        })?
+        .into_inner();
+
+    // The writer thread: the store's writes block, the stream's reads must not.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<KvOp>>(4);
+    let writer = {
+        let store = store.clone();
+        std::thread::Builder::new()
+            .name("bootstrap-writer".into())
+            .spawn(move || {
+                while let Some(ops) = rx.blocking_recv() {
+                    store.write(ops)?;
+                }
+                Ok::<(), StorageError>(())
+            })
+            .map_err(|e| PullError::Load(StorageError::Io(e.to_string()), peer.to_owned()))?
+    };
+    let received = receive(&mut stream, &tx, progress, peer, &bad).await;
+    drop(tx);
+    let written = writer
+        .join()
+        .unwrap_or_else(|_| Err(StorageError::Io("bootstrap writer panicked".into())));
+    let (peer_id, registrations) = received?;
+    written.map_err(|e| PullError::Load(e, peer.to_owned()))?;
+    // Registrations last, synced: with them on disk the records are a state recovery loads.
+    store
+        .write_synced(registrations)
+        .map_err(|e| PullError::Load(e, peer.to_owned()))?;
+    Ok(peer_id)
+}
+
+/// The chunks, checked and handed to the writer; the registrations are kept for the end.
+async fn receive(
+    stream: &mut tonic::Streaming<pb::SnapshotChunk>,
+    tx: &tokio::sync::mpsc::Sender<Vec<KvOp>>,
+    progress: &Progress,
+    peer: &str,
+    bad: &dyn Fn(String) -> PullError,
+) -> Result<(String, Vec<KvOp>), PullError> {
+    let truncated = |reason: String| PullError::Truncated {
+        peer: peer.to_owned(),
+        reason,
+    };
+    let mut announced: Option<pb::SnapshotBegin> = None;
+    let mut registrations = Vec::new();
+    let (mut seq, mut records, mut pairs) = (0u64, 0u64, 0u64);
+    loop {
+        let message = tokio::time::timeout(STALL_TIMEOUT, stream.message())
+            .await
+            .map_err(|_| truncated(format!("nothing received for {STALL_TIMEOUT:?}")))?
+            .map_err(|s| truncated(format!("{:?}: {}", s.code(), s.message())))?;
+        let Some(chunk) = message else {
+            return Err(truncated(format!(
+                "the stream ended after {records} records without its end mark"
+            )));
+        };
+        let bytes = prost::Message::encoded_len(&chunk) as u64;
+        if chunk.seq != seq {
+            return Err(bad(format!("chunk {} where {seq} was due", chunk.seq)));
+        }
+        seq += 1;
+        match (&announced, chunk.begin) {
+            (None, Some(begin)) => {
+                if begin.format > FORMAT {
+                    return Err(PullError::TooNew {
+                        peer: peer.to_owned(),
+                        found: begin.format,
+                        supported: FORMAT,
+                    });
+                }
+                if begin.format < FORMAT {
+                    return Err(PullError::TooOld {
+                        peer: peer.to_owned(),
+                        found: begin.format,
+                        supported: FORMAT,
+                    });
+                }
+                progress.pulling(begin.pairs);
+                announced = Some(begin);
+            }
+            (None, None) => return Err(bad("the first chunk has no begin mark".into())),
+            (Some(_), Some(_)) => {
+                return Err(bad(format!("chunk {} repeats the begin mark", chunk.seq)));
+            }
+            (Some(_), None) => {}
+        }
+        let Some(begin) = &announced else {
+            return Err(bad("no begin mark".into()));
+        };
+        let mut ops = Vec::with_capacity(chunk.records.len());
+        let mut chunk_pairs = 0;
+        for r in chunk.records {
+            let cf = format::cf_of(r.cf)
+                .ok_or_else(|| bad(format!("record {records}: unknown column family {}", r.cf)))?;
+            records += 1;
+            let op = KvOp::Put {
+                cf,
+                key: r.key,
+                value: r.value,
+            };
+            match cf {
+                // Held until the end: never more than announced.
+                Cf::Registrations if registrations.len() as u64 >= begin.registrations => {
+                    return Err(bad(format!(
+                        "more registrations than the {} announced",
+                        begin.registrations
+                    )));
+                }
+                Cf::Registrations => registrations.push(op),
+                Cf::Pairs => {
+                    chunk_pairs += 1;
+                    ops.push(op);
+                }
+                _ => ops.push(op),
+            }
+        }
+        pairs += chunk_pairs;
+        // Never more than announced: the disk a peer can fill is what it said it would send.
+        if records > begin.records || pairs > begin.pairs {
+            return Err(bad(format!(
+                "{records} records ({pairs} pairs) received, {} ({} pairs) announced",
+                begin.records, begin.pairs
+            )));
+        }
+        progress.received(chunk_pairs, bytes);
+        if !ops.is_empty() && tx.send(ops).await.is_err() {
+            // The writer stopped on a store error, which the caller reports.
+            return Ok((begin.replica_id.clone(), Vec::new()));
+        }
+        if let Some(end) = chunk.end {
+            if (end.records, end.pairs) != (records, pairs)
+                || (records, pairs) != (begin.records, begin.pairs)
+            {
+                return Err(truncated(format!(
+                    "{records} records ({pairs} pairs) received, {} ({} pairs) announced",
+                    begin.records, begin.pairs
+                )));
+            }
+            return Ok((begin.replica_id.clone(), registrations));
+        }
+    }
+}
+
+/// Delete every record but the schema version. Keys are at most a context id, a holder id and
+/// a block (20 bytes) or a context id and UTF-8 text (never a 0xff byte), so they all sort
+/// below 64 bytes of 0xff.
+pub fn clear(store: &dyn KvStore) -> Result<(), StorageError> {
+    let ops = Cf::ALL
+        .into_iter()
+        .filter(|&cf| cf != Cf::Meta)
+        .map(|cf| KvOp::DeleteRange {
+            cf,
+            from: Vec::new(),
+            to: vec![0xff; 64],
+        })
+        .collect();
+    store.write_synced(ops)
+}
+
+/// An error with its causes, for a log line that says what actually failed.
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
