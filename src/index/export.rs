@@ -13,6 +13,7 @@ use super::actor::ContextActor;
 use super::context::ContextIndex;
 use super::image::{ContextChanges, HolderRecord};
 use super::records::PairBits;
+use super::table::{entry_bits, entry_id};
 
 /// Everything the context holds, as [`ContextIndex::export_changes`].
 #[derive(Debug, Message)]
@@ -30,38 +31,34 @@ impl ContextIndex {
     /// Every holder, pair, repeat count, listing, watermark and alias, as a full checkpoint of
     /// a context its store does not hold yet.
     pub fn export_changes(&self) -> ContextChanges {
-        let table = &self.shared.table;
-        let mut pairs: Vec<PairBits> = Vec::new();
         let mut holders = Vec::new();
         for (id, state) in self.holders.iter().enumerate() {
-            if state.vacant {
-                continue;
+            if !state.vacant {
+                holders.push(HolderRecord {
+                    id: id as u32,
+                    source: state.key.source.clone(),
+                    holder: state.key.holder.clone(),
+                    raw_pairs: Some(state.raw_live),
+                });
             }
-            let id = id as u32;
-            holders.push(HolderRecord {
-                id,
-                source: state.key.source.clone(),
-                holder: state.key.holder.clone(),
-                raw_pairs: Some(state.raw_live),
-            });
-            // A holder's reverse list names every block it stores (and possibly some it no
-            // longer does: those read back as no bits).
-            let mut mine: Vec<u64> = state
-                .blocks
-                .iter_from(0)
-                .filter_map(|r| table.held_key(r, id))
-                .collect();
-            mine.sort_unstable();
-            mine.dedup();
-            pairs.extend(mine.into_iter().filter_map(|block| {
-                let bits = table.read(block).holder_bits(block, id);
-                (bits != 0).then_some(PairBits {
-                    holder: id,
-                    block,
-                    bits,
-                })
-            }));
         }
+        // One pass over the table in its own order, then one sort: looking each of a holder's
+        // blocks up in turn would be a cache miss per pair on a large context.
+        let live = |id: u32| self.holders.get(id as usize).is_some_and(|h| !h.vacant);
+        let mut pairs: Vec<PairBits> = Vec::new();
+        for shard in self.shared.table.shards() {
+            shard.for_each(|key, e| {
+                let (id, bits) = (entry_id(e), entry_bits(e));
+                if bits != 0 && live(id) {
+                    pairs.push(PairBits {
+                        holder: id,
+                        block: key,
+                        bits,
+                    });
+                }
+            });
+        }
+        pairs.sort_unstable();
         let mut repeats = Vec::new();
         for &PairBits {
             holder: id,
