@@ -1,7 +1,8 @@
 //! Replicas sharing registrations through a real etcd on loopback: two real binaries, real
 //! publishers. A registration made on one is subscribed and answered by the other; an
-//! unregistration anywhere stops both; two replicas racing one key get one winner; an etcd
-//! outage keeps the answers and refuses changes with an error naming etcd, until it returns.
+//! unregistration anywhere stops both; two replicas racing one key, or two keys onto one
+//! endpoint, get one winner; an etcd outage keeps the answers and refuses changes with an error
+//! naming etcd, until it returns.
 
 use std::time::Duration;
 
@@ -206,6 +207,56 @@ async fn two_replicas_racing_one_key_with_different_configs_get_exactly_one_winn
     }
     assert_eq!(endpoints(&a).await, endpoints(&b).await);
     assert_eq!(endpoints(&a).await.len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_racing_two_keys_onto_one_endpoint_get_exactly_one_winner() {
+    let etcd = Etcd::start().await;
+    let (a, b) = (replica(&etcd, "/t5/").await, replica(&etcd, "/t5/").await);
+    let mut winners = Vec::new();
+    for round in 0..6 {
+        let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+        let (ka, kb) = (format!("left{round}"), format!("right{round}"));
+        let (on_a, on_b) = (registration(&ka, &endpoint), registration(&kb, &endpoint));
+        let (ra, rb) = tokio::join!(
+            http::post_json(a.http_port, "/register", &on_a),
+            http::post_json(b.http_port, "/register", &on_b),
+        );
+        let mut statuses = [ra.status, rb.status];
+        statuses.sort();
+        assert_eq!(statuses, [200, 400], "{} / {}", ra.text(), rb.text());
+        let (winner, loser) = if ra.status == 200 { (ka, rb) } else { (kb, ra) };
+        let error = loser.json().to_string();
+        assert!(
+            error.contains("conflicting active registration for endpoint")
+                && error.contains(&endpoint),
+            "{error}"
+        );
+        winners.push((format!("{winner}|default|0"), endpoint));
+    }
+    winners.sort();
+    for r in [&a, &b] {
+        eventually("both replicas run only the winners", WAIT, || async {
+            (endpoints(r).await == winners).then_some(())
+        })
+        .await;
+    }
+    // Unregistering a winner releases its endpoint for another key, on either replica.
+    let (key, endpoint) = winners[0].clone();
+    let instance = key.split('|').next().unwrap_or_default().to_owned();
+    let gone = http::post_json(
+        a.http_port,
+        "/unregister",
+        &json!({"instance_id": instance, "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!(gone.status, 200, "{}", gone.text());
+    eventually("B stops the unregistered winner", WAIT, || async {
+        (!endpoints(&b).await.iter().any(|(k, _)| *k == key)).then_some(())
+    })
+    .await;
+    let again = http::post_json(b.http_port, "/register", &registration("late", &endpoint)).await;
+    assert_eq!(again.status, 200, "{}", again.text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

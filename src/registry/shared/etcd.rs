@@ -15,13 +15,50 @@ use tokio_util::sync::CancellationToken;
 
 use super::EtcdConfig;
 use super::sync::{
-    ApplyShared, Event, Kv, Step, SyncState, registration_key, registrations_prefix,
+    ApplyShared, Event, Kv, Step, SyncState, endpoint_key, registration_key, registrations_prefix,
 };
 use crate::durability::codec::{decode_registration, registration_value};
 use crate::error::OpError;
 use crate::model::{PublisherConfig, SubscriptionKey};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Each get of a transaction's answer, in order: the value and modification revision of the key,
+/// `None` for a key that is absent.
+fn got(resp: &etcd_client::TxnResponse) -> Vec<Option<(Vec<u8>, i64)>> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(g) => Some(
+                g.kvs()
+                    .first()
+                    .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A register whose key etcd already holds: the same configuration is `Unchanged`, any other
+/// value a conflict naming what etcd holds.
+fn held_outcome(config: &PublisherConfig, key: &str, held: &[u8]) -> Result<Created, OpError> {
+    match decode_registration(held) {
+        Ok(held) if held == *config => Ok(Created::Unchanged),
+        Ok(held) => Err(OpError::invalid_registration(format!(
+            "conflicting registration for service key: {} (etcd already holds it with endpoint \
+             {}, model {:?}, type {})",
+            config.subscription_key(),
+            held.endpoint,
+            held.model_name,
+            held.publisher_type
+        ))),
+        Err(_) => Err(OpError::invalid_registration(format!(
+            "conflicting registration for service key: {} (etcd holds a value at {key} that is \
+             not a registration)",
+            config.subscription_key()
+        ))),
+    }
+}
 
 /// What etcd said to a register.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,54 +163,111 @@ impl EtcdRegistry {
         }
     }
 
-    /// Create the registration's key if it is absent (compare on its create revision); if it is
-    /// present, the same configuration is `Unchanged` and another one is a conflict.
+    /// Create the registration's key and claim its endpoint, both only if absent (compare on
+    /// their create revisions, in one transaction). A present key with the same configuration is
+    /// `Unchanged`, with another one a conflict; an endpoint claimed by a registration that still
+    /// exists is refused as the replica refuses an endpoint it consumes itself.
     pub async fn create(&self, config: &PublisherConfig) -> Result<Created, OpError> {
-        let key = registration_key(&self.config.prefix, &config.subscription_key());
-        // A key deleted between the compare and the read is retried once.
-        for _ in 0..2 {
+        let prefix = &self.config.prefix;
+        let key = registration_key(prefix, &config.subscription_key());
+        let claim = endpoint_key(prefix, &config.endpoint);
+        let service = config.subscription_key().to_string();
+        // A key or claim that changes between the compare and the read is retried.
+        for _ in 0..3 {
             let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(key.clone(), registration_value(config), None)])
-                .or_else([TxnOp::get(key.clone(), None)]);
+                .when([
+                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(claim.clone(), CompareOp::Equal, 0),
+                ])
+                .and_then([
+                    TxnOp::put(key.clone(), registration_value(config), None),
+                    TxnOp::put(claim.clone(), service.clone(), None),
+                ])
+                .or_else([
+                    TxnOp::get(key.clone(), None),
+                    TxnOp::get(claim.clone(), None),
+                ]);
             let resp = self.txn(txn).await?;
             if resp.succeeded() {
                 return Ok(Created::Created);
             }
-            let existing = resp.op_responses().into_iter().find_map(|op| match op {
-                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-                _ => None,
-            });
-            let Some(existing) = existing else { continue };
-            return match decode_registration(&existing) {
-                Ok(held) if held == *config => Ok(Created::Unchanged),
-                Ok(held) => Err(OpError::invalid_registration(format!(
-                    "conflicting registration for service key: {} (etcd already holds it with \
-                     endpoint {}, model {:?}, type {})",
-                    config.subscription_key(),
-                    held.endpoint,
-                    held.model_name,
-                    held.publisher_type
-                ))),
-                Err(_) => Err(OpError::invalid_registration(format!(
-                    "conflicting registration for service key: {} (etcd holds a value at {key} \
-                     that is not a registration)",
-                    config.subscription_key()
-                ))),
+            let mut read = got(&resp).into_iter();
+            if let Some(Some((existing, _))) = read.next() {
+                return held_outcome(config, &key, &existing);
+            }
+            let Some(Some((owner, claimed_at))) = read.next() else {
+                continue;
             };
+            let owner = String::from_utf8_lossy(&owner).into_owned();
+            let owner_key = format!("{}{owner}", registrations_prefix(prefix));
+            // A claim whose registration is gone (deleted by hand) is stale: take it over, unless
+            // its owner registers again or another replica takes it first.
+            let take_over = Txn::new()
+                .when([
+                    Compare::mod_revision(claim.clone(), CompareOp::Equal, claimed_at),
+                    Compare::create_revision(owner_key.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                ])
+                .and_then([
+                    TxnOp::put(key.clone(), registration_value(config), None),
+                    TxnOp::put(claim.clone(), service.clone(), None),
+                ])
+                .or_else([TxnOp::get(owner_key, None)]);
+            let resp = self.txn(take_over).await?;
+            if resp.succeeded() {
+                return Ok(Created::Created);
+            }
+            if let Some(Some(_)) = got(&resp).first() {
+                return Err(OpError::invalid_registration(format!(
+                    "conflicting active registration for endpoint: {} (used by {owner}, \
+                     registered in etcd)",
+                    config.endpoint
+                )));
+            }
         }
         Err(self.unavailable(format!(
             "{key} changed while it was being registered; retry"
         )))
     }
 
-    /// Delete the registration's key if it exists; `false` when it did not.
+    /// Delete the registration's key, and its endpoint's claim if the claim is its own; `false`
+    /// when the key did not exist.
     pub async fn delete(&self, key: &SubscriptionKey) -> Result<bool, OpError> {
-        let key = registration_key(&self.config.prefix, key);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Greater, 0)])
-            .and_then([TxnOp::delete(key, None)]);
-        Ok(self.txn(txn).await?.succeeded())
+        let prefix = &self.config.prefix;
+        let name = registration_key(prefix, key);
+        for _ in 0..3 {
+            let read = Txn::new().and_then([TxnOp::get(name.clone(), None)]);
+            let Some(Some((value, revision))) = got(&self.txn(read).await?).into_iter().next()
+            else {
+                return Ok(false);
+            };
+            let mut ops = vec![TxnOp::delete(name.clone(), None)];
+            if let Ok(config) = decode_registration(&value) {
+                let claim = endpoint_key(prefix, &config.endpoint);
+                ops.push(TxnOp::txn(
+                    Txn::new()
+                        .when([Compare::value(
+                            claim.clone(),
+                            CompareOp::Equal,
+                            key.to_string(),
+                        )])
+                        .and_then([TxnOp::delete(claim, None)]),
+                ));
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    name.clone(),
+                    CompareOp::Equal,
+                    revision,
+                )])
+                .and_then(ops);
+            if self.txn(txn).await?.succeeded() {
+                return Ok(true);
+            }
+        }
+        Err(self.unavailable(format!(
+            "{name} changed while it was being unregistered; retry"
+        )))
     }
 
     /// Follow the prefix until `stop`: every change is applied by the registry, in etcd's order.

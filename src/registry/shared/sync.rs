@@ -15,6 +15,8 @@ use crate::model::{PublisherConfig, SubscriptionKey};
 
 /// The sub-prefix (below the configured prefix) that holds one key per registration.
 pub const REGISTRATIONS: &str = "registrations/";
+/// Under the prefix: the endpoint claims (see [`endpoint_key`]).
+pub const ENDPOINTS: &str = "endpoints/";
 
 /// Changes etcd reported, for the registry to apply in order. Defined here rather than beside its
 /// handler so that the etcd driver names only the message, not the registry actor.
@@ -261,6 +263,14 @@ pub fn registrations_prefix(prefix: &str) -> String {
 /// The etcd key of one registration.
 pub fn registration_key(prefix: &str, key: &SubscriptionKey) -> String {
     format!("{}{key}", registrations_prefix(prefix))
+}
+
+/// The etcd key that claims one publisher endpoint for the registration its value names (the
+/// service key text). A register writes it in the same transaction as the registration, so two
+/// replicas registering two keys on one endpoint at once cannot both succeed; it lives outside
+/// [`REGISTRATIONS`], so the watch never sees it.
+pub fn endpoint_key(prefix: &str, endpoint: &str) -> String {
+    format!("{prefix}{ENDPOINTS}{endpoint}")
 }
 
 #[cfg(test)]
