@@ -6,6 +6,8 @@
 //! directory and `bootstrap_from` the peer, timed from its start to its first `/health` 200
 //! (pull, load, resubscribe from the snapshot's watermark, its subscription live again). The
 //! new replica must answer the last block like the peer, and report every pair received.
+//! With `--binary PATH` both are child processes of that build of `mooncake_conductor` (a
+//! release build with RocksDB: the store's real cost), their log's snapshot lines printed.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,7 @@ use serde_json::json;
 
 use crate::client::{HttpConn, grpc, status};
 use crate::publish::{PROFILE, batch, mix, prompt, stored};
-use crate::service::InProcess;
+use crate::service::Node;
 use crate::{BS, E2E_EVENTS, EVENT_BLOCKS, INGEST_MODEL, opt};
 
 pub(crate) async fn bootstrap() {
@@ -74,8 +76,11 @@ async fn last_block_held(port: u16, hash: u64) -> bool {
 }
 
 async fn one(pairs: u64) {
-    let peer = InProcess::start().await;
-    let mut http = HttpConn::connect(peer.http_port).await.expect("HTTP");
+    // `--binary`: both replicas are child processes of that build (with RocksDB, say).
+    let binary: String = opt("binary", String::new());
+    let binary = Some(binary.as_str()).filter(|b| !b.is_empty());
+    let peer = Node::start(binary).await;
+    let mut http = HttpConn::connect(peer.http_port()).await.expect("HTTP");
     let mut publisher = Publisher::loopback(true, 0)
         .await
         .expect("bind the publisher");
@@ -96,7 +101,7 @@ async fn one(pairs: u64) {
             .collect(),
         ..Default::default()
     };
-    let reply = grpc(peer.rpc_port)
+    let reply = grpc(peer.rpc_port())
         .await
         .register(request)
         .await
@@ -131,7 +136,7 @@ async fn one(pairs: u64) {
     }
     let last = hash(batches * per_batch - 1);
     let deadline = Instant::now() + Duration::from_secs(300);
-    while !last_block_held(peer.rpc_port, last).await {
+    while !last_block_held(peer.rpc_port(), last).await {
         assert!(
             Instant::now() < deadline,
             "the peer did not ingest in 300 s"
@@ -143,9 +148,12 @@ async fn one(pairs: u64) {
 
     let load = load_average();
     let started = Instant::now();
-    let replica = InProcess::spawn(json!({
-        "bootstrap_from": format!("http://127.0.0.1:{}", peer.rpc_port),
-    }));
+    let replica = Node::spawn(
+        binary,
+        json!({
+            "bootstrap_from": format!("http://127.0.0.1:{}", peer.rpc_port()),
+        }),
+    );
     // When `/health` first says each phase (pulling, loading, replaying), then ready.
     let mut phases: Vec<(&str, Duration)> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -176,7 +184,7 @@ async fn one(pairs: u64) {
         .iter()
         .map(|(p, t)| format!("{p} {:.2}", t.as_secs_f64()))
         .collect();
-    let text = metrics(replica.http_port).await;
+    let text = metrics(replica.http_port()).await;
     let (received, bytes) = (
         metric(&text, "conductor_bootstrap_pairs_received"),
         metric(&text, "conductor_bootstrap_bytes_received"),
@@ -188,7 +196,7 @@ async fn one(pairs: u64) {
     );
     assert_eq!(received, held, "pairs received");
     assert!(
-        last_block_held(replica.rpc_port, last).await,
+        last_block_held(replica.rpc_port(), last).await,
         "the new replica does not answer the peer's last block"
     );
     println!(

@@ -1,4 +1,5 @@
-//! The service: in-process on its own thread and runtime, or alone for `serve`.
+//! The service: in-process on its own thread and runtime, a child process of a built binary
+//! (`--binary`, e.g. a release build with RocksDB), or alone for `serve`.
 
 use std::time::{Duration, Instant};
 
@@ -87,25 +88,151 @@ impl InProcess {
         }
     }
 
-    /// `/health`: its status and body, once the server answers.
-    pub(crate) async fn health(&self) -> Option<(u16, String)> {
-        let mut c = HttpConn::connect(self.http_port).await.ok()?;
-        let (code, body) = c.call("GET", "/health", "", b"").await.ok()?;
-        Some((code, String::from_utf8_lossy(&body).into_owned()))
-    }
-
     /// Wait until `/health` answers 200, at most 60 s.
     pub(crate) async fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.health().await.is_none_or(|(code, _)| code != 200) {
-            assert!(Instant::now() < deadline, "service not ready in 60 s");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_ready(self.http_port).await
     }
 
     pub(crate) fn stop(self) {
         self.shutdown.cancel();
         let _ = self.thread.join();
+    }
+}
+
+/// The real binary as a child process, configured through a file in its temp directory; its log
+/// goes to a file there, of which [`Spawned::stop`] prints the bootstrap's lines.
+pub(crate) struct Spawned {
+    pub(crate) http_port: u16,
+    pub(crate) rpc_port: u16,
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl Spawned {
+    /// Start `binary` with extra configuration keys, without waiting for it.
+    pub(crate) fn spawn(binary: &str, extra: serde_json::Value) -> Spawned {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (http_port, rpc_port) = (free_port(), free_port());
+        let mut text = serde_json::json!({
+            "http_server_port": http_port, "rpc_server_port": rpc_port,
+            "bind_address": "127.0.0.1", "data_dir": dir.path().join("data"),
+            "checkpoint_interval_ms": opt("checkpoint-ms", 1000u64),
+        });
+        if let (Some(base), Some(extra)) = (text.as_object_mut(), extra.as_object()) {
+            base.extend(extra.clone());
+        }
+        let config = dir.path().join("config.json");
+        std::fs::write(&config, text.to_string()).expect("write the config");
+        let log = std::fs::File::create(dir.path().join("log")).expect("log file");
+        let child = std::process::Command::new(binary)
+            .env(mooncake_conductor::config::CONFIG_PATH_ENV, &config)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+        Spawned {
+            http_port,
+            rpc_port,
+            child,
+            dir,
+        }
+    }
+
+    /// Stop it (SIGTERM, then SIGKILL after 10 s) and print its log's snapshot lines.
+    pub(crate) fn stop(mut self) {
+        let _ = std::process::Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() {
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let log = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
+        for line in log.lines().filter(|l| l.contains("snapshot")) {
+            eprintln!("  {line}");
+        }
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        // A panicking bench must not leave a server behind.
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The service under test, in this process or a child process.
+pub(crate) enum Node {
+    InProcess(InProcess),
+    Spawned(Spawned),
+}
+
+impl Node {
+    /// In this process, or as a child of `binary` when one is given; not waited for.
+    pub(crate) fn spawn(binary: Option<&str>, extra: serde_json::Value) -> Node {
+        match binary {
+            Some(binary) => Node::Spawned(Spawned::spawn(binary, extra)),
+            None => Node::InProcess(InProcess::spawn(extra)),
+        }
+    }
+
+    pub(crate) async fn start(binary: Option<&str>) -> Node {
+        let node = Node::spawn(binary, serde_json::json!({}));
+        node.wait_ready().await;
+        node
+    }
+
+    pub(crate) fn http_port(&self) -> u16 {
+        match self {
+            Node::InProcess(s) => s.http_port,
+            Node::Spawned(s) => s.http_port,
+        }
+    }
+
+    pub(crate) fn rpc_port(&self) -> u16 {
+        match self {
+            Node::InProcess(s) => s.rpc_port,
+            Node::Spawned(s) => s.rpc_port,
+        }
+    }
+
+    pub(crate) async fn health(&self) -> Option<(u16, String)> {
+        health(self.http_port()).await
+    }
+
+    pub(crate) async fn wait_ready(&self) {
+        wait_ready(self.http_port()).await
+    }
+
+    pub(crate) fn stop(self) {
+        match self {
+            Node::InProcess(s) => s.stop(),
+            Node::Spawned(s) => s.stop(),
+        }
+    }
+}
+
+/// `/health` on `port`: its status and body, once the server answers.
+async fn health(port: u16) -> Option<(u16, String)> {
+    let mut c = HttpConn::connect(port).await.ok()?;
+    let (code, body) = c.call("GET", "/health", "", b"").await.ok()?;
+    Some((code, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Wait until `/health` on `port` answers 200, at most 60 s.
+async fn wait_ready(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while health(port).await.is_none_or(|(code, _)| code != 200) {
+        assert!(Instant::now() < deadline, "service not ready in 60 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

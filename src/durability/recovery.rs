@@ -30,11 +30,6 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
         registrations.insert(String::from_utf8_lossy(key).into_owned(), config);
         Ok(())
     })?;
-    let registered: Vec<SubscriptionKey> = registrations
-        .values()
-        .map(|c| c.subscription_key())
-        .collect();
-
     let mut headers: Vec<([u8; 8], ContextKey, crate::hashing::HashProfile)> = Vec::new();
     store.scan_prefix(Cf::Contexts, b"", &mut |key, value| {
         let ctx: [u8; 8] = key.try_into().map_err(|_| StorageError::Corrupt {
@@ -52,11 +47,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
     for (ctx, key, profile) in headers {
         let mut restorer = Restorer::new(key.clone(), profile);
         store.scan_prefix(Cf::Holders, &ctx, &mut |k, v| {
-            let id = u32::from_be_bytes(
-                k.get(8..12)
-                    .and_then(|b| b.try_into().ok())
-                    .unwrap_or([0xff; 4]),
-            );
+            let id = holder_id(k);
             let record = codec::decode_holder(id, v)?;
             // Ids may have gaps (holders reclaimed), never a repeated holder.
             if !restorer.holder(&record) {
@@ -75,10 +66,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
         store.scan_prefix(Cf::Watermarks, &ctx, &mut |k, v| {
             let source = codec::decode_watermark_source(k)?;
             let mark = codec::decode_watermark(v)?;
-            let lowest = resume.entry(source.clone()).or_insert(mark);
-            if mark.seq < lowest.seq {
-                *lowest = mark;
-            }
+            lowest_mark(&mut resume, &source, mark);
             restorer.watermark(source, mark);
             Ok(())
         })?;
@@ -101,8 +89,39 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
         });
         restorer.aliases(aliases?);
         pairs += loaded?;
-        let mut index = restorer.finish();
-        // Sources whose registration is gone: never keep what cannot be vouched for.
+        contexts.push(restorer.finish());
+    }
+    Ok(settle(registrations, contexts, &resume, pairs))
+}
+
+/// The lowest of the watermarks a context holds for its source go into `resume`: a registration
+/// resumes from the lowest of its contexts' positions.
+pub fn lowest_mark(
+    resume: &mut HashMap<SubscriptionKey, Watermark>,
+    source: &SubscriptionKey,
+    mark: Watermark,
+) {
+    let lowest = resume.entry(source.clone()).or_insert(mark);
+    if mark.seq < lowest.seq {
+        *lowest = mark;
+    }
+}
+
+/// What rebuilt contexts and decoded registrations load as: sources present in a context but
+/// no longer registered are dropped (their blocks cannot be vouched for), contexts left empty
+/// go, and each registration resumes from the lowest watermark of its contexts (`resume`).
+pub fn settle(
+    registrations: BTreeMap<String, PublisherConfig>,
+    rebuilt: Vec<ContextIndex>,
+    resume: &HashMap<SubscriptionKey, Watermark>,
+    pairs: u64,
+) -> Recovered {
+    let registered: Vec<SubscriptionKey> = registrations
+        .values()
+        .map(|c| c.subscription_key())
+        .collect();
+    let mut contexts = Vec::with_capacity(rebuilt.len());
+    for mut index in rebuilt {
         let stale = index
             .sources_present()
             .into_iter()
@@ -121,11 +140,20 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             (c, mark)
         })
         .collect();
-    Ok(Recovered {
+    Recovered {
         contexts,
         registrations,
         pairs,
-    })
+    }
+}
+
+/// The holder id a holder record's key names (an id no record can have when the key is short).
+pub fn holder_id(key: &[u8]) -> u32 {
+    u32::from_be_bytes(
+        key.get(8..12)
+            .and_then(|b| b.try_into().ok())
+            .unwrap_or([0xff; 4]),
+    )
 }
 
 /// Pairs travel from the scanning thread to the index builder in chunks of this many.

@@ -14,11 +14,11 @@ use crate::test_rng::Rng;
 use super::cut::Cut;
 use super::format::{self, FORMAT};
 
-fn source(i: u32) -> SubscriptionKey {
+pub(super) fn source(i: u32) -> SubscriptionKey {
     SubscriptionKey::new(&format!("e{i}"), "", 0)
 }
 
-fn registration(i: u32) -> PublisherConfig {
+pub(super) fn registration(i: u32) -> PublisherConfig {
     PublisherConfig {
         instance_id: format!("e{i}"),
         endpoint: format!("tcp://127.0.0.1:{}", 6000 + i),
@@ -44,9 +44,14 @@ fn engine(i: u32) -> Holder {
 /// A context of two sources with more pairs than one slice, repeated announcements on both
 /// sides of a slice boundary, removals, a store backend and a rank listing.
 fn busy_context(seed: u64) -> ContextIndex {
+    busy_context_of("m", seed)
+}
+
+/// [`busy_context`] for the model `model`.
+pub(super) fn busy_context_of(model: &str, seed: u64) -> ContextIndex {
     let mut rng = Rng(seed);
     let mut index = ContextIndex::new(
-        ContextKey::new("", "m", "", 16),
+        ContextKey::new("", model, "", 16),
         crate::hashing::profile::test_vllm_cbor(),
     );
     index.attach_rank(&source(0), "e0", 0);
@@ -104,7 +109,7 @@ fn busy_context(seed: u64) -> ContextIndex {
     index
 }
 
-fn store_of(chunks: &[crate::gateway::pb::SnapshotChunk]) -> MemoryStore {
+pub(super) fn store_of(chunks: &[crate::gateway::pb::SnapshotChunk]) -> MemoryStore {
     let store = MemoryStore::new();
     for chunk in chunks {
         let ops = chunk

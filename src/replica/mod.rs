@@ -3,7 +3,8 @@
 //!
 //! Layout: [`format`] the stream's records and bounds; [`cut`] the peer's consistent cut and
 //! its chunks; [`serve`] the gRPC service; [`pull`] the new replica's side (receive, write,
-//! recover); [`progress`] the replica id and bootstrap phase for `/health` and `/metrics`.
+//! load); [`build`] the contexts made from the records as they arrive; [`progress`] the
+//! replica id and bootstrap phase for `/health` and `/metrics`.
 //!
 //! A bootstrap runs only when `bootstrap_from` is set and the data directory held nothing
 //! (recovery found no registration and no context): a replica with state of its own recovers
@@ -11,6 +12,9 @@
 //! subscriptions from the snapshot's watermarks like after its own restart, and is ready once
 //! every one of them is live again (or after [`CATCH_UP_LIMIT`]).
 
+pub mod build;
+#[cfg(test)]
+mod build_tests;
 pub mod cut;
 #[cfg(test)]
 mod cut_tests;

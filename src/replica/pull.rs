@@ -1,9 +1,11 @@
 //! The new replica's side: pull one snapshot from a peer into this replica's (empty) store,
 //! then recover from it exactly as after a restart.
 //!
-//! Nothing is served from the snapshot before it is complete and recovered: the records go to
-//! the store as they arrive (a writer thread, so the network and the disk overlap), the
-//! registrations last, and recovery reads them back only after the end mark. Any failure
+//! Nothing is served from the snapshot before it is complete and loaded: the records go to the
+//! store as they arrive (a writer thread, so the network and the disk overlap), the
+//! registrations last, and meanwhile a builder thread makes the contexts from the same records
+//! (`build`), which are loaded only after the end mark; a stream not in the store's order is
+//! instead recovered from the store, as after a restart. Any failure
 //! (unreachable peer, refused call, unknown format, a gap, more than announced, truncation,
 //! records recovery cannot read) clears what was written and the replica starts empty. A
 //! process killed mid-way leaves records without registrations, which recovery drops, and the
@@ -17,6 +19,7 @@ use crate::gateway::pb;
 use crate::gateway::pb::replica_client::ReplicaClient;
 use crate::storage::{Cf, KvOp, KvStore, StorageError};
 
+use super::build::StreamBuild;
 use super::format::{self, FORMAT, MAX_CHUNK_BYTES};
 use super::progress::Progress;
 
@@ -77,15 +80,20 @@ pub async fn pull(
     clear(store.as_ref()).map_err(|e| PullError::Load(e, peer.to_owned()))?;
     let result = fetch(peer, token, store, progress).await;
     let result = match result {
-        Ok(peer_id) => {
-            tracing::info!(peer, elapsed = ?started.elapsed(), "snapshot received; recovering it");
+        Ok(fetched) => {
+            tracing::info!(peer, elapsed = ?started.elapsed(), "snapshot received; loading it");
             progress.loading();
             let store = store.clone();
-            let loaded = tokio::task::spawn_blocking(move || recover(store.as_ref()))
-                .await
-                .unwrap_or_else(|_| Err(StorageError::Io("recovery panicked".into())));
+            let loaded = tokio::task::spawn_blocking(move || {
+                load(fetched.build, &fetched.registrations, store.as_ref())
+            })
+            .await
+            .unwrap_or_else(|_| Err(StorageError::Io("loading the snapshot panicked".into())));
             loaded
-                .map(|recovered| Pulled { peer_id, recovered })
+                .map(|recovered| Pulled {
+                    peer_id: fetched.peer_id,
+                    recovered,
+                })
                 .map_err(|e| PullError::Load(e, peer.to_owned()))
         }
         Err(e) => Err(e),
@@ -99,13 +107,43 @@ pub async fn pull(
     result
 }
 
-/// Receive every chunk and write its records; the peer's replica id once the end mark came.
+/// A snapshot received whole and written to the store.
+struct Fetched {
+    peer_id: String,
+    /// The contexts built as the records arrived; `None` when the stream was not in the
+    /// store's order and recovery has to read it back.
+    build: Option<StreamBuild>,
+    registrations: Vec<KvOp>,
+}
+
+/// The contexts built from the stream when it could be, else recovered from the store. Either
+/// way they are what a restart would recover from the records written.
+fn load(
+    build: Option<StreamBuild>,
+    registrations: &[KvOp],
+    store: &dyn KvStore,
+) -> Result<Recovered, StorageError> {
+    if let Some(build) = build {
+        match build.finish(registrations) {
+            Ok(recovered) => return Ok(recovered),
+            Err(reason) => {
+                tracing::warn!(
+                    "snapshot not built as it arrived ({reason}); recovering it from the store"
+                );
+            }
+        }
+    }
+    recover(store)
+}
+
+/// Receive every chunk, build the contexts from its records and write them; the peer's replica
+/// id, the build and the registrations once the end mark came.
 async fn fetch(
     peer: &str,
     token: Option<&[u8]>,
     store: &Arc<dyn KvStore>,
     progress: &Progress,
-) -> Result<String, PullError> {
+) -> Result<Fetched, PullError> {
     let unreachable = |reason: String| PullError::Unreachable {
         peer: peer.to_owned(),
         reason,
@@ -143,22 +181,52 @@ async fn fetch(
         })?
         .into_inner();
 
-    // The writer thread: the store's writes block, the stream's reads must not.
+    // Two threads after the stream: one builds the contexts from each chunk's records, then
+    // hands them to the other, which writes them (the store's writes block, the stream's reads
+    // must not). Decoding, writing and receiving the next chunk overlap.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<KvOp>>(4);
+    let (to_writer, from_builder) = std::sync::mpsc::sync_channel::<Vec<KvOp>>(4);
+    let spawn_error =
+        |e: std::io::Error| PullError::Load(StorageError::Io(e.to_string()), peer.to_owned());
     let writer = {
         let store = store.clone();
         std::thread::Builder::new()
             .name("bootstrap-writer".into())
             .spawn(move || {
-                while let Some(ops) = rx.blocking_recv() {
+                for ops in from_builder {
                     store.write(ops)?;
                 }
                 Ok::<(), StorageError>(())
             })
-            .map_err(|e| PullError::Load(StorageError::Io(e.to_string()), peer.to_owned()))?
+            .map_err(spawn_error)?
     };
+    let builder = std::thread::Builder::new()
+        .name("bootstrap-builder".into())
+        .spawn(move || {
+            let mut build = Some(StreamBuild::default());
+            while let Some(ops) = rx.blocking_recv() {
+                if let Some(b) = &mut build
+                    && let Err(reason) = b.feed(&ops)
+                {
+                    tracing::warn!(
+                        "snapshot not built as it arrives ({reason}); recovering it from the store"
+                    );
+                    build = None;
+                }
+                if to_writer.send(ops).is_err() {
+                    // The writer stopped on a store error, which the caller reports.
+                    break;
+                }
+            }
+            build
+        })
+        .map_err(spawn_error)?;
     let received = receive(&mut stream, &tx, progress, peer, &bad).await;
     drop(tx);
+    let build = builder.join().unwrap_or_else(|_| {
+        tracing::error!("the snapshot builder panicked; recovering the snapshot from the store");
+        None
+    });
     let written = writer
         .join()
         .unwrap_or_else(|_| Err(StorageError::Io("bootstrap writer panicked".into())));
@@ -166,9 +234,13 @@ async fn fetch(
     written.map_err(|e| PullError::Load(e, peer.to_owned()))?;
     // Registrations last, synced: with them on disk the records are a state recovery loads.
     store
-        .write_synced(registrations)
+        .write_synced(registrations.clone())
         .map_err(|e| PullError::Load(e, peer.to_owned()))?;
-    Ok(peer_id)
+    Ok(Fetched {
+        peer_id,
+        build,
+        registrations,
+    })
 }
 
 /// The chunks, checked and handed to the writer; the registrations are kept for the end.
