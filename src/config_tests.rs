@@ -1,0 +1,170 @@
+use super::*;
+
+#[test]
+fn embedded_default_parses_to_the_documented_values() {
+    let c = Config::embedded_default();
+    assert_eq!((c.http_server_port, c.rpc_server_port), (8080, 50052));
+    assert!(c.kvevent_instance.is_empty());
+    assert_eq!(c.data_dir, PathBuf::from("./conductor-data"));
+    assert_eq!(c.checkpoint_interval_ms, 1000);
+    assert_eq!(c.max_publisher_message_bytes, 64 << 20);
+    assert_eq!(c.max_replay_held_bytes, 256 << 20);
+    assert_eq!(c.warning_interval_ms, 10_000);
+    assert_eq!(c.max_query_tokens, 4 << 20);
+    assert_eq!(c.http_inflight_body_bytes, 256 << 20);
+    assert_eq!(c.registration_policy(), RegistrationPolicy::default());
+    assert_eq!((c.max_subscriptions, c.max_name_bytes), (4096, 256));
+    assert_eq!(c.max_contexts_per_source, 64);
+    assert!(c.auth_tokens.is_empty() && !c.auth_reads);
+}
+
+#[test]
+fn endpoint_policy_keys() {
+    let c = Config::parse(
+        r#"{"allowed_endpoint_hosts": ["10.0.0.0/8", "::1", "pub"], "max_subscriptions": 3}"#,
+        "c",
+    )
+    .unwrap();
+    assert_eq!(
+        c.registration_policy().allowed_hosts.map(|h| h.len()),
+        Some(3)
+    );
+    assert_eq!(c.registration_policy().max_subscriptions, 3);
+    let e = Config::parse(r#"{"allowed_endpoint_hosts": ["ok", "10.0.0.0/40"]}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("allowed_endpoint_hosts[1]"));
+    let e = Config::parse(r#"{"allowed_endpoint_hosts": []}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("allowed_endpoint_hosts"));
+    for key in [
+        "max_subscriptions",
+        "max_name_bytes",
+        "max_contexts_per_source",
+    ] {
+        let e = Config::parse(&format!(r#"{{"{key}": 0}}"#), "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some(key));
+    }
+}
+
+#[test]
+fn missing_port_means_default_not_zero() {
+    let c = Config::parse(r#"{"kvevent_instance": {}}"#, "t.json").unwrap();
+    assert_eq!((c.http_server_port, c.rpc_server_port), (8080, 50052));
+    let c = Config::parse(r#"{"http_server_port": 0}"#, "t.json").unwrap();
+    assert_eq!(c.http_server_port, 0, "an explicit 0 asks for a free port");
+}
+
+#[test]
+fn errors_name_the_file_and_the_field() {
+    let e = Config::parse(r#"{"http_server_port": "80"}"#, "conf.json").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("http_server_port"));
+    assert!(
+        e.to_string()
+            .starts_with("config conf.json: field `http_server_port`"),
+        "{e}"
+    );
+    let e = Config::parse(r#"{"rpc_server_port": 70000}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("rpc_server_port"));
+    let e = Config::parse(r#"{"typo_port": 1}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("typo_port"));
+    let e = Config::parse(r#"{"kvevent_instance": {"a": 3}}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("kvevent_instance.a"));
+    let e = Config::parse(r#"{"checkpoint_interval_ms": 0}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("checkpoint_interval_ms"));
+    let e = Config::parse(r#"{"max_publisher_message_bytes": 0}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("max_publisher_message_bytes"));
+    let e = Config::parse(r#"{"max_query_tokens": 0}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("max_query_tokens"));
+    let e = Config::parse(r#"{"http_inflight_body_bytes": -1}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("http_inflight_body_bytes"));
+    let e = Config::parse(r#"{"registry": {"etcd": {"endpoints": []}}}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("registry.etcd.endpoints"));
+    let c = Config::parse(
+        r#"{"registry": {"etcd": {"endpoints": ["http://e:2379"]}}}"#,
+        "c",
+    );
+    let etcd = c.unwrap().shared_registry.expect("etcd registry");
+    assert_eq!(etcd.endpoints, vec!["http://e:2379"]);
+    assert!(Config::embedded_default().shared_registry.is_none());
+}
+
+#[test]
+fn bootstrap_from_needs_an_http_address_and_replica_id_a_short_name() {
+    let c = Config::parse(
+        r#"{"bootstrap_from": "http://10.0.0.5:50051", "replica_id": "r-1"}"#,
+        "c",
+    )
+    .unwrap();
+    assert_eq!(c.bootstrap_from.as_deref(), Some("http://10.0.0.5:50051"));
+    assert_eq!(c.replica_id.as_deref(), Some("r-1"));
+    let e = Config::parse(r#"{"bootstrap_from": "10.0.0.5:50051"}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("bootstrap_from"));
+    let e = Config::parse(r#"{"replica_id": ""}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("replica_id"));
+    let e = Config::parse("[1]", "c").unwrap_err();
+    assert_eq!(e.field, None);
+    let e = Config::parse("{", "broken.json").unwrap_err();
+    assert!(
+        e.to_string().contains("broken.json") && e.to_string().contains("invalid JSON"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tokens_come_from_the_file_unless_the_environment_sets_them() {
+    let mut c = Config::parse(r#"{"auth_token": "a,b", "auth_reads": true}"#, "c").unwrap();
+    assert_eq!(c.auth_tokens, Tokens::parse("a,b").unwrap());
+    assert!(c.auth_reads);
+    c.apply_token_env(Some("  ")).unwrap();
+    assert_eq!(c.auth_tokens.len(), 2, "an empty variable changes nothing");
+    c.apply_token_env(Some("env")).unwrap();
+    assert_eq!(c.auth_tokens, Tokens::parse("env").unwrap());
+    let e = c.apply_token_env(Some("a b")).unwrap_err();
+    assert!(
+        e.to_string().contains(AUTH_TOKEN_ENV) && !e.to_string().contains("a b"),
+        "{e}"
+    );
+
+    let e = Config::parse(r#"{"auth_token": "x,,y"}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("auth_token"));
+    assert!(
+        !e.to_string().contains("x,,y"),
+        "never repeats the secret: {e}"
+    );
+    let e = Config::parse(r#"{"auth_reads": "yes"}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("auth_reads"));
+    let mut c = Config::parse(r#"{"auth_reads": true}"#, "c").unwrap();
+    let e = c.apply_token_env(None).unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("auth_reads"), "nothing to ask for");
+    let debug = format!(
+        "{:?}",
+        Config::parse(r#"{"auth_token": "zq9secret"}"#, "c").unwrap()
+    );
+    assert!(!debug.contains("zq9secret"), "{debug}");
+}
+
+#[test]
+fn static_entries_are_all_kept() {
+    let c = Config::parse(
+        r#"{"kvevent_instance": {"b": {"type": "vLLM"}, "a": {}}}"#,
+        "c",
+    )
+    .unwrap();
+    let keys: Vec<&str> = c.kvevent_instance.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys.len(), 2);
+    assert!(keys.contains(&"a") && keys.contains(&"b"));
+}
+
+#[test]
+fn unreadable_file_names_the_path() {
+    let e = Config::from_file(Path::new("/nonexistent/conductor.json")).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/conductor.json"), "{e}");
+}
+
+#[test]
+fn log_levels_are_case_insensitive() {
+    assert_eq!(LogLevel::parse(Some("debug")), Ok(LogLevel::Debug));
+    assert_eq!(LogLevel::parse(Some("Warn")), Ok(LogLevel::Warn));
+    assert_eq!(LogLevel::parse(Some("ERROR")), Ok(LogLevel::Error));
+    assert_eq!(LogLevel::parse(None), Ok(LogLevel::Info));
+    assert_eq!(LogLevel::parse(Some("")), Ok(LogLevel::Info));
+    assert!(LogLevel::parse(Some("verbose")).is_err());
+}
