@@ -6,9 +6,9 @@ use mooncake_conductor::gateway::pb;
 use serde_json::{Value, json};
 use tonic::metadata::MetadataValue;
 
-use crate::e2e_query::register_request;
 use crate::http_api::reg;
 use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::grpc::register_request;
 use crate::support::server::Server;
 use crate::support::{free_port, http};
 

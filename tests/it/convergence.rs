@@ -10,7 +10,7 @@ use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
 use crate::durability::{PROMPTS, adapter_hits, adapter_store, next, prompt, random_batch, store};
-use crate::e2e_query::{grpc_query, handshake, register_request};
+use crate::e2e_query::{grpc_query, handshake};
 use crate::ingest::{BS, MODEL};
 use crate::support::engine::{self, vllm_cbor_profile};
 use crate::support::player::Player;
@@ -35,14 +35,7 @@ async fn register_as(server: &Server, instance: &str, kind: &str, model: &str, p
         0,
         vllm_cbor_profile(),
     );
-    let reply = server
-        .grpc()
-        .await
-        .register(register_request(&r))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    server.register_ok(&r).await;
 }
 
 async fn unregister(server: &Server, instance: &str) {
@@ -61,20 +54,12 @@ async fn unregister(server: &Server, instance: &str) {
     assert_eq!(reply.ret, 0, "{:?}", reply.error);
 }
 
-async fn status_of(server: &Server, service: &str) -> serde_json::Value {
-    let s = http::get(server.http_port, "/services/status").await.json();
-    s["services"]
-        .as_array()
-        .and_then(|a| a.iter().find(|x| x["service"] == service).cloned())
-        .unwrap_or(json!(null))
-}
-
 /// Re-send `player`'s newest batch until `server`'s subscription `service` has received it (a
 /// SUB that just (re)joined misses live messages; a re-send is a duplicate or a gap replay fills).
 async fn deliver_to(server: &Server, player: &mut Player, service: &str) {
     let seq = player.next_seq() - 1;
     let deadline = std::time::Instant::now() + WAIT;
-    while status_of(server, service).await["last_seq"].as_u64() != Some(seq) {
+    while server.service_status(service).await["last_seq"].as_u64() != Some(seq) {
         assert!(
             std::time::Instant::now() < deadline,
             "{service}: seq {seq} never received:\n{}",
@@ -287,7 +272,7 @@ async fn sigkill_at_random_moments_converges_to_the_uninterrupted_run() {
     })
     .await;
     for service in ["e|default|0", "s|default|0", "u|default|0"] {
-        let status = status_of(&victim, service).await;
+        let status = victim.service_status(service).await;
         assert_eq!(
             status["sources_dropped"],
             json!(0),

@@ -150,14 +150,7 @@ async fn counts_and_translated_keys_survive_a_restart() {
         0,
         profile,
     );
-    let reply = server
-        .grpc()
-        .await
-        .register(crate::e2e_query::register_request(&reg))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    server.register_ok(&reg).await;
     // Batches apply in order: once a later store of prompt `p` answers, everything before it
     // has been applied (the status's last seq is only what was received).
     async fn applied_through(server: &Server, player: &mut Player, p: i32) {

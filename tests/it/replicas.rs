@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::{grpc_query, register_request};
+use crate::e2e_query::grpc_query;
 use crate::support::engine::{self, vllm_cbor_profile};
 use crate::support::etcd::Etcd;
 use crate::support::player::Player;
@@ -109,14 +109,7 @@ async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_rem
         0,
         vllm_cbor_profile(),
     );
-    let reply = a
-        .grpc()
-        .await
-        .register(register_request(&reg))
-        .await
-        .expect("register on A")
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    a.register_ok(&reg).await;
     let expected = vec![("v0|default|0".to_owned(), player.endpoint.clone())];
     eventually("B runs A's registration", WAIT, || async {
         (endpoints(&b).await == expected).then_some(())
@@ -251,13 +244,7 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
     assert_eq!(r.status, 503, "{}", r.text());
     let grpc_reg =
         engine::registration("v1", (&other, None), "vLLM", "m", 4, 0, vllm_cbor_profile());
-    let reply = b
-        .grpc()
-        .await
-        .register(register_request(&grpc_reg))
-        .await
-        .expect("gRPC register")
-        .into_inner();
+    let reply = b.register(&grpc_reg).await;
     assert_eq!(reply.ret, -2000, "{:?}", reply.error);
     assert!(format!("{:?}", reply.error).contains("etcd"));
     assert_eq!(endpoints(&a).await.len(), 1);
