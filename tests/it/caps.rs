@@ -151,12 +151,7 @@ async fn registrations_outside_the_policy_are_refused_naming_the_field() {
         j["error"].as_str().unwrap().contains("max_subscriptions"),
         "{j}"
     );
-    let gone = http::post_json(
-        server.http_port,
-        "/unregister",
-        &json!({"instance_id": "e1", "dp_rank": 0}),
-    )
-    .await;
+    let gone = server.http_unregister("e1").await;
     assert_eq!(gone.status, 200);
     let r = http::post_json(server.http_port, "/register", &third).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -169,12 +164,16 @@ async fn registrations_outside_the_policy_are_refused_naming_the_field() {
             &format!("field=\"{field}\""),
         )
     };
-    assert_eq!(refused("endpoint"), Some(5), "{metrics}");
-    assert_eq!(refused("replay_endpoint"), Some(1), "{metrics}");
-    assert_eq!(refused("instance_id"), Some(1), "{metrics}");
-    assert_eq!(refused("model_name"), Some(1), "{metrics}");
-    assert_eq!(refused("tenant_id"), Some(1), "{metrics}");
-    assert_eq!(refused("max_subscriptions"), Some(1), "{metrics}");
+    for (field, count) in [
+        ("endpoint", 5),
+        ("replay_endpoint", 1),
+        ("instance_id", 1),
+        ("model_name", 1),
+        ("tenant_id", 1),
+        ("max_subscriptions", 1),
+    ] {
+        assert_eq!(refused(field), Some(count), "{field}: {metrics}");
+    }
 }
 
 /// A Mooncake store object event with `tenant`, `model`, `lora` and `block_size`.
@@ -305,9 +304,13 @@ async fn a_store_naming_too_many_contexts_or_another_tenant_is_refused_event_by_
             &format!("service=\"store|t1|0\",field=\"{field}\""),
         )
     };
-    assert_eq!(refused("max_contexts_per_source"), Some(3), "{metrics}");
-    assert_eq!(refused("tenant_id"), Some(1), "{metrics}");
-    assert_eq!(refused("block_size"), Some(2), "{metrics}");
+    for (field, count) in [
+        ("max_contexts_per_source", 3),
+        ("tenant_id", 1),
+        ("block_size", 2),
+    ] {
+        assert_eq!(refused(field), Some(count), "{field}: {metrics}");
+    }
     // Rate-limited: one warning per kind within the interval, each naming its field.
     let log = crate::hostile::plain_log(&server);
     let warnings = |field: &str| {

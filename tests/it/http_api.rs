@@ -131,12 +131,7 @@ async fn register_list_and_view_over_json_and_msgpack() {
     );
     assert_eq!(c["instances"], json!({"e0": [0], "e1": [0]}));
 
-    let r = http::post_json(
-        server.http_port,
-        "/unregister",
-        &json!({"instance_id": "e1", "dp_rank": 0}),
-    )
-    .await;
+    let r = server.http_unregister("e1").await;
     assert_eq!(
         (r.status, r.json()),
         (
@@ -144,12 +139,7 @@ async fn register_list_and_view_over_json_and_msgpack() {
             json!({"status": "unregistered successfully", "removed_instances": ["e1|default|0"]})
         )
     );
-    let r = http::post_json(
-        server.http_port,
-        "/unregister",
-        &json!({"instance_id": "e1", "dp_rank": 0}),
-    )
-    .await;
+    let r = server.http_unregister("e1").await;
     assert_eq!(r.status, 404);
 
     assert_eq!(http::get(server.http_port, "/health").await.status, 200);

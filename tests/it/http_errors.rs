@@ -152,12 +152,7 @@ async fn unregister_and_query_errors_name_reason_and_field() {
     ] {
         expect_error(&server, "/unregister", body, 400, reason, field).await;
     }
-    let r = http::post_json(
-        server.http_port,
-        "/unregister",
-        &json!({"instance_id": "nobody", "dp_rank": 0}),
-    )
-    .await;
+    let r = server.http_unregister("nobody").await;
     assert_eq!(r.status, 404);
 
     for (body, reason, field) in [

@@ -132,12 +132,7 @@ async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_rem
         "{revision}"
     );
 
-    let r = http::post_json(
-        b.http_port,
-        "/unregister",
-        &json!({"instance_id": "v0", "dp_rank": 0}),
-    )
-    .await;
+    let r = b.http_unregister("v0").await;
     assert_eq!(r.status, 200, "{}", r.text());
     eventually("A stops the registration removed on B", WAIT, || async {
         endpoints(&a).await.is_empty().then_some(())
@@ -147,12 +142,7 @@ async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_rem
     assert_eq!(device_hits(&a, "v0", &tokens).await, 0);
     assert_eq!(device_hits(&b, "v0", &tokens).await, 0);
     // Unregistering what no replica holds is a plain not-found.
-    let r = http::post_json(
-        a.http_port,
-        "/unregister",
-        &json!({"instance_id": "v0", "dp_rank": 0}),
-    )
-    .await;
+    let r = a.http_unregister("v0").await;
     assert_eq!(r.status, 404, "{}", r.text());
 }
 
@@ -235,12 +225,7 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
     let r = http::post_json(a.http_port, "/register", &registration("v1", &other)).await;
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("etcd"), "{}", r.text());
-    let r = http::post_json(
-        b.http_port,
-        "/unregister",
-        &json!({"instance_id": "v0", "dp_rank": 0}),
-    )
-    .await;
+    let r = b.http_unregister("v0").await;
     assert_eq!(r.status, 503, "{}", r.text());
     let grpc_reg =
         engine::registration("v1", (&other, None), "vLLM", "m", 4, 0, vllm_cbor_profile());
@@ -280,12 +265,7 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(etcd_up(&b).await, Some(true));
-    let r = http::post_json(
-        b.http_port,
-        "/unregister",
-        &json!({"instance_id": "v0", "dp_rank": 0}),
-    )
-    .await;
+    let r = b.http_unregister("v0").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let left = vec![("v1|default|0".to_owned(), other.clone())];
     eventually("A follows B's unregister", WAIT, || async {
@@ -313,12 +293,7 @@ async fn a_replica_restarted_after_changes_elsewhere_converges_to_etcd() {
     })
     .await;
     let dir = b.into_dir();
-    let r = http::post_json(
-        a.http_port,
-        "/unregister",
-        &json!({"instance_id": "v0", "dp_rank": 0}),
-    )
-    .await;
+    let r = a.http_unregister("v0").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let r = http::post_json(a.http_port, "/register", &registration("v1", &e1)).await;
     assert_eq!(r.status, 200, "{}", r.text());

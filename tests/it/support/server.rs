@@ -143,6 +143,12 @@ impl Server {
             .unwrap_or(serde_json::Value::Null)
     }
 
+    /// `POST /unregister` of `instance`, rank 0, without credentials.
+    pub async fn http_unregister(&self, instance: &str) -> super::http::HttpResponse {
+        let body = serde_json::json!({"instance_id": instance, "dp_rank": 0});
+        super::http::post_json(self.http_port, "/unregister", &body).await
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("server running").id()
     }
