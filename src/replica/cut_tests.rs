@@ -30,7 +30,7 @@ fn registration(i: u32) -> PublisherConfig {
         block_size: 16,
         dp_rank: 0,
         cache_group: None,
-        hash_profile: crate::hashing::profile::test_vllm_cbor(),
+        hash_profile: crate::hashing::profile::vllm_cbor_default(),
     }
 }
 
@@ -47,7 +47,7 @@ fn busy_context(seed: u64) -> ContextIndex {
     let mut rng = Rng(seed);
     let mut index = ContextIndex::new(
         ContextKey::new("", "m", "", 16),
-        crate::hashing::profile::test_vllm_cbor(),
+        crate::hashing::profile::vllm_cbor_default(),
     );
     index.attach_rank(&source(0), "e0", 0);
     let store = |s: u32, holder: Holder, tier: Tier, hashes: Vec<u64>| IndexBatch {
