@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
 use crate::durability::{PROMPTS, adapter_hits, adapter_store, next, prompt, random_batch, store};
@@ -36,22 +35,6 @@ async fn register_as(server: &Server, instance: &str, kind: &str, model: &str, p
         vllm_cbor_profile(),
     );
     server.register_ok(&r).await;
-}
-
-async fn unregister(server: &Server, instance: &str) {
-    let request = pb::UnregisterRequest {
-        instance_id: instance.into(),
-        tenant_id: String::new(),
-        dp_rank: 0,
-    };
-    let reply = server
-        .grpc()
-        .await
-        .unregister(request)
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
 }
 
 /// Re-send `player`'s newest batch until `server`'s subscription `service` has received it (a
@@ -211,7 +194,7 @@ async fn sigkill_at_random_moments_converges_to_the_uninterrupted_run() {
             // The moved instance's engine comes back on another endpoint: its context goes with
             // its last source and is created again, right before a crash.
             for server in [&reference, &victim] {
-                unregister(server, "u").await;
+                server.unregister_ok("u").await;
             }
             fleet.moved = Player::start(true, 0).await;
             for server in [&reference, &victim] {

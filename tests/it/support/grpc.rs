@@ -52,4 +52,21 @@ impl Server {
         let reply = self.register(registration).await;
         assert_eq!(reply.ret, 0, "{:?}", reply.error);
     }
+
+    /// Unregister `instance`, rank 0, over gRPC and require it accepted.
+    pub async fn unregister_ok(&self, instance: &str) {
+        let request = pb::UnregisterRequest {
+            instance_id: instance.into(),
+            tenant_id: String::new(),
+            dp_rank: 0,
+        };
+        let reply = self
+            .grpc()
+            .await
+            .unregister(request)
+            .await
+            .expect("unregister")
+            .into_inner();
+        assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    }
 }
