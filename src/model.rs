@@ -234,7 +234,7 @@ pub const HTTP_NAMES: FieldNames = FieldNames {
 #[cfg(test)]
 impl PublisherConfig {
     /// vLLM at `endpoint`: model "m", the default tenant, block size 16, rank 0, the
-    /// `test_vllm_cbor` profile.
+    /// `vllm_cbor_default` profile.
     pub(crate) fn test_vllm(instance_id: &str, endpoint: &str) -> Self {
         PublisherConfig {
             instance_id: instance_id.into(),
@@ -247,7 +247,7 @@ impl PublisherConfig {
             block_size: 16,
             dp_rank: 0,
             cache_group: None,
-            hash_profile: crate::hashing::profile::test_vllm_cbor(),
+            hash_profile: crate::hashing::profile::vllm_cbor_default(),
         }
     }
 }

@@ -9,13 +9,7 @@ pub use mooncake_conductor::test_rng::{Rng, mix64};
 
 /// The profile the benchmarks register: vLLM's default recipe (`sha256_cbor`, seed "0").
 pub fn profile() -> HashProfile {
-    HashProfile::resolve(
-        Some("vllm_v1"),
-        Some("sha256_cbor"),
-        Some("0"),
-        Some("low64_be"),
-    )
-    .expect("the vllm_v1 / sha256_cbor profile is valid")
+    mooncake_conductor::hashing::profile::vllm_cbor_default()
 }
 
 /// A registration of `instance` on `endpoint` for `model`, block size 16, rank 0.

@@ -373,7 +373,7 @@ mod tests {
 
     fn index(lora: &str) -> ContextIndex {
         let key = ContextKey::new("", "m", lora, 16);
-        ContextIndex::new(key, crate::hashing::profile::test_vllm_cbor())
+        ContextIndex::new(key, crate::hashing::profile::vllm_cbor_default())
     }
 
     fn store_blocks(index: &mut ContextIndex, blocks: std::ops::Range<u64>, seq: u64) {

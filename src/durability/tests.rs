@@ -13,7 +13,7 @@ use crate::storage::{Cf, KvStore};
 use crate::test_rng::Rng;
 
 fn profile() -> HashProfile {
-    crate::hashing::profile::test_vllm_cbor()
+    crate::hashing::profile::vllm_cbor_default()
 }
 
 fn key() -> ContextKey {

@@ -101,13 +101,6 @@ pub struct RootSeed {
     pub limits: Limits,
 }
 
-impl<'de> DeserializeSeed<'de> for RootSeed {
-    type Value = Root;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Root, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
 /// Read every remaining element of a sequence without keeping any; returns how many there were.
 fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<usize, A::Error> {
     let mut n = 0;
@@ -130,6 +123,35 @@ macro_rules! refuse_scalars {
         })*
     };
 }
+
+/// `visit_seq` and `visit_map` for a decoder that takes neither: the value is read to its end
+/// (so the document stays in step) and gives `$out(self)`.
+macro_rules! drain_compounds {
+    ($out:expr) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            drain_seq(seq)?;
+            Ok(($out)(self))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            drain_map(map)?;
+            Ok(($out)(self))
+        }
+    };
+}
+
+/// A seed that is its own visitor and lets the document say what comes (`deserialize_any`).
+macro_rules! seed_is_visitor {
+    ($($seed:ty),*) => {
+        $(impl<'de> DeserializeSeed<'de> for $seed {
+            type Value = <$seed as Visitor<'de>>::Value;
+            fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_any(self)
+            }
+        })*
+    };
+}
+
+seed_is_visitor!(RootSeed, Integer, Text);
 
 impl<'de> Visitor<'de> for RootSeed {
     type Value = Root;
@@ -427,13 +449,6 @@ impl<'de, T: Element> Visitor<'de> for Numbers<T> {
 /// One array element: `Some` integer, or `None` for anything else (consumed, not kept).
 struct Integer;
 
-impl<'de> DeserializeSeed<'de> for Integer {
-    type Value = Option<i128>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Option<i128>, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
 impl<'de> Visitor<'de> for Integer {
     type Value = Option<i128>;
 
@@ -450,15 +465,7 @@ impl<'de> Visitor<'de> for Integer {
         |_| None;
         visit_bool(bool), visit_f64(f64), visit_str(&str), visit_bytes(&[u8]), visit_unit
     );
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        drain_seq(seq)?;
-        Ok(None)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        drain_map(map)?;
-        Ok(None)
-    }
+    drain_compounds!(|_| None);
 }
 
 /// A map of strings, in document order: the first [`PAIRS_KEPT`] pairs are kept, a value that
@@ -510,13 +517,6 @@ impl Pairs {
 /// A string value, or `None` for anything else (consumed, not kept).
 struct Text;
 
-impl<'de> DeserializeSeed<'de> for Text {
-    type Value = Option<String>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Option<String>, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
 impl<'de> Visitor<'de> for Text {
     type Value = Option<String>;
 
@@ -533,15 +533,7 @@ impl<'de> Visitor<'de> for Text {
         |_| None;
         visit_bool(bool), visit_i64(i64), visit_u64(u64), visit_f64(f64), visit_bytes(&[u8]), visit_unit
     );
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        drain_seq(seq)?;
-        Ok(None)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        drain_map(map)?;
-        Ok(None)
-    }
+    drain_compounds!(|_| None);
 }
 
 /// Decode a JSON body (syntax errors: `invalid_json`).

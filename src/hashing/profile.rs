@@ -312,9 +312,10 @@ impl HashProfile {
     }
 }
 
-/// The profile unit tests register most: `vllm_v1`, `sha256_cbor`, seed "0".
-#[cfg(test)]
-pub(crate) fn test_vllm_cbor() -> HashProfile {
+/// vLLM's default recipe, `vllm_v1` / `sha256_cbor` with seed "0": the profile unit tests and
+/// benchmarks register most. A plain function rather than a test-only one so that bench targets,
+/// which cannot see `cfg(test)` items, use the same definition.
+pub fn vllm_cbor_default() -> HashProfile {
     HashProfile::resolve(
         Some("vllm_v1"),
         Some("sha256_cbor"),

@@ -325,7 +325,7 @@ mod tests {
     fn a_queued_batch_is_in_the_mailbox_before_anything_sent_after_it() {
         actix_rt::System::new().block_on(async {
             let key = ContextKey::new("", "m", "", 16);
-            let profile = crate::hashing::profile::test_vllm_cbor();
+            let profile = crate::hashing::profile::vllm_cbor_default();
             let handle = ContextHandle::start(ContextIndex::new(key, profile));
             let source = SubscriptionKey::new("a", "", 0);
             let batch = IndexBatch {

@@ -12,7 +12,7 @@ use super::*;
 const BS: u32 = 4;
 
 fn vllm_profile() -> HashProfile {
-    crate::hashing::profile::test_vllm_cbor()
+    crate::hashing::profile::vllm_cbor_default()
 }
 
 fn index() -> ContextIndex {

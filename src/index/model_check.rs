@@ -326,69 +326,51 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
         let ctx = rng.below(indexes.len());
         let (ix, model) = &mut indexes[ctx];
         let source = rng.pick(&sources).clone();
-        let action = match rng.below(100) {
+        // What the step applies besides its batch's ops (rank attach, source drop or detach)
+        // happens in the arm; every arm yields the batch's ops.
+        let ops = match rng.below(100) {
             0..=44 => {
                 let holder = random_holder(&mut rng, &source);
-                let op = IndexOp::Store {
+                vec![IndexOp::Store {
                     holder,
                     tier: *rng.pick(&Tier::ALL),
                     hashes: random_hashes(&mut rng),
-                };
-                IndexBatch {
-                    source: source.clone(),
-                    ops: vec![op],
-                }
+                }]
             }
             45..=69 => {
                 let holder = random_holder(&mut rng, &source);
-                let op = IndexOp::Remove {
+                vec![IndexOp::Remove {
                     holder,
                     tier: *rng.pick(&Tier::ALL),
                     hashes: random_hashes(&mut rng),
-                };
-                IndexBatch {
-                    source: source.clone(),
-                    ops: vec![op],
-                }
+                }]
             }
-            70..=74 => {
-                let op = IndexOp::ClearHolder {
-                    holder: random_holder(&mut rng, &source),
-                };
-                IndexBatch {
-                    source: source.clone(),
-                    ops: vec![op],
-                }
-            }
+            70..=74 => vec![IndexOp::ClearHolder {
+                holder: random_holder(&mut rng, &source),
+            }],
             75..=86 => {
                 let (i, r) = (rng.pick(&INSTANCES).to_string(), rng.below(3) as u32);
                 ix.attach_rank(&source, &i, r);
                 model.listed.insert((source.clone(), i, r));
-                IndexBatch {
-                    source: source.clone(),
-                    ops: vec![],
-                }
+                vec![]
             }
             87..=93 => {
                 ix.drop_source(&source);
                 model.drop_source(&source);
-                IndexBatch {
-                    source: source.clone(),
-                    ops: vec![],
-                }
+                vec![]
             }
             _ => {
                 ix.detach_source(&source);
                 model.detach(&source);
-                IndexBatch {
-                    source: source.clone(),
-                    ops: vec![],
-                }
+                vec![]
             }
         };
         // Some batches carry a second op of the same source, as engine batches do (several
         // events per publisher step): per-batch state of the writer must not leak between ops.
-        let mut action = action;
+        let mut action = IndexBatch {
+            source: source.clone(),
+            ops,
+        };
         if !action.ops.is_empty() && rng.below(3) == 0 {
             let holder = random_holder(&mut rng, &source);
             let tier = *rng.pick(&Tier::ALL);

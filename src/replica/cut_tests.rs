@@ -30,7 +30,7 @@ pub(super) fn registration(i: u32) -> PublisherConfig {
         block_size: 16,
         dp_rank: 0,
         cache_group: None,
-        hash_profile: crate::hashing::profile::test_vllm_cbor(),
+        hash_profile: crate::hashing::profile::vllm_cbor_default(),
     }
 }
 
@@ -52,7 +52,7 @@ pub(super) fn busy_context_of(model: &str, seed: u64) -> ContextIndex {
     let mut rng = Rng(seed);
     let mut index = ContextIndex::new(
         ContextKey::new("", model, "", 16),
-        crate::hashing::profile::test_vllm_cbor(),
+        crate::hashing::profile::vllm_cbor_default(),
     );
     index.attach_rank(&source(0), "e0", 0);
     let store = |s: u32, holder: Holder, tier: Tier, hashes: Vec<u64>| IndexBatch {

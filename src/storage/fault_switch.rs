@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{Cf, KvOp, KvStore, StorageError, Visitor};
+use super::{Cf, KvOp, KvStore, Scanned, StorageError, Visitor};
 
 pub const FAULT_SWITCH_ENV: &str = "CONDUCTOR_TEST_FAIL_WRITES_WHILE";
 
@@ -57,12 +57,7 @@ impl KvStore for FaultSwitch {
         self.inner.get(cf, key)
     }
 
-    fn scan_prefix(
-        &self,
-        cf: Cf,
-        prefix: &[u8],
-        visit: &mut Visitor<'_>,
-    ) -> Result<(), StorageError> {
+    fn scan_prefix(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Scanned {
         self.inner.scan_prefix(cf, prefix, visit)
     }
 

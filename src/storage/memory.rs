@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{Cf, KvOp, KvStore, StorageError, Visitor};
+use super::{Cf, KvOp, KvStore, Scanned, StorageError, Visitor};
 
 /// Where an injected write failure strikes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,12 +99,7 @@ impl KvStore for MemoryStore {
         Ok(self.lock().get(&(cf, key.to_vec())).cloned())
     }
 
-    fn scan_prefix(
-        &self,
-        cf: Cf,
-        prefix: &[u8],
-        visit: &mut Visitor<'_>,
-    ) -> Result<(), StorageError> {
+    fn scan_prefix(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Scanned {
         let entries: Vec<(Vec<u8>, Vec<u8>)> = self
             .lock()
             .range((cf, prefix.to_vec())..)

@@ -96,6 +96,9 @@ impl StorageError {
     }
 }
 
+/// What a scan returns: done, or the first error of the store or of the visitor.
+pub type Scanned = Result<(), StorageError>;
+
 /// Called for each entry of a scan, in key order; an error stops the scan.
 pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError> + 'a;
 
@@ -109,12 +112,7 @@ pub trait KvStore: Send + Sync {
     }
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
     /// Visit every entry whose key starts with `prefix`, in key order.
-    fn scan_prefix(
-        &self,
-        cf: Cf,
-        prefix: &[u8],
-        visit: &mut Visitor<'_>,
-    ) -> Result<(), StorageError>;
+    fn scan_prefix(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Scanned;
     /// Reclaim space (a no-op where meaningless).
     fn compact(&self) -> Result<(), StorageError>;
 }

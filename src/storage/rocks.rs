@@ -8,7 +8,7 @@ use rocksdb::{
     WriteOptions,
 };
 
-use super::{Cf, KvOp, KvStore, StorageError, Visitor};
+use super::{Cf, KvOp, KvStore, Scanned, StorageError, Visitor};
 
 pub struct RocksStore {
     db: DB,
@@ -130,12 +130,7 @@ impl KvStore for RocksStore {
         self.db.get_cf(self.cf(cf)?, key).map_err(io)
     }
 
-    fn scan_prefix(
-        &self,
-        cf: Cf,
-        prefix: &[u8],
-        visit: &mut Visitor<'_>,
-    ) -> Result<(), StorageError> {
+    fn scan_prefix(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Scanned {
         // Scans are bulk reads (recovery, dumps): read ahead, and keep them out of the block cache.
         let mut options = ReadOptions::default();
         options.fill_cache(false);

@@ -247,46 +247,10 @@ impl Router {
                     }
                 }
                 KvEvent::StoreStored(object) => {
-                    let Some(context) = self.store_context(&object, ignored) else {
-                        continue;
-                    };
-                    if !self.admit(&context) {
-                        continue;
-                    }
-                    let holder = Holder::Shared {
-                        backend_id: object.backend_id,
-                    };
-                    push(
-                        &mut out,
-                        context,
-                        IndexOp::StoreAliased {
-                            holder,
-                            tier: object.tier,
-                            hashes: object.hashes,
-                        },
-                    );
+                    self.route_store_object(&mut out, object, StoreChange::Stored, ignored)
                 }
                 KvEvent::StoreRemoved(object) => {
-                    let Some(context) = self.store_context(&object, ignored) else {
-                        continue;
-                    };
-                    // Nothing of this source is in a context it never fed: a removal must not
-                    // create one.
-                    if !self.fed.contains(&context) {
-                        continue;
-                    }
-                    let holder = Holder::Shared {
-                        backend_id: object.backend_id,
-                    };
-                    push(
-                        &mut out,
-                        context,
-                        IndexOp::Remove {
-                            holder,
-                            tier: object.tier,
-                            hashes: object.hashes,
-                        },
-                    );
+                    self.route_store_object(&mut out, object, StoreChange::Removed, ignored)
                 }
                 KvEvent::StoreCleared {
                     backend_id,
@@ -306,6 +270,44 @@ impl Router {
             }
         }
         out
+    }
+
+    /// A store object's blocks stored or removed, under the shared holder of its backend.
+    fn route_store_object(
+        &mut self,
+        out: &mut Routed,
+        object: StoreObject,
+        change: StoreChange,
+        ignored: &mut Vec<IgnoreReason>,
+    ) {
+        let Some(context) = self.store_context(&object, ignored) else {
+            return;
+        };
+        let routed = match change {
+            StoreChange::Stored => self.admit(&context),
+            // Nothing of this source is in a context it never fed: a removal must not create one.
+            StoreChange::Removed => self.fed.contains(&context),
+        };
+        if !routed {
+            return;
+        }
+        let holder = Holder::Shared {
+            backend_id: object.backend_id,
+        };
+        let (tier, hashes) = (object.tier, object.hashes);
+        let op = match change {
+            StoreChange::Stored => IndexOp::StoreAliased {
+                holder,
+                tier,
+                hashes,
+            },
+            StoreChange::Removed => IndexOp::Remove {
+                holder,
+                tier,
+                hashes,
+            },
+        };
+        push(out, context, op);
     }
 
     /// The context a store event names: `None` when it is refused (tenant, block size) or
@@ -384,6 +386,13 @@ fn block_contents(rule: BlockRule, stored: &EngineStored) -> Option<BlockContent
 }
 
 /// Append an op to its context's list, keeping contexts in first-touch order.
+/// Whether a store event adds blocks or takes them away.
+#[derive(Clone, Copy)]
+enum StoreChange {
+    Stored,
+    Removed,
+}
+
 fn push(out: &mut Routed, context: ContextKey, op: IndexOp) {
     match out.iter_mut().find(|(c, _)| *c == context) {
         Some((_, ops)) => ops.push(op),

@@ -7,7 +7,7 @@ use crate::hashing::HashProfile;
 use crate::model::{BlockHash, PublisherType, Tier};
 
 fn config(lora: &str, kind: PublisherType) -> PublisherConfig {
-    let profile = crate::hashing::profile::test_vllm_cbor();
+    let profile = crate::hashing::profile::vllm_cbor_default();
     PublisherConfig {
         instance_id: "i".into(),
         endpoint: "tcp://127.0.0.1:1".into(),

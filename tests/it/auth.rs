@@ -6,9 +6,9 @@ use mooncake_conductor::gateway::pb;
 use serde_json::{Value, json};
 use tonic::metadata::MetadataValue;
 
-use crate::e2e_query::register_request;
 use crate::http_api::reg;
 use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::grpc::register_request;
 use crate::support::server::Server;
 use crate::support::{free_port, http};
 
@@ -70,6 +70,17 @@ async fn service_ids(server: &Server) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The reply of one gRPC call; a transport error fails the test, naming the method.
+macro_rules! reply {
+    ($client:ident . $method:ident ($request:expr)) => {
+        $client
+            .$method($request)
+            .await
+            .expect(stringify!($method))
+            .into_inner()
+    };
 }
 
 fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
@@ -175,33 +186,17 @@ async fn grpc_registration_changes_need_the_token_in_metadata() {
     let server = Server::start_with(json!({"auth_token": "old-token"})).await;
     let mut client = server.grpc().await;
 
-    let reply = client
-        .register(with_token(grpc_registration("g0"), None))
-        .await
-        .expect("register")
-        .into_inner();
+    let reply = reply!(client.register(with_token(grpc_registration("g0"), None)));
     assert_eq!(reply.ret, UNAUTHORIZED, "{:?}", reply.error);
     let error = reply.error.expect("error detail");
     assert_eq!(error.reason, "unauthorized");
-    let reply = client
-        .register(with_token(grpc_registration("g0"), Some("bad")))
-        .await
-        .expect("register")
-        .into_inner();
+    let reply = reply!(client.register(with_token(grpc_registration("g0"), Some("bad"))));
     assert_eq!(reply.ret, UNAUTHORIZED);
-    let reply = client
-        .register(with_token(grpc_registration("g0"), Some("old-token")))
-        .await
-        .expect("register")
-        .into_inner();
+    let reply = reply!(client.register(with_token(grpc_registration("g0"), Some("old-token"))));
     assert_eq!(reply.ret, 0, "{:?}", reply.error);
 
     // Reads stay open.
-    let listing = client
-        .list_services(with_token(pb::ListServicesRequest {}, None))
-        .await
-        .expect("list")
-        .into_inner();
+    let listing = reply!(client.list_services(with_token(pb::ListServicesRequest {}, None)));
     assert_eq!((listing.ret, listing.count), (0, 1));
     let query = pb::QueryRequest {
         model_name: "m".into(),
@@ -209,11 +204,7 @@ async fn grpc_registration_changes_need_the_token_in_metadata() {
         token_ids: vec![1, 2, 3],
         ..Default::default()
     };
-    let hits = client
-        .query(with_token(query, None))
-        .await
-        .expect("query")
-        .into_inner();
+    let hits = reply!(client.query(with_token(query, None)));
     assert_eq!(hits.ret, 0);
     assert!(hits.hits.contains_key("g0"), "{hits:?}");
 
@@ -222,17 +213,9 @@ async fn grpc_registration_changes_need_the_token_in_metadata() {
         tenant_id: String::new(),
         dp_rank: 0,
     };
-    let reply = client
-        .unregister(with_token(unregister.clone(), None))
-        .await
-        .expect("unregister")
-        .into_inner();
+    let reply = reply!(client.unregister(with_token(unregister.clone(), None)));
     assert_eq!(reply.ret, UNAUTHORIZED);
-    let reply = client
-        .unregister(with_token(unregister, Some("old-token")))
-        .await
-        .expect("unregister")
-        .into_inner();
+    let reply = reply!(client.unregister(with_token(unregister, Some("old-token"))));
     assert_eq!(reply.ret, 0, "{:?}", reply.error);
     assert!(!server.log().contains("old-token"));
 }
@@ -267,17 +250,9 @@ async fn with_auth_reads_every_read_needs_the_token_but_health() {
     assert!(r.json()["instances"]["e0"].is_object(), "{}", r.text());
 
     let mut client = server.grpc().await;
-    let listing = client
-        .list_services(with_token(pb::ListServicesRequest {}, None))
-        .await
-        .expect("list")
-        .into_inner();
+    let listing = reply!(client.list_services(with_token(pb::ListServicesRequest {}, None)));
     assert_eq!((listing.ret, listing.count), (UNAUTHORIZED, 0));
-    let view = client
-        .get_global_view(with_token(pb::GetGlobalViewRequest {}, None))
-        .await
-        .expect("view")
-        .into_inner();
+    let view = reply!(client.get_global_view(with_token(pb::GetGlobalViewRequest {}, None)));
     assert_eq!((view.ret, view.context_count), (UNAUTHORIZED, 0));
     let query = pb::QueryRequest {
         model_name: "m".into(),
@@ -285,11 +260,7 @@ async fn with_auth_reads_every_read_needs_the_token_but_health() {
         token_ids: vec![1, 2, 3],
         ..Default::default()
     };
-    let hits = client
-        .query(with_token(query.clone(), None))
-        .await
-        .expect("query")
-        .into_inner();
+    let hits = reply!(client.query(with_token(query.clone(), None)));
     assert_eq!(hits.ret, UNAUTHORIZED);
     assert!(hits.hits.is_empty());
     let by_hash = pb::QueryByHashRequest {
@@ -298,24 +269,12 @@ async fn with_auth_reads_every_read_needs_the_token_but_health() {
         block_hashes: vec![1],
         ..Default::default()
     };
-    let hits = client
-        .query_by_hash(with_token(by_hash, None))
-        .await
-        .expect("query_by_hash")
-        .into_inner();
+    let hits = reply!(client.query_by_hash(with_token(by_hash, None)));
     assert_eq!(hits.ret, UNAUTHORIZED);
-    let hits = client
-        .query(with_token(query, Some("old-token")))
-        .await
-        .expect("query")
-        .into_inner();
+    let hits = reply!(client.query(with_token(query, Some("old-token"))));
     assert_eq!(hits.ret, 0);
     assert!(hits.hits.contains_key("e0"), "{hits:?}");
-    let health = client
-        .health(with_token(pb::HealthRequest {}, None))
-        .await
-        .expect("health")
-        .into_inner();
+    let health = reply!(client.health(with_token(pb::HealthRequest {}, None)));
     assert!(health.ready, "Health stays open: {health:?}");
 }
 

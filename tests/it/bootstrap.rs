@@ -196,6 +196,24 @@ struct Scripted {
     pause: Duration,
 }
 
+impl Scripted {
+    /// One chunk at once: `begin`, one registration record, and an end mark counting it.
+    fn one_registration(begin: pb::SnapshotBegin) -> Scripted {
+        Scripted {
+            chunks: vec![pb::SnapshotChunk {
+                seq: 0,
+                begin: Some(begin),
+                records: vec![registration_record()],
+                end: Some(pb::SnapshotEnd {
+                    records: 1,
+                    pairs: 0,
+                }),
+            }],
+            pause: Duration::ZERO,
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl Replica for Scripted {
     type SnapshotStream = std::pin::Pin<
@@ -309,19 +327,7 @@ async fn an_unreachable_peer_gives_a_clear_error_and_an_empty_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_format_is_refused_and_the_replica_starts_empty() {
     let format = mooncake_conductor::replica::format::FORMAT;
-    let peer = scripted_peer(Scripted {
-        chunks: vec![pb::SnapshotChunk {
-            seq: 0,
-            begin: Some(begin(format + 1, 1, 0)),
-            records: vec![registration_record()],
-            end: Some(pb::SnapshotEnd {
-                records: 1,
-                pairs: 0,
-            }),
-        }],
-        pause: Duration::ZERO,
-    })
-    .await;
+    let peer = scripted_peer(Scripted::one_registration(begin(format + 1, 1, 0))).await;
     starts_empty_after(
         &peer,
         &format!("snapshot format {}, newer than", format + 1),
@@ -334,19 +340,7 @@ async fn more_than_announced_is_refused_and_the_replica_starts_empty() {
     let format = mooncake_conductor::replica::format::FORMAT;
     let mut announced = begin(format, 1, 0);
     announced.registrations = 0;
-    let peer = scripted_peer(Scripted {
-        chunks: vec![pb::SnapshotChunk {
-            seq: 0,
-            begin: Some(announced),
-            records: vec![registration_record()],
-            end: Some(pb::SnapshotEnd {
-                records: 1,
-                pairs: 0,
-            }),
-        }],
-        pause: Duration::ZERO,
-    })
-    .await;
+    let peer = scripted_peer(Scripted::one_registration(announced)).await;
     starts_empty_after(&peer, "more registrations than the 0 announced").await;
 }
 

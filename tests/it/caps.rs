@@ -5,9 +5,10 @@
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::{handshake, register_request};
+use crate::e2e_query::handshake;
 use crate::http_api::{expect_error, reg};
 use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, free_port, http};
@@ -115,13 +116,7 @@ async fn registrations_outside_the_policy_are_refused_naming_the_field() {
         0,
         vllm_cbor_profile(),
     );
-    let reply = server
-        .grpc()
-        .await
-        .register(register_request(&r))
-        .await
-        .unwrap()
-        .into_inner();
+    let reply = server.register(&r).await;
     assert_eq!(reply.ret, -600);
     assert_eq!(
         reply.error.as_ref().map(|e| e.field.as_str()),
@@ -129,13 +124,7 @@ async fn registrations_outside_the_policy_are_refused_naming_the_field() {
     );
     r["endpoint"] = json!(format!("tcp://127.0.0.1:{port}"));
     r["tenant_id"] = json!("t".repeat(17));
-    let reply = server
-        .grpc()
-        .await
-        .register(register_request(&r))
-        .await
-        .unwrap()
-        .into_inner();
+    let reply = server.register(&r).await;
     assert_eq!(reply.ret, -600);
     let error = reply.error.expect("detail");
     assert_eq!(
@@ -162,12 +151,7 @@ async fn registrations_outside_the_policy_are_refused_naming_the_field() {
         j["error"].as_str().unwrap().contains("max_subscriptions"),
         "{j}"
     );
-    let gone = http::post_json(
-        server.http_port,
-        "/unregister",
-        &json!({"instance_id": "e1", "dp_rank": 0}),
-    )
-    .await;
+    let gone = server.http_unregister("e1").await;
     assert_eq!(gone.status, 200);
     let r = http::post_json(server.http_port, "/register", &third).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -180,12 +164,16 @@ async fn registrations_outside_the_policy_are_refused_naming_the_field() {
             &format!("field=\"{field}\""),
         )
     };
-    assert_eq!(refused("endpoint"), Some(5), "{metrics}");
-    assert_eq!(refused("replay_endpoint"), Some(1), "{metrics}");
-    assert_eq!(refused("instance_id"), Some(1), "{metrics}");
-    assert_eq!(refused("model_name"), Some(1), "{metrics}");
-    assert_eq!(refused("tenant_id"), Some(1), "{metrics}");
-    assert_eq!(refused("max_subscriptions"), Some(1), "{metrics}");
+    for (field, count) in [
+        ("endpoint", 5),
+        ("replay_endpoint", 1),
+        ("instance_id", 1),
+        ("model_name", 1),
+        ("tenant_id", 1),
+        ("max_subscriptions", 1),
+    ] {
+        assert_eq!(refused(field), Some(count), "{field}: {metrics}");
+    }
 }
 
 /// A Mooncake store object event with `tenant`, `model`, `lora` and `block_size`.
@@ -208,14 +196,6 @@ fn object(
         }
     }
     event
-}
-
-async fn status_of(server: &Server, service: &str) -> Value {
-    let s = http::get(server.http_port, "/services/status").await.json();
-    s["services"]
-        .as_array()
-        .and_then(|a| a.iter().find(|x| x["service"] == service).cloned())
-        .unwrap_or(json!(null))
 }
 
 /// Each context of the global view as `tenant/model/lora/block_size` with its block count.
@@ -295,7 +275,7 @@ async fn a_store_naming_too_many_contexts_or_another_tenant_is_refused_event_by_
     // Only the first two contexts exist, each with both its good blocks (also those after the
     // refused events).
     contexts_become(&server, &[("t1/m//16", 2), ("t1/m/ad/16", 2)]).await;
-    let st = status_of(&server, "store|t1|0").await;
+    let st = server.service_status("store|t1|0").await;
     assert_eq!(
         st["refused"],
         json!({"max_contexts_per_source": 2, "tenant_id": 1, "block_size": 2}),
@@ -309,11 +289,11 @@ async fn a_store_naming_too_many_contexts_or_another_tenant_is_refused_event_by_
     ]);
     let seq = store.publish(later).await;
     eventually("the later batch", WAIT, || async {
-        (status_of(&server, "store|t1|0").await["last_seq"] == json!(seq)).then_some(())
+        (server.service_status("store|t1|0").await["last_seq"] == json!(seq)).then_some(())
     })
     .await;
     contexts_become(&server, &[("t1/m//16", 3), ("t1/m/ad/16", 2)]).await;
-    let st = status_of(&server, "store|t1|0").await;
+    let st = server.service_status("store|t1|0").await;
     assert_eq!(st["refused"]["max_contexts_per_source"], json!(3), "{st}");
 
     let metrics = http::get(server.http_port, "/metrics").await.text();
@@ -324,9 +304,13 @@ async fn a_store_naming_too_many_contexts_or_another_tenant_is_refused_event_by_
             &format!("service=\"store|t1|0\",field=\"{field}\""),
         )
     };
-    assert_eq!(refused("max_contexts_per_source"), Some(3), "{metrics}");
-    assert_eq!(refused("tenant_id"), Some(1), "{metrics}");
-    assert_eq!(refused("block_size"), Some(2), "{metrics}");
+    for (field, count) in [
+        ("max_contexts_per_source", 3),
+        ("tenant_id", 1),
+        ("block_size", 2),
+    ] {
+        assert_eq!(refused(field), Some(count), "{field}: {metrics}");
+    }
     // Rate-limited: one warning per kind within the interval, each naming its field.
     let log = crate::hostile::plain_log(&server);
     let warnings = |field: &str| {

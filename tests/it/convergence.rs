@@ -6,11 +6,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
 use crate::durability::{PROMPTS, adapter_hits, adapter_store, next, prompt, random_batch, store};
-use crate::e2e_query::{grpc_query, handshake, register_request};
+use crate::e2e_query::{grpc_query, handshake};
 use crate::ingest::{BS, MODEL};
 use crate::support::engine::{self, vllm_cbor_profile};
 use crate::support::player::Player;
@@ -35,38 +34,7 @@ async fn register_as(server: &Server, instance: &str, kind: &str, model: &str, p
         0,
         vllm_cbor_profile(),
     );
-    let reply = server
-        .grpc()
-        .await
-        .register(register_request(&r))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
-}
-
-async fn unregister(server: &Server, instance: &str) {
-    let request = pb::UnregisterRequest {
-        instance_id: instance.into(),
-        tenant_id: String::new(),
-        dp_rank: 0,
-    };
-    let reply = server
-        .grpc()
-        .await
-        .unregister(request)
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
-}
-
-async fn status_of(server: &Server, service: &str) -> serde_json::Value {
-    let s = http::get(server.http_port, "/services/status").await.json();
-    s["services"]
-        .as_array()
-        .and_then(|a| a.iter().find(|x| x["service"] == service).cloned())
-        .unwrap_or(json!(null))
+    server.register_ok(&r).await;
 }
 
 /// Re-send `player`'s newest batch until `server`'s subscription `service` has received it (a
@@ -74,7 +42,7 @@ async fn status_of(server: &Server, service: &str) -> serde_json::Value {
 async fn deliver_to(server: &Server, player: &mut Player, service: &str) {
     let seq = player.next_seq() - 1;
     let deadline = std::time::Instant::now() + WAIT;
-    while status_of(server, service).await["last_seq"].as_u64() != Some(seq) {
+    while server.service_status(service).await["last_seq"].as_u64() != Some(seq) {
         assert!(
             std::time::Instant::now() < deadline,
             "{service}: seq {seq} never received:\n{}",
@@ -226,7 +194,7 @@ async fn sigkill_at_random_moments_converges_to_the_uninterrupted_run() {
             // The moved instance's engine comes back on another endpoint: its context goes with
             // its last source and is created again, right before a crash.
             for server in [&reference, &victim] {
-                unregister(server, "u").await;
+                server.unregister_ok("u").await;
             }
             fleet.moved = Player::start(true, 0).await;
             for server in [&reference, &victim] {
@@ -287,7 +255,7 @@ async fn sigkill_at_random_moments_converges_to_the_uninterrupted_run() {
     })
     .await;
     for service in ["e|default|0", "s|default|0", "u|default|0"] {
-        let status = status_of(&victim, service).await;
+        let status = victim.service_status(service).await;
         assert_eq!(
             status["sources_dropped"],
             json!(0),

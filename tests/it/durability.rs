@@ -150,14 +150,7 @@ async fn counts_and_translated_keys_survive_a_restart() {
         0,
         profile,
     );
-    let reply = server
-        .grpc()
-        .await
-        .register(crate::e2e_query::register_request(&reg))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    server.register_ok(&reg).await;
     // Batches apply in order: once a later store of prompt `p` answers, everything before it
     // has been applied (the status's last seq is only what was received).
     async fn applied_through(server: &Server, player: &mut Player, p: i32) {
@@ -298,18 +291,7 @@ async fn a_context_unregistered_and_registered_again_does_not_bring_back_its_old
     assert_eq!(answers(&server).await[1].0, 8, "recovered");
     // The engine moves: unregister (the context goes with its last source) and register the
     // new endpoint, whose engine holds nothing yet.
-    let reply = server
-        .grpc()
-        .await
-        .unregister(pb::UnregisterRequest {
-            instance_id: "e".into(),
-            tenant_id: String::new(),
-            dp_rank: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    server.unregister_ok("e").await;
     let moved = Player::start(true, 0).await;
     register(&server, "e", &moved).await;
     assert_eq!(

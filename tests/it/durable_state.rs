@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
 use crate::durability::{adapter_hits, adapter_store, answers, deliver, store};
@@ -74,21 +73,6 @@ async fn a_context_idle_past_the_replay_buffer_keeps_its_source_across_a_crash()
     );
 }
 
-async fn unregister(server: &Server, instance: &str) {
-    let reply = server
-        .grpc()
-        .await
-        .unregister(pb::UnregisterRequest {
-            instance_id: instance.into(),
-            tenant_id: String::new(),
-            dp_rank: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
-}
-
 /// The `conductor_index_holders` gauge.
 async fn holders(server: &Server) -> u64 {
     let text = http::get(server.http_port, "/metrics").await.text();
@@ -132,7 +116,7 @@ async fn holders_of_instances_gone_are_reclaimed_and_an_idle_server_writes_nothi
             (r.hits.get(&name).map(|h| h.device) == Some(8)).then_some(())
         })
         .await;
-        unregister(&server, &name).await;
+        server.unregister_ok(&name).await;
     }
     assert_eq!(
         holders(&server).await,

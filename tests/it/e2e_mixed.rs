@@ -6,7 +6,7 @@
 use rmpv::Value;
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake, register_request};
+use crate::e2e_query::{grpc_query, handshake};
 use crate::support::engine::{self, sglang_profile, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
@@ -63,17 +63,7 @@ async fn every_publisher_kind_every_rank_and_tier() {
         0,
         vllm_cbor_profile(),
     );
-    assert_eq!(
-        server
-            .grpc()
-            .await
-            .register(register_request(&r0))
-            .await
-            .unwrap()
-            .into_inner()
-            .ret,
-        0
-    );
+    assert_eq!(server.register(&r0).await.ret, 0);
     let r1 = engine::registration(
         "v",
         (&rank1.endpoint, None),
@@ -224,17 +214,7 @@ async fn sglang_signed_hashes_and_a_partial_final_page() {
         0,
         sglang_profile(),
     );
-    assert_eq!(
-        server
-            .grpc()
-            .await
-            .register(register_request(&reg))
-            .await
-            .unwrap()
-            .into_inner()
-            .ret,
-        0
-    );
+    assert_eq!(server.register(&reg).await.ret, 0);
     let prompt = tokens(10);
     let keys = engine::block_keys(&sglang_profile(), &prompt, 4, "");
     assert_eq!(keys.len(), 3, "two full pages and a partial one");

@@ -9,33 +9,6 @@ use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 
-pub fn register_request(v: &serde_json::Value) -> pb::RegisterRequest {
-    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
-    let i = |k: &str| v.get(k).and_then(|x| x.as_i64());
-    let profile = v
-        .get("hash_profile")
-        .and_then(|p| p.as_object())
-        .cloned()
-        .unwrap_or_default();
-    pb::RegisterRequest {
-        instance_id: s("instance_id"),
-        endpoint: s("endpoint"),
-        replay_endpoint: s("replay_endpoint"),
-        publisher_type: s("publisher_type"),
-        model_name: s("model_name"),
-        lora_name: s("lora_name"),
-        tenant_id: s("tenant_id"),
-        block_size: i("block_size"),
-        dp_rank: i("dp_rank"),
-        cache_group: i("cache_group"),
-        has_hash_profile: v.get("hash_profile").is_some(),
-        hash_profile: profile
-            .into_iter()
-            .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned()))
-            .collect(),
-    }
-}
-
 /// Publish `payload` as seq 0 again and again until the subscription has applied it: the PUB
 /// socket drops messages until the SUB's subscription arrived, and duplicates are ignored.
 pub async fn handshake(server: &Server, player: &mut Player, service: &str, payload: Vec<u8>) {
@@ -92,13 +65,7 @@ async fn vllm_blocks_become_hits_over_every_transport() {
         0,
         vllm_cbor_profile(),
     );
-    let mut client = server.grpc().await;
-    let reply = client
-        .register(register_request(&registration))
-        .await
-        .expect("register")
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    server.register_ok(&registration).await;
 
     // 10 tokens, block size 4: two complete blocks on GPU; the tail is never a block for vLLM.
     let tokens: Vec<i32> = (1..=10).collect();
@@ -185,17 +152,7 @@ async fn adapter_blocks_from_a_base_registration_get_their_own_context() {
         0,
         vllm_cbor_profile(),
     );
-    assert_eq!(
-        server
-            .grpc()
-            .await
-            .register(register_request(&registration))
-            .await
-            .unwrap()
-            .into_inner()
-            .ret,
-        0
-    );
+    assert_eq!(server.register(&registration).await.ret, 0);
     let tokens: Vec<i32> = (1..=8).collect();
     let keys = engine::block_keys(&vllm_cbor_profile(), &tokens, 4, "ad");
     let stored = engine::vllm_stored(&keys, None, &tokens, 4, "GPU", Some("ad"));

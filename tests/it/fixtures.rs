@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::{handshake, register_request};
+use crate::e2e_query::handshake;
 use crate::support::engine::{self, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
@@ -112,14 +112,7 @@ async fn register(server: &Server, instance: &str, endpoint: &str, replay: &str,
         0,
         vllm_cbor_profile(),
     );
-    let reply = server
-        .grpc()
-        .await
-        .register(register_request(&reg))
-        .await
-        .expect("register")
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    server.register_ok(&reg).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake, register_request};
+use crate::e2e_query::{grpc_query, handshake};
 use crate::ingest::{BS, MODEL, register};
 use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::raw_zmtp::{HostilePub, long_frame_header};
 use crate::support::server::Server;
@@ -31,28 +32,13 @@ async fn register_endpoint(server: &Server, instance: &str, endpoint: &str) {
         0,
         vllm_cbor_profile(),
     );
-    let reply = server
-        .grpc()
-        .await
-        .register(register_request(&r))
-        .await
-        .expect("register")
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
-}
-
-async fn service_status(server: &Server, service: &str) -> serde_json::Value {
-    let s = http::get(server.http_port, "/services/status").await.json();
-    s["services"]
-        .as_array()
-        .and_then(|a| a.iter().find(|x| x["service"] == service).cloned())
-        .unwrap_or(json!(null))
+    server.register_ok(&r).await;
 }
 
 /// Wait until `service` has dropped at least `n` oversized messages; returns its status.
 async fn oversized_at_least(server: &Server, service: &str, n: u64) -> serde_json::Value {
     eventually("oversized messages counted", WAIT, || async {
-        let st = service_status(server, service).await;
+        let st = server.service_status(service).await;
         (st["oversized_messages"].as_u64() >= Some(n)).then_some(st)
     })
     .await
@@ -264,7 +250,7 @@ async fn a_peer_repeating_bad_batches_gets_one_warning_per_interval_with_a_suppr
     let decode_errors = |n: u64| {
         let server = &server;
         async move {
-            let st = service_status(server, "a|default|0").await;
+            let st = server.service_status("a|default|0").await;
             (st["decode_errors"].as_u64() == Some(n)).then_some(())
         }
     };

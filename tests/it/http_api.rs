@@ -4,7 +4,6 @@
 use mooncake_conductor::gateway::pb;
 use serde_json::{Value, json};
 
-use crate::e2e_query::register_request;
 use crate::support::engine::{self, vllm_cbor_profile};
 use crate::support::server::Server;
 use crate::support::{free_port, http};
@@ -132,12 +131,7 @@ async fn register_list_and_view_over_json_and_msgpack() {
     );
     assert_eq!(c["instances"], json!({"e0": [0], "e1": [0]}));
 
-    let r = http::post_json(
-        server.http_port,
-        "/unregister",
-        &json!({"instance_id": "e1", "dp_rank": 0}),
-    )
-    .await;
+    let r = server.http_unregister("e1").await;
     assert_eq!(
         (r.status, r.json()),
         (
@@ -145,12 +139,7 @@ async fn register_list_and_view_over_json_and_msgpack() {
             json!({"status": "unregistered successfully", "removed_instances": ["e1|default|0"]})
         )
     );
-    let r = http::post_json(
-        server.http_port,
-        "/unregister",
-        &json!({"instance_id": "e1", "dp_rank": 0}),
-    )
-    .await;
+    let r = server.http_unregister("e1").await;
     assert_eq!(r.status, 404);
 
     assert_eq!(http::get(server.http_port, "/health").await.status, 200);
@@ -181,46 +170,26 @@ async fn grpc_reports_seed_codes() {
     );
     let mut bad = good.clone();
     bad["endpoint"] = json!("127.0.0.1:5557");
-    let r = client
-        .register(register_request(&bad))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = server.register(&bad).await;
     assert_eq!(
         (r.ret, r.error.unwrap().field),
         (-600, "endpoint".to_owned())
     );
     let mut missing = good.clone();
     missing.as_object_mut().unwrap().remove("hash_profile");
-    let r = client
-        .register(register_request(&missing))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = server.register(&missing).await;
     assert_eq!(
         (r.ret, r.error.unwrap().reason),
         (-600, "missing".to_owned())
     );
     let mut bigram = good.clone();
     bigram["hash_profile"] = json!({"strategy": "sglang_bigram", "algorithm": "sha256", "python_hash_seed": "0", "index_projection": "first64_be"});
-    let r = client
-        .register(register_request(&bigram))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = server.register(&bigram).await;
     assert_eq!(
         (r.ret, r.error.unwrap().field),
         (-600, "algorithm".to_owned())
     );
-    assert_eq!(
-        client
-            .register(register_request(&good))
-            .await
-            .unwrap()
-            .into_inner()
-            .ret,
-        0
-    );
+    assert_eq!(server.register(&good).await.ret, 0);
     let r = client
         .unregister(pb::UnregisterRequest {
             instance_id: "nobody".into(),

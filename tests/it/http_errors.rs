@@ -24,196 +24,94 @@ async fn register_errors_name_reason_and_field() {
         b.as_object_mut().unwrap().remove(k);
         b
     };
-    expect_error(
-        &server,
-        "/register",
-        with("bogus", json!(1)),
-        400,
-        "unknown_field",
-        Some("bogus"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("model_name", json!("m")),
-        400,
-        "unknown_field",
-        Some("model_name"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        without("endpoint"),
-        400,
-        "missing",
-        Some("endpoint"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        without("modelname"),
-        400,
-        "missing",
-        Some("modelname"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        without("hash_profile"),
-        400,
-        "missing",
-        Some("hash_profile"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("endpoint", json!("")),
-        400,
-        "invalid_value",
-        Some("endpoint"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("endpoint", json!("not-an-endpoint")),
-        400,
-        "invalid_value",
-        Some("endpoint"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("type", json!("vllm")),
-        400,
-        "invalid_value",
-        Some("type"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("block_size", json!(1.5)),
-        400,
-        "invalid_type",
-        Some("block_size"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("block_size", json!(0)),
-        400,
-        "out_of_range",
-        Some("block_size"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("dp_rank", json!(-1)),
-        400,
-        "out_of_range",
-        Some("dp_rank"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("dp_rank", json!(true)),
-        400,
-        "invalid_type",
-        Some("dp_rank"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("cache_group", json!(1)),
-        400,
-        "unsupported",
-        Some("cache_group"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("cache_group", json!("0")),
-        400,
-        "invalid_type",
-        Some("cache_group"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("tenant_id", Value::Null),
-        400,
-        "invalid_type",
-        Some("tenant_id"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/register",
-        with("hash_profile", json!("x")),
-        400,
-        "invalid_type",
-        Some("hash_profile"),
-    )
-    .await;
+    // Each case is named by its body in a failure message (see `expect_error`).
+    let mut rejected = vec![
+        (with("bogus", json!(1)), "unknown_field", Some("bogus")),
+        (
+            with("model_name", json!("m")),
+            "unknown_field",
+            Some("model_name"),
+        ),
+        (without("endpoint"), "missing", Some("endpoint")),
+        (without("modelname"), "missing", Some("modelname")),
+        (without("hash_profile"), "missing", Some("hash_profile")),
+        (
+            with("endpoint", json!("")),
+            "invalid_value",
+            Some("endpoint"),
+        ),
+        (
+            with("endpoint", json!("not-an-endpoint")),
+            "invalid_value",
+            Some("endpoint"),
+        ),
+        (with("type", json!("vllm")), "invalid_value", Some("type")),
+        (
+            with("block_size", json!(1.5)),
+            "invalid_type",
+            Some("block_size"),
+        ),
+        (
+            with("block_size", json!(0)),
+            "out_of_range",
+            Some("block_size"),
+        ),
+        (with("dp_rank", json!(-1)), "out_of_range", Some("dp_rank")),
+        (
+            with("dp_rank", json!(true)),
+            "invalid_type",
+            Some("dp_rank"),
+        ),
+        (
+            with("cache_group", json!(1)),
+            "unsupported",
+            Some("cache_group"),
+        ),
+        (
+            with("cache_group", json!("0")),
+            "invalid_type",
+            Some("cache_group"),
+        ),
+        (
+            with("tenant_id", Value::Null),
+            "invalid_type",
+            Some("tenant_id"),
+        ),
+        (
+            with("hash_profile", json!("x")),
+            "invalid_type",
+            Some("hash_profile"),
+        ),
+    ];
     let mut p = vllm_cbor_profile();
     p["root_digest"] = json!("00");
-    expect_error(
-        &server,
-        "/register",
+    rejected.push((
         with("hash_profile", p),
-        400,
         "unknown_field",
         Some("root_digest"),
-    )
-    .await;
+    ));
     for seed in ["", "-1", "+1", " 0", "0 ", "4294967296"] {
         let mut p = vllm_cbor_profile();
         p["python_hash_seed"] = json!(seed);
-        expect_error(
-            &server,
-            "/register",
+        rejected.push((
             with("hash_profile", p),
-            400,
             "invalid_value",
             Some("python_hash_seed"),
-        )
-        .await;
+        ));
     }
     let mut p = vllm_cbor_profile();
     p["python_hash_seed"] = json!(0);
-    expect_error(
-        &server,
-        "/register",
+    rejected.push((
         with("hash_profile", p),
-        400,
         "invalid_type",
         Some("python_hash_seed"),
-    )
-    .await;
+    ));
     let mut p = vllm_cbor_profile();
     p["algorithm"] = json!("md5");
-    expect_error(
-        &server,
-        "/register",
-        with("hash_profile", p),
-        400,
-        "invalid_value",
-        Some("algorithm"),
-    )
-    .await;
+    rejected.push((with("hash_profile", p), "invalid_value", Some("algorithm")));
+    for (body, reason, field) in rejected {
+        expect_error(&server, "/register", body, 400, reason, field).await;
+    }
     // A conflicting registration of an existing key, and a context bound to another profile.
     assert_eq!(
         http::post_json(server.http_port, "/register", &base)
@@ -248,111 +146,66 @@ async fn register_errors_name_reason_and_field() {
 async fn unregister_and_query_errors_name_reason_and_field() {
     let body_limit = 4096;
     let server = Server::start_with(json!({"http_body_limit_bytes": body_limit})).await;
-    expect_error(
-        &server,
-        "/unregister",
-        json!({"instance_id": "x"}),
-        400,
-        "missing",
-        Some("dp_rank"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/unregister",
-        json!({"dp_rank": 0}),
-        400,
-        "missing",
-        Some("instance_id"),
-    )
-    .await;
-    let r = http::post_json(
-        server.http_port,
-        "/unregister",
-        &json!({"instance_id": "nobody", "dp_rank": 0}),
-    )
-    .await;
+    for (body, reason, field) in [
+        (json!({"instance_id": "x"}), "missing", Some("dp_rank")),
+        (json!({"dp_rank": 0}), "missing", Some("instance_id")),
+    ] {
+        expect_error(&server, "/unregister", body, 400, reason, field).await;
+    }
+    let r = server.http_unregister("nobody").await;
     assert_eq!(r.status, 404);
 
-    expect_error(
-        &server,
-        "/query",
-        json!({"block_size": 4, "token_ids": []}),
-        400,
-        "missing",
-        Some("model"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/query",
-        json!({"model": "m", "token_ids": []}),
-        400,
-        "missing",
-        Some("block_size"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/query",
-        json!({"model": "m", "block_size": 0, "token_ids": []}),
-        400,
-        "out_of_range",
-        Some("block_size"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/query",
-        json!({"model": "m", "block_size": "4", "token_ids": []}),
-        400,
-        "invalid_type",
-        Some("block_size"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/query",
-        json!({"model": "m", "block_size": 4, "token_ids": [2147483648i64]}),
-        400,
-        "out_of_range",
-        Some("token_ids"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/query",
-        json!({"model": "m", "block_size": 4, "token_ids": ["1"]}),
-        400,
-        "invalid_type",
-        Some("token_ids"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/query",
-        json!({"model": "m", "block_size": 4, "token_ids": []})
-            .as_object()
-            .map(|o| {
-                let mut o = o.clone();
-                o.insert("root_digest".into(), json!("x"));
-                Value::Object(o)
-            })
-            .unwrap(),
-        400,
-        "unknown_field",
-        Some("root_digest"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/query",
-        json!({"model": "m", "block_size": 4, "token_ids": [], "cache_salt": 1}),
-        400,
-        "invalid_type",
-        Some("cache_salt"),
-    )
-    .await;
+    for (body, reason, field) in [
+        (
+            json!({"block_size": 4, "token_ids": []}),
+            "missing",
+            Some("model"),
+        ),
+        (
+            json!({"model": "m", "token_ids": []}),
+            "missing",
+            Some("block_size"),
+        ),
+        (
+            json!({"model": "m", "block_size": 0, "token_ids": []}),
+            "out_of_range",
+            Some("block_size"),
+        ),
+        (
+            json!({"model": "m", "block_size": "4", "token_ids": []}),
+            "invalid_type",
+            Some("block_size"),
+        ),
+        (
+            json!({"model": "m", "block_size": 4, "token_ids": [2147483648i64]}),
+            "out_of_range",
+            Some("token_ids"),
+        ),
+        (
+            json!({"model": "m", "block_size": 4, "token_ids": ["1"]}),
+            "invalid_type",
+            Some("token_ids"),
+        ),
+        (
+            json!({"model": "m", "block_size": 4, "token_ids": []})
+                .as_object()
+                .map(|o| {
+                    let mut o = o.clone();
+                    o.insert("root_digest".into(), json!("x"));
+                    Value::Object(o)
+                })
+                .unwrap(),
+            "unknown_field",
+            Some("root_digest"),
+        ),
+        (
+            json!({"model": "m", "block_size": 4, "token_ids": [], "cache_salt": 1}),
+            "invalid_type",
+            Some("cache_salt"),
+        ),
+    ] {
+        expect_error(&server, "/query", body, 400, reason, field).await;
+    }
     let bad_bin = rmpv::Value::Map(vec![
         ("model".into(), "m".into()),
         ("block_size".into(), 4.into()),

@@ -4,11 +4,11 @@
 use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake, register_request};
+use crate::e2e_query::{grpc_query, handshake};
 use crate::support::engine::{self, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
-use crate::support::{WAIT, eventually, http};
+use crate::support::{WAIT, eventually};
 
 pub(crate) const MODEL: &str = "m";
 pub(crate) const BS: u32 = 4;
@@ -33,14 +33,7 @@ pub(crate) async fn register(server: &Server, instance: &str, player: &Player) {
         0,
         vllm_cbor_profile(),
     );
-    let reply = server
-        .grpc()
-        .await
-        .register(register_request(&r))
-        .await
-        .expect("register")
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    server.register_ok(&r).await;
 }
 
 async fn device_hits(server: &Server, instance: &str, p: i32) -> i64 {
@@ -61,14 +54,6 @@ async fn expect_hits(server: &Server, instance: &str, expected: &[(i32, i64)]) {
     .await;
 }
 
-async fn status(server: &Server, service: &str) -> serde_json::Value {
-    let s = http::get(server.http_port, "/services/status").await.json();
-    s["services"]
-        .as_array()
-        .and_then(|a| a.iter().find(|x| x["service"] == service).cloned())
-        .unwrap_or(json!(null))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gap_is_healed_by_replay() {
     let server = Server::start().await;
@@ -79,7 +64,7 @@ async fn a_gap_is_healed_by_replay() {
     player.publish_lost(store(3));
     player.publish(store(4)).await;
     expect_hits(&server, "a", &[(1, 8), (2, 8), (3, 8), (4, 8)]).await;
-    let st = status(&server, "a|default|0").await;
+    let st = server.service_status("a|default|0").await;
     assert_eq!(
         (
             st["gaps"].as_u64(),
@@ -111,7 +96,7 @@ async fn a_gap_the_buffer_cannot_cover_drops_only_that_source() {
         8,
         "another source is untouched"
     );
-    let st = status(&server, "a|default|0").await;
+    let st = server.service_status("a|default|0").await;
     assert_eq!(st["replays_failed"], json!(1), "{st}");
     assert!(st["sources_dropped"].as_u64() >= Some(1), "{st}");
 }
@@ -139,7 +124,10 @@ async fn a_publisher_restart_removes_its_old_blocks() {
     a.restart(0);
     a.publish(store(4)).await;
     expect_hits(&server, "a", &[(1, 0), (2, 0), (3, 0), (4, 8)]).await;
-    assert_eq!(status(&server, "a|default|0").await["restarts"], json!(1));
+    assert_eq!(
+        server.service_status("a|default|0").await["restarts"],
+        json!(1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,7 +140,10 @@ async fn a_late_join_catches_up_through_replay() {
     register(&server, "a", &a).await;
     handshake(&server, &mut a, "a|default|0", store(3)).await;
     expect_hits(&server, "a", &[(1, 8), (2, 8), (3, 8)]).await;
-    assert_eq!(status(&server, "a|default|0").await["replays_ok"], json!(1));
+    assert_eq!(
+        server.service_status("a|default|0").await["replays_ok"],
+        json!(1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,7 +181,7 @@ async fn malformed_frames_and_payloads_are_counted_and_good_state_is_kept() {
     }
     a.publish(good).await;
     expect_hits(&server, "a", &[(1, 8), (2, 8)]).await;
-    let st = status(&server, "a|default|0").await;
+    let st = server.service_status("a|default|0").await;
     assert_eq!(st["frame_errors"], json!(3), "{st}");
     assert!(
         st["decode_errors"].as_u64().unwrap_or(0) + st["invalid_events"].as_u64().unwrap_or(0) >= 4,
@@ -257,17 +248,7 @@ async fn a_wrong_seed_shows_a_hash_check_mismatch_and_a_right_one_ok() {
         0,
         profile,
     );
-    assert_eq!(
-        server
-            .grpc()
-            .await
-            .register(register_request(&r))
-            .await
-            .unwrap()
-            .into_inner()
-            .ret,
-        0
-    );
+    assert_eq!(server.register(&r).await.ret, 0);
     // Both engines really use seed "0".
     handshake(&server, &mut right, "right|default|0", store(0)).await;
     handshake(&server, &mut wrong, "wrong|default|0", store(0)).await;
@@ -277,8 +258,8 @@ async fn a_wrong_seed_shows_a_hash_check_mismatch_and_a_right_one_ok() {
     }
     eventually("hash check verdicts", WAIT, || async {
         let (r, w) = (
-            status(&server, "right|default|0").await,
-            status(&server, "wrong|default|0").await,
+            server.service_status("right|default|0").await,
+            server.service_status("wrong|default|0").await,
         );
         (r["hash_check"] == "ok" && w["hash_check"] == "mismatch").then_some(())
     })
@@ -286,8 +267,8 @@ async fn a_wrong_seed_shows_a_hash_check_mismatch_and_a_right_one_ok() {
     // The check names the recipe the engine really uses, and the index translates: the wrongly
     // registered context answers exactly what the engine holds.
     let (r, w) = (
-        status(&server, "right|default|0").await,
-        status(&server, "wrong|default|0").await,
+        server.service_status("right|default|0").await,
+        server.service_status("wrong|default|0").await,
     );
     assert_eq!(r["engine_recipe"], "vllm_v1/sha256_cbor/seed=0/low64_be");
     assert_eq!(w["engine_recipe"], "vllm_v1/sha256_cbor/seed=0/low64_be");

@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::register_request;
 use crate::support::engine::{self, sglang_profile, vllm_cbor_profile};
 use crate::support::server::Server;
 use crate::support::tool::{self, Tool};
@@ -110,13 +109,7 @@ async fn recorded_engine_payloads_index_what_they_say() {
             rank,
             profile,
         );
-        let reply = server
-            .grpc()
-            .await
-            .register(register_request(&reg))
-            .await
-            .unwrap()
-            .into_inner();
+        let reply = server.register(&reg).await;
         assert_eq!(reply.ret, 0, "{name}: {:?}", reply.error);
         let service = format!("{instance}|default|{rank}");
         eventually(&format!("{name}: the batch applied"), WAIT, || async {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::{grpc_query, register_request};
+use crate::e2e_query::grpc_query;
 use crate::support::engine::{self, vllm_cbor_profile};
 use crate::support::etcd::Etcd;
 use crate::support::player::Player;
@@ -110,14 +110,7 @@ async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_rem
         0,
         vllm_cbor_profile(),
     );
-    let reply = a
-        .grpc()
-        .await
-        .register(register_request(&reg))
-        .await
-        .expect("register on A")
-        .into_inner();
-    assert_eq!(reply.ret, 0, "{:?}", reply.error);
+    a.register_ok(&reg).await;
     let expected = vec![("v0|default|0".to_owned(), player.endpoint.clone())];
     eventually("B runs A's registration", WAIT, || async {
         (endpoints(&b).await == expected).then_some(())
@@ -140,12 +133,7 @@ async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_rem
         "{revision}"
     );
 
-    let r = http::post_json(
-        b.http_port,
-        "/unregister",
-        &json!({"instance_id": "v0", "dp_rank": 0}),
-    )
-    .await;
+    let r = b.http_unregister("v0").await;
     assert_eq!(r.status, 200, "{}", r.text());
     eventually("A stops the registration removed on B", WAIT, || async {
         endpoints(&a).await.is_empty().then_some(())
@@ -155,12 +143,7 @@ async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_rem
     assert_eq!(device_hits(&a, "v0", &tokens).await, 0);
     assert_eq!(device_hits(&b, "v0", &tokens).await, 0);
     // Unregistering what no replica holds is a plain not-found.
-    let r = http::post_json(
-        a.http_port,
-        "/unregister",
-        &json!({"instance_id": "v0", "dp_rank": 0}),
-    )
-    .await;
+    let r = a.http_unregister("v0").await;
     assert_eq!(r.status, 404, "{}", r.text());
 }
 
@@ -244,12 +227,7 @@ async fn two_replicas_racing_two_keys_onto_one_endpoint_get_exactly_one_winner()
     // Unregistering a winner releases its endpoint for another key, on either replica.
     let (key, endpoint) = winners[0].clone();
     let instance = key.split('|').next().unwrap_or_default().to_owned();
-    let gone = http::post_json(
-        a.http_port,
-        "/unregister",
-        &json!({"instance_id": instance, "dp_rank": 0}),
-    )
-    .await;
+    let gone = a.http_unregister(&instance).await;
     assert_eq!(gone.status, 200, "{}", gone.text());
     eventually("B stops the unregistered winner", WAIT, || async {
         (!endpoints(&b).await.iter().any(|(k, _)| *k == key)).then_some(())
@@ -293,22 +271,11 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
     let r = http::post_json(a.http_port, "/register", &registration("v1", &other)).await;
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("etcd"), "{}", r.text());
-    let r = http::post_json(
-        b.http_port,
-        "/unregister",
-        &json!({"instance_id": "v0", "dp_rank": 0}),
-    )
-    .await;
+    let r = b.http_unregister("v0").await;
     assert_eq!(r.status, 503, "{}", r.text());
     let grpc_reg =
         engine::registration("v1", (&other, None), "vLLM", "m", 4, 0, vllm_cbor_profile());
-    let reply = b
-        .grpc()
-        .await
-        .register(register_request(&grpc_reg))
-        .await
-        .expect("gRPC register")
-        .into_inner();
+    let reply = b.register(&grpc_reg).await;
     assert_eq!(reply.ret, -2000, "{:?}", reply.error);
     assert!(format!("{:?}", reply.error).contains("etcd"));
     assert_eq!(endpoints(&a).await.len(), 1);
@@ -344,12 +311,7 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(etcd_up(&b).await, Some(true));
-    let r = http::post_json(
-        b.http_port,
-        "/unregister",
-        &json!({"instance_id": "v0", "dp_rank": 0}),
-    )
-    .await;
+    let r = b.http_unregister("v0").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let left = vec![("v1|default|0".to_owned(), other.clone())];
     eventually("A follows B's unregister", WAIT, || async {
@@ -377,12 +339,7 @@ async fn a_replica_restarted_after_changes_elsewhere_converges_to_etcd() {
     })
     .await;
     let dir = b.into_dir();
-    let r = http::post_json(
-        a.http_port,
-        "/unregister",
-        &json!({"instance_id": "v0", "dp_rank": 0}),
-    )
-    .await;
+    let r = a.http_unregister("v0").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let r = http::post_json(a.http_port, "/register", &registration("v1", &e1)).await;
     assert_eq!(r.status, 200, "{}", r.text());

@@ -10,7 +10,6 @@ use mooncake_conductor::fixture::format::Fixture;
 use mooncake_conductor::gateway::pb;
 use serde_json::{Value, json};
 
-use crate::e2e_query::register_request;
 use crate::support::server::Server;
 use crate::support::tool::{self, Tool};
 use crate::support::{WAIT, eventually, free_port, http};
@@ -146,13 +145,7 @@ async fn play(s: &Scenario) -> Vec<String> {
         "lora_name": h.lora_name.clone().unwrap_or_default(), "block_size": h.block_size,
         "dp_rank": h.dp_rank, "hash_profile": h.hash_profile,
     });
-    let reply = server
-        .grpc()
-        .await
-        .register(register_request(&registration))
-        .await
-        .expect("register")
-        .into_inner();
+    let reply = server.register(&registration).await;
     assert_eq!(reply.ret, 0, "{name}: {:?}", reply.error);
 
     let service = format!("{instance}|default|{}", h.dp_rank.expect("dp_rank"));
@@ -181,13 +174,7 @@ async fn play(s: &Scenario) -> Vec<String> {
     barrier["instance_id"] = json!("barrier");
     barrier["endpoint"] = json!(format!("tcp://127.0.0.1:{}", free_port()));
     barrier["replay_endpoint"] = json!("");
-    let reply = server
-        .grpc()
-        .await
-        .register(register_request(&barrier))
-        .await
-        .expect("barrier register")
-        .into_inner();
+    let reply = server.register(&barrier).await;
     assert_eq!(reply.ret, 0, "{name}: {:?}", reply.error);
 
     let mut wrong = Vec::new();

@@ -5,6 +5,7 @@
 
 pub mod engine;
 pub mod etcd;
+pub mod grpc;
 pub mod http;
 pub mod player;
 pub mod raw_zmtp;

@@ -132,6 +132,23 @@ impl Server {
     }
 
     /// The running service's process id (for `/proc/<pid>/…`).
+    /// The `/services/status` row of `service`, or `null` while the server does not list it.
+    pub async fn service_status(&self, service: &str) -> serde_json::Value {
+        let s = super::http::get(self.http_port, "/services/status")
+            .await
+            .json();
+        s["services"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["service"] == service).cloned())
+            .unwrap_or(serde_json::Value::Null)
+    }
+
+    /// `POST /unregister` of `instance`, rank 0, without credentials.
+    pub async fn http_unregister(&self, instance: &str) -> super::http::HttpResponse {
+        let body = serde_json::json!({"instance_id": instance, "dp_rank": 0});
+        super::http::post_json(self.http_port, "/unregister", &body).await
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("server running").id()
     }
