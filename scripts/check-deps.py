@@ -69,18 +69,8 @@ def expand(tail, text, start):
     while i < len(text) and depth:
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         i += 1
-    inner = text[start : i - 1]
-    items, depth, cur = [], 0, ""
-    for ch in inner:
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-            continue
-        depth += {"{": 1, "}": -1}.get(ch, 0)
-        cur += ch
-    items.append(cur)
     paths = []
-    for item in items:
+    for item in split_top(text[start : i - 1]):
         item = item.split(" as ")[0].strip()
         if not item or item == "*":
             paths.append(prefix)

@@ -48,12 +48,12 @@ def pb_decode(data: bytes) -> List[Tuple[int, Union[int, bytes]]]:
     """(field number, value) pairs in wire order; length-delimited values stay bytes."""
     out, i = [], 0
     while i < len(data):
-        key, i = _read_varint(data, i)
+        key, i = read_varint(data, i)
         field, wire = key >> 3, key & 7
         if wire == 0:
-            value, i = _read_varint(data, i)
+            value, i = read_varint(data, i)
         elif wire == 2:
-            n, i = _read_varint(data, i)
+            n, i = read_varint(data, i)
             value, i = data[i : i + n], i + n
         else:
             raise ValueError(f"unexpected wire type {wire}")
@@ -61,7 +61,8 @@ def pb_decode(data: bytes) -> List[Tuple[int, Union[int, bytes]]]:
     return out
 
 
-def _read_varint(data: bytes, i: int) -> Tuple[int, int]:
+def read_varint(data: bytes, i: int) -> Tuple[int, int]:
+    """The varint at `data[i:]`: its value and the index after it."""
     shift = result = 0
     while True:
         b = data[i]

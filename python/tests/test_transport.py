@@ -15,7 +15,7 @@ from mooncake.conductor import (
     SERVICE_NOT_FOUND,
     ConductorClient,
 )
-from support import FakeConductor, pb_bytes, pb_decode, pb_int, pb_map_entry
+from support import FakeConductor, pb_bytes, pb_decode, pb_int, pb_map_entry, read_varint
 
 GRPC_CANCELLED, GRPC_INVALID_ARGUMENT, GRPC_DEADLINE_EXCEEDED = 1, 3, 4
 GRPC_UNIMPLEMENTED, GRPC_UNAVAILABLE = 12, 14
@@ -203,14 +203,7 @@ def test_query_request_fields():
     assert fields[4] == b"t" and fields[6] == b"salt" and fields[7] == b"vllm-0"
     packed, tokens, i = fields[5], [], 0
     while i < len(packed):
-        value, shift = 0, 0
-        while True:
-            b = packed[i]
-            i += 1
-            value |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                break
+        value, i = read_varint(packed, i)
         tokens.append(value - (1 << 64) if value >= 1 << 63 else value)
     assert tokens == [0, 1, -1, 2**31 - 1, -(2**31)]
     assert defaults[4] == b"default"  # tenant default

@@ -27,6 +27,20 @@ fn sample(metrics: &str, metric: &str, labels: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// `metric` on `/metrics` counts exactly `count` refusals of each `field` (its labels `prefix`
+/// followed by `field="..."`).
+async fn refusals_are(server: &Server, metric: &str, prefix: &str, expected: &[(&str, u64)]) {
+    let metrics = http::get(server.http_port, "/metrics").await.text();
+    for &(field, count) in expected {
+        let labels = format!("{prefix}field=\"{field}\"");
+        assert_eq!(
+            sample(&metrics, metric, &labels),
+            Some(count),
+            "{field}: {metrics}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrations_outside_the_policy_are_refused_naming_the_field() {
     let server = Server::start_with(json!({
@@ -156,24 +170,20 @@ async fn registrations_outside_the_policy_are_refused_naming_the_field() {
     let r = http::post_json(server.http_port, "/register", &third).await;
     assert_eq!(r.status, 200, "{}", r.text());
 
-    let metrics = http::get(server.http_port, "/metrics").await.text();
-    let refused = |field: &str| {
-        sample(
-            &metrics,
-            "conductor_registrations_refused_total",
-            &format!("field=\"{field}\""),
-        )
-    };
-    for (field, count) in [
-        ("endpoint", 5),
-        ("replay_endpoint", 1),
-        ("instance_id", 1),
-        ("model_name", 1),
-        ("tenant_id", 1),
-        ("max_subscriptions", 1),
-    ] {
-        assert_eq!(refused(field), Some(count), "{field}: {metrics}");
-    }
+    refusals_are(
+        &server,
+        "conductor_registrations_refused_total",
+        "",
+        &[
+            ("endpoint", 5),
+            ("replay_endpoint", 1),
+            ("instance_id", 1),
+            ("model_name", 1),
+            ("tenant_id", 1),
+            ("max_subscriptions", 1),
+        ],
+    )
+    .await;
 }
 
 /// A Mooncake store object event with `tenant`, `model`, `lora` and `block_size`.
@@ -296,21 +306,17 @@ async fn a_store_naming_too_many_contexts_or_another_tenant_is_refused_event_by_
     let st = server.service_status("store|t1|0").await;
     assert_eq!(st["refused"]["max_contexts_per_source"], json!(3), "{st}");
 
-    let metrics = http::get(server.http_port, "/metrics").await.text();
-    let refused = |field: &str| {
-        sample(
-            &metrics,
-            "conductor_events_refused_total",
-            &format!("service=\"store|t1|0\",field=\"{field}\""),
-        )
-    };
-    for (field, count) in [
-        ("max_contexts_per_source", 3),
-        ("tenant_id", 1),
-        ("block_size", 2),
-    ] {
-        assert_eq!(refused(field), Some(count), "{field}: {metrics}");
-    }
+    refusals_are(
+        &server,
+        "conductor_events_refused_total",
+        "service=\"store|t1|0\",",
+        &[
+            ("max_contexts_per_source", 3),
+            ("tenant_id", 1),
+            ("block_size", 2),
+        ],
+    )
+    .await;
     // Rate-limited: one warning per kind within the interval, each naming its field.
     let log = crate::hostile::plain_log(&server);
     let warnings = |field: &str| {

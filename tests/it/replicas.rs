@@ -147,6 +147,21 @@ async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_rem
     assert_eq!(r.status, 404, "{}", r.text());
 }
 
+/// Register `left` and `right` on their replicas at the same moment: exactly one must be
+/// accepted (200) and the other refused (400). Whether the left one won, and the loser's reply.
+async fn race(left: (&Server, Value), right: (&Server, Value)) -> (bool, String) {
+    let (rl, rr) = tokio::join!(
+        http::post_json(left.0.http_port, "/register", &left.1),
+        http::post_json(right.0.http_port, "/register", &right.1),
+    );
+    let mut statuses = [rl.status, rr.status];
+    statuses.sort();
+    assert_eq!(statuses, [200, 400], "{} / {}", rl.text(), rr.text());
+    let left_won = rl.status == 200;
+    let loser = if left_won { rr } else { rl };
+    (left_won, loser.json().to_string())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_racing_one_key_with_different_configs_get_exactly_one_winner() {
     let etcd = Etcd::start().await;
@@ -162,20 +177,13 @@ async fn two_replicas_racing_one_key_with_different_configs_get_exactly_one_winn
             }
         };
         let (ea, eb) = (fresh(), fresh());
-        let (on_a, on_b) = (registration(&instance, &ea), registration(&instance, &eb));
-        let (ra, rb) = tokio::join!(
-            http::post_json(a.http_port, "/register", &on_a),
-            http::post_json(b.http_port, "/register", &on_b),
-        );
-        let mut statuses = [ra.status, rb.status];
-        statuses.sort();
-        assert_eq!(statuses, [200, 400], "{} / {}", ra.text(), rb.text());
-        let (winner, loser) = if ra.status == 200 { (ea, rb) } else { (eb, ra) };
-        let error = loser.json();
-        assert!(
-            error.to_string().contains("conflicting registration"),
-            "{error}"
-        );
+        let (a_won, error) = race(
+            (&a, registration(&instance, &ea)),
+            (&b, registration(&instance, &eb)),
+        )
+        .await;
+        let winner = if a_won { ea } else { eb };
+        assert!(error.contains("conflicting registration"), "{error}");
         let key = format!("{instance}|default|0");
         for r in [&a, &b] {
             eventually("both replicas run the winner", WAIT, || async {
@@ -200,16 +208,12 @@ async fn two_replicas_racing_two_keys_onto_one_endpoint_get_exactly_one_winner()
     for round in 0..6 {
         let endpoint = format!("tcp://127.0.0.1:{}", free_port());
         let (ka, kb) = (format!("left{round}"), format!("right{round}"));
-        let (on_a, on_b) = (registration(&ka, &endpoint), registration(&kb, &endpoint));
-        let (ra, rb) = tokio::join!(
-            http::post_json(a.http_port, "/register", &on_a),
-            http::post_json(b.http_port, "/register", &on_b),
-        );
-        let mut statuses = [ra.status, rb.status];
-        statuses.sort();
-        assert_eq!(statuses, [200, 400], "{} / {}", ra.text(), rb.text());
-        let (winner, loser) = if ra.status == 200 { (ka, rb) } else { (kb, ra) };
-        let error = loser.json().to_string();
+        let (a_won, error) = race(
+            (&a, registration(&ka, &endpoint)),
+            (&b, registration(&kb, &endpoint)),
+        )
+        .await;
+        let winner = if a_won { ka } else { kb };
         assert!(
             error.contains("conflicting active registration for endpoint")
                 && error.contains(&endpoint),
