@@ -15,8 +15,8 @@ use mooncake_conductor::fixture::publisher::Publisher;
 use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
-use crate::client::{HttpConn, grpc, status};
-use crate::publish::{PROFILE, batch, mix, prompt, stored};
+use crate::client::{HttpConn, grpc, register_request, status};
+use crate::publish::{batch, mix, prompt, stored};
 use crate::service::Node;
 use crate::{BS, E2E_EVENTS, EVENT_BLOCKS, INGEST_MODEL, opt};
 
@@ -86,21 +86,13 @@ async fn one(pairs: u64) {
         .expect("bind the publisher");
     // Enough for any replay the subscription asks for here; bounded so 10 M pairs stay cheap.
     publisher.limit_replay(Some(4096));
-    let request = pb::RegisterRequest {
-        instance_id: Some("ingest".into()),
-        endpoint: Some(publisher.endpoint.clone()),
-        replay_endpoint: publisher.replay_endpoint.clone(),
-        publisher_type: Some("vLLM".into()),
-        model_name: Some(INGEST_MODEL.into()),
-        block_size: Some(BS.into()),
-        dp_rank: Some(0),
-        has_hash_profile: true,
-        hash_profile: PROFILE
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..Default::default()
-    };
+    let request = register_request(
+        "ingest",
+        &publisher.endpoint,
+        publisher.replay_endpoint.clone(),
+        INGEST_MODEL,
+        0,
+    );
     let reply = grpc(peer.rpc_port())
         .await
         .register(request)

@@ -78,21 +78,33 @@ pub(crate) fn query_request(model: String, block_size: i64, tokens: Vec<i32>) ->
     }
 }
 
-pub(crate) async fn register(c: &mut ConductorClient<Channel>, p: &Publisher, model: &str) {
-    let request = pb::RegisterRequest {
-        instance_id: Some(p.instance.clone()),
-        endpoint: Some(p.endpoint.clone()),
+/// A vLLM registration of the bench's block size and hash profile.
+pub(crate) fn register_request(
+    instance: &str,
+    endpoint: &str,
+    replay_endpoint: Option<String>,
+    model: &str,
+    rank: u32,
+) -> pb::RegisterRequest {
+    pb::RegisterRequest {
+        instance_id: Some(instance.into()),
+        endpoint: Some(endpoint.into()),
+        replay_endpoint,
         publisher_type: Some("vLLM".into()),
         model_name: Some(model.into()),
         block_size: Some(BS.into()),
-        dp_rank: Some(p.rank.into()),
+        dp_rank: Some(rank.into()),
         has_hash_profile: true,
         hash_profile: PROFILE
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         ..Default::default()
-    };
+    }
+}
+
+pub(crate) async fn register(c: &mut ConductorClient<Channel>, p: &Publisher, model: &str) {
+    let request = register_request(&p.instance, &p.endpoint, None, model, p.rank);
     let reply = c.register(request).await.expect("register").into_inner();
     assert_eq!(reply.ret, 0, "register {}: {:?}", p.service(), reply.error);
 }

@@ -64,17 +64,7 @@ impl InProcess {
 
     /// Start with extra configuration keys, without waiting for it.
     pub(crate) fn spawn(extra: serde_json::Value) -> InProcess {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let (http_port, rpc_port) = (free_port(), free_port());
-        let mut text = serde_json::json!({
-            "http_server_port": http_port, "rpc_server_port": rpc_port,
-            "bind_address": "127.0.0.1", "data_dir": dir.path().join("data"),
-            // Without RocksDB checkpoints go to an in-memory store; its cost is part of ingest.
-            "checkpoint_interval_ms": opt("checkpoint-ms", 1000u64),
-        });
-        if let (Some(base), Some(extra)) = (text.as_object_mut(), extra.as_object()) {
-            base.extend(extra.clone());
-        }
+        let (dir, http_port, rpc_port, text) = service_config(extra);
         let config = Config::parse(&text.to_string(), "load bench").expect("config");
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
@@ -99,6 +89,23 @@ impl InProcess {
     }
 }
 
+/// A service's temp directory, its two loopback ports, and its configuration: the bench's
+/// defaults with `extra`'s keys over them. Without RocksDB checkpoints go to an in-memory store;
+/// its cost is part of ingest.
+fn service_config(extra: serde_json::Value) -> (tempfile::TempDir, u16, u16, serde_json::Value) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (http_port, rpc_port) = (free_port(), free_port());
+    let mut text = serde_json::json!({
+        "http_server_port": http_port, "rpc_server_port": rpc_port,
+        "bind_address": "127.0.0.1", "data_dir": dir.path().join("data"),
+        "checkpoint_interval_ms": opt("checkpoint-ms", 1000u64),
+    });
+    if let (Some(base), Some(extra)) = (text.as_object_mut(), extra.as_object()) {
+        base.extend(extra.clone());
+    }
+    (dir, http_port, rpc_port, text)
+}
+
 /// The real binary as a child process, configured through a file in its temp directory; its log
 /// goes to a file there, of which [`Spawned::stop`] prints the bootstrap's lines.
 pub(crate) struct Spawned {
@@ -111,16 +118,7 @@ pub(crate) struct Spawned {
 impl Spawned {
     /// Start `binary` with extra configuration keys, without waiting for it.
     pub(crate) fn spawn(binary: &str, extra: serde_json::Value) -> Spawned {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let (http_port, rpc_port) = (free_port(), free_port());
-        let mut text = serde_json::json!({
-            "http_server_port": http_port, "rpc_server_port": rpc_port,
-            "bind_address": "127.0.0.1", "data_dir": dir.path().join("data"),
-            "checkpoint_interval_ms": opt("checkpoint-ms", 1000u64),
-        });
-        if let (Some(base), Some(extra)) = (text.as_object_mut(), extra.as_object()) {
-            base.extend(extra.clone());
-        }
+        let (dir, http_port, rpc_port, text) = service_config(extra);
         let config = dir.path().join("config.json");
         std::fs::write(&config, text.to_string()).expect("write the config");
         let log = std::fs::File::create(dir.path().join("log")).expect("log file");

@@ -9,8 +9,7 @@ use crate::storage::{Cf, KvOp};
 
 use super::build::StreamBuild;
 use super::cut::Cut;
-use super::cut_tests::{busy_context_of, registration, source, store_of};
-use super::format;
+use super::cut_tests::{busy_context_of, ops_of, registration, source, store_of};
 
 /// The chunks of a cut of `contexts`, with the registrations of sources `registered` only.
 fn chunks_of(contexts: Vec<ContextIndex>, registered: &[u32]) -> Vec<SnapshotChunk> {
@@ -29,18 +28,6 @@ fn chunks_of(contexts: Vec<ContextIndex>, registered: &[u32]) -> Vec<SnapshotChu
         registrations,
     };
     cut.into_chunks("peer".into(), 64 * 1024).collect()
-}
-
-fn ops_of(chunk: &SnapshotChunk) -> Vec<KvOp> {
-    chunk
-        .records
-        .iter()
-        .map(|r| KvOp::Put {
-            cf: format::cf_of(r.cf).expect("known cf"),
-            key: r.key.clone(),
-            value: r.value.clone(),
-        })
-        .collect()
 }
 
 /// Feed every chunk as the pull does: registrations kept for the end.

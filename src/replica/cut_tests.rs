@@ -109,19 +109,23 @@ pub(super) fn busy_context_of(model: &str, seed: u64) -> ContextIndex {
     index
 }
 
+/// A chunk's records as the puts that store them.
+pub(super) fn ops_of(chunk: &crate::gateway::pb::SnapshotChunk) -> Vec<KvOp> {
+    chunk
+        .records
+        .iter()
+        .map(|r| KvOp::Put {
+            cf: format::cf_of(r.cf).expect("known cf"),
+            key: r.key.clone(),
+            value: r.value.clone(),
+        })
+        .collect()
+}
+
 pub(super) fn store_of(chunks: &[crate::gateway::pb::SnapshotChunk]) -> MemoryStore {
     let store = MemoryStore::new();
     for chunk in chunks {
-        let ops = chunk
-            .records
-            .iter()
-            .map(|r| KvOp::Put {
-                cf: format::cf_of(r.cf).expect("known cf"),
-                key: r.key.clone(),
-                value: r.value.clone(),
-            })
-            .collect();
-        store.write(ops).unwrap();
+        store.write(ops_of(chunk)).unwrap();
     }
     store
 }
