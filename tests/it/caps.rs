@@ -50,37 +50,16 @@ async fn registrations_outside_the_policy_are_refused_naming_the_field() {
     }))
     .await;
     let port = free_port();
-    for endpoint in [
-        format!("tcp://127.0.0.2:{port}"),
-        format!("tcp://localhost:{port}"),
-        format!("tcp://[::2]:{port}"),
-        format!("tcp://10.0.0.1:{port}"),
+    for (field, endpoint) in [
+        ("endpoint", format!("tcp://127.0.0.2:{port}")),
+        ("endpoint", format!("tcp://localhost:{port}")),
+        ("endpoint", format!("tcp://[::2]:{port}")),
+        ("endpoint", format!("tcp://10.0.0.1:{port}")),
+        ("replay_endpoint", format!("tcp://192.168.1.1:{port}")),
     ] {
-        let body = with_endpoint(reg("e0", port), "endpoint", &endpoint);
-        expect_error(
-            &server,
-            "/register",
-            body,
-            400,
-            "not_allowed",
-            Some("endpoint"),
-        )
-        .await;
+        let body = with_endpoint(reg("e0", port), field, &endpoint);
+        expect_error(&server, "/register", body, 400, "not_allowed", Some(field)).await;
     }
-    let body = with_endpoint(
-        reg("e0", port),
-        "replay_endpoint",
-        &format!("tcp://192.168.1.1:{port}"),
-    );
-    expect_error(
-        &server,
-        "/register",
-        body,
-        400,
-        "not_allowed",
-        Some("replay_endpoint"),
-    )
-    .await;
     let r = http::post_json(server.http_port, "/register", &{
         let mut b = reg("e0", port);
         b["instance_id"] = json!("x".repeat(17));
