@@ -135,7 +135,7 @@ impl StatusChange {
         }
     }
 
-    pub fn apply(&self, s: &mut SubscriptionStatus) {
+    pub fn apply(self, s: &mut SubscriptionStatus) {
         let applied = match self {
             StatusChange::Undecodable => {
                 s.decode_errors += 1;
@@ -153,7 +153,7 @@ impl StatusChange {
         *s.events.entry("cleared").or_default() += counts.cleared;
         s.invalid_events += counts.invalid;
         s.profile_conflicts += counts.profile_conflicts;
-        for reason in &applied.ignored {
+        for reason in applied.ignored {
             *s.ignored.entry(reason.as_str()).or_default() += 1;
         }
         for &(field, count) in &applied.refused {
@@ -164,7 +164,7 @@ impl StatusChange {
         s.hash_check_ok = check.ok;
         s.hash_check_mismatch = check.mismatch;
         s.hash_check_mismatch_rate = check.mismatch_rate;
-        s.engine_recipe.clone_from(&applied.engine_recipe);
+        s.engine_recipe = applied.engine_recipe;
         s.last_batch_ts_ms = applied.last_batch_ts_ms;
     }
 }

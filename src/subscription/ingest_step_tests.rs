@@ -62,7 +62,7 @@ fn a_batch_gives_one_index_batch_per_context_in_order_and_its_counts() {
     let mut status = SubscriptionStatus::default();
     let mut change = step.status.clone();
     change.profile_conflict();
-    change.apply(&mut status);
+    change.clone().apply(&mut status);
     change.apply(&mut status);
     assert_eq!(status.events["stored"], 6);
     assert_eq!(status.events["removed"], 0);
