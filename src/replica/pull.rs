@@ -2,7 +2,8 @@
 //! then recover from it exactly as after a restart.
 //!
 //! Nothing is served from the snapshot before it is complete and loaded: the records go to the
-//! store as they arrive (a writer thread, so the network and the disk overlap), the
+//! store as they arrive (a writer thread, so the network and the disk overlap; a bulk load, see
+//! `storage::bulk`), the
 //! registrations last, and meanwhile a builder thread makes the contexts from the same records
 //! (`build`), which are loaded only after the end mark; a stream not in the store's order is
 //! instead recovered from the store, as after a restart. Any failure
@@ -193,10 +194,19 @@ async fn fetch(
         std::thread::Builder::new()
             .name("bootstrap-writer".into())
             .spawn(move || {
-                for ops in from_builder {
-                    store.write(ops)?;
-                }
-                Ok::<(), StorageError>(())
+                // The store holds none of these records yet (it was cleared): a bulk load,
+                // which for RocksDB bypasses the log, the memtables and compactions.
+                store.bulk_load(&mut |sink| {
+                    for ops in &from_builder {
+                        for op in ops {
+                            let KvOp::Put { cf, key, value } = op else {
+                                continue;
+                            };
+                            sink.put(cf, &key, &value)?;
+                        }
+                    }
+                    Ok(())
+                })
             })
             .map_err(spawn_error)?
     };

@@ -1,15 +1,20 @@
 //! The key-value layer: a small trait ([`KvStore`]) that knows nothing about RocksDB or about
 //! what is stored, its RocksDB implementation ([`rocks`]), an in-memory one with fault injection
-//! for tests ([`memory`]), the schema migrations over `migrations/` ([`migrations`]), the
+//! for tests ([`memory`]), bulk loading into an empty store ([`bulk`]), the schema migrations over `migrations/` ([`migrations`]), the
 //! checkpoint health figures ([`health`]) and the operator's fault switch ([`fault_switch`]).
 //! What goes into which column family, and how, is [`crate::durability`]'s.
 
+pub mod bulk;
 pub mod fault_switch;
 pub mod health;
 pub mod memory;
 pub mod migrations;
 #[cfg(feature = "rocksdb")]
 pub mod rocks;
+#[cfg(feature = "rocksdb")]
+mod rocks_bulk;
+
+pub use bulk::{BulkFeed, BulkSink};
 
 /// Column families.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -115,6 +120,11 @@ pub trait KvStore: Send + Sync {
     fn scan_prefix(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Scanned;
     /// Reclaim space (a no-op where meaningless).
     fn compact(&self) -> Result<(), StorageError>;
+    /// Write many records that the store does not hold yet, put by `feed` (see [`bulk`]): a
+    /// replica's bootstrap. Stores without a cheaper way write them in batches.
+    fn bulk_load(&self, feed: &mut BulkFeed<'_>) -> Result<(), StorageError> {
+        bulk::load_batched(self, feed)
+    }
 }
 
 /// The exclusive upper bound of keys starting with `prefix` (for range deletes).

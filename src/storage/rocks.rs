@@ -4,11 +4,11 @@
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
-    ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, ReadOptions, WriteBatch,
-    WriteOptions,
+    ColumnFamilyDescriptor, DB, Direction, IngestExternalFileOptions, IteratorMode, Options,
+    ReadOptions, WriteBatch, WriteOptions,
 };
 
-use super::{Cf, KvOp, KvStore, Scanned, StorageError, Visitor};
+use super::{BulkFeed, Cf, KvOp, KvStore, Scanned, StorageError, Visitor};
 
 pub struct RocksStore {
     db: DB,
@@ -58,11 +58,9 @@ impl RocksStore {
         options.set_max_log_file_size(4 << 20);
         options.set_keep_log_file_num(4);
         options.set_max_total_wal_size(64 << 20);
-        let families = Cf::ALL.iter().map(|cf| {
-            let mut o = Options::default();
-            o.set_compression_type(rocksdb::DBCompressionType::Lz4);
-            ColumnFamilyDescriptor::new(cf.name(), o)
-        });
+        let families = Cf::ALL
+            .iter()
+            .map(|cf| ColumnFamilyDescriptor::new(cf.name(), family_options()));
         let db = DB::open_cf_descriptors(&options, path, families)
             .map_err(|e| error(format!("open {}: ", path.display()), e))?;
         Ok(RocksStore {
@@ -73,6 +71,23 @@ impl RocksStore {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The options a table file for one of our column families is written with (bulk load).
+    pub(super) fn table_options(&self) -> Options {
+        family_options()
+    }
+
+    /// Ingest the finished table file at `path` into `cf` (bulk load).
+    pub(super) fn ingest(
+        &self,
+        cf: Cf,
+        options: &IngestExternalFileOptions,
+        path: &Path,
+    ) -> Result<(), StorageError> {
+        self.db
+            .ingest_external_file_cf_opts(self.cf(cf)?, options, vec![path])
+            .map_err(io)
     }
 
     fn cf(&self, cf: Cf) -> Result<&rocksdb::ColumnFamily, StorageError> {
@@ -97,6 +112,13 @@ fn dir_size(path: &Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+/// Every column family's options.
+fn family_options() -> Options {
+    let mut o = Options::default();
+    o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    o
 }
 
 impl RocksStore {
@@ -147,6 +169,10 @@ impl KvStore for RocksStore {
             visit(&key, &value)?;
         }
         Ok(())
+    }
+
+    fn bulk_load(&self, feed: &mut BulkFeed<'_>) -> Result<(), StorageError> {
+        super::rocks_bulk::load(self, feed)
     }
 
     fn compact(&self) -> Result<(), StorageError> {
