@@ -1,11 +1,14 @@
 //! Hash chain cost per block for every strategy/algorithm, at block sizes 16 and 128 over a
 //! 32k-token prompt. Criterion reports time per chain with a throughput in blocks, so the
 //! per-block cost is the reciprocal of "elem/s"; a summary line with ns/block is printed too.
+//! The index's own derived keys (`hashing::derived`), which a query from tokens walks, are
+//! measured beside the engines' recipes.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use mooncake_conductor::hashing::derived::{BlockRule, DerivedChain};
 use mooncake_conductor::hashing::{HashProfile, PrefixKeys};
 
 const PROMPT_TOKENS: usize = 32 * 1024;
@@ -62,6 +65,25 @@ fn bench_chains(c: &mut Criterion) {
             // The summary takes the fastest of many rounds: on a shared machine the minimum
             // is the cost without preemption, which criterion's mean does not separate.
             let ns = min_ns(40, || walk_all(&hasher, bs, black_box(&tokens))) / blocks as f64;
+            summary.push(format!(
+                "{name:<26} bs {bs:>3}: {ns:>7.1} ns/block ({blocks} blocks)"
+            ));
+        }
+    }
+    for (name, rule) in [
+        ("derived full blocks", BlockRule::FullBlocks),
+        ("derived partial final", BlockRule::PartialFinal),
+        ("derived bigram", BlockRule::Bigram),
+    ] {
+        for bs in [16u32, 128] {
+            let blocks = rule.num_blocks(bs, tokens.len()) as u64;
+            let walk = || {
+                let mut chain = DerivedChain::new(rule, bs, black_box(&tokens), "");
+                (0..chain.num_blocks()).fold(0u64, |acc, i| acc ^ chain.key(i).0)
+            };
+            group.throughput(Throughput::Elements(blocks));
+            group.bench_function(BenchmarkId::new(name, format!("bs{bs}")), |b| b.iter(walk));
+            let ns = min_ns(40, walk) / blocks as f64;
             summary.push(format!(
                 "{name:<26} bs {bs:>3}: {ns:>7.1} ns/block ({blocks} blocks)"
             ));
