@@ -40,6 +40,7 @@
 
 pub mod auth;
 pub mod body_budget;
+pub mod coalesce;
 pub mod grpc;
 pub mod grpc_wire;
 pub mod http;
