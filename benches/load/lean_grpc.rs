@@ -1,5 +1,5 @@
 //! The load tool's gRPC client: unary calls on one HTTP/2 connection through the h2 crate, with
-//! what tonic's channel adds per call taken out (see the gRPC path section of
+//! what tonic's channel adds per call taken out (measured in
 //! `docs/grpc-path.md`):
 //!
 //! - the request is encoded once, outside the timed loop, and each call queues its HEADERS and
