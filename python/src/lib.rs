@@ -8,10 +8,12 @@
 //! Each client owns a single-threaded tokio runtime; every call blocks on it with the GIL
 //! released, so other Python threads run while a request is on the network. The calling thread
 //! itself drives the call and the connection (see `transport.rs`): no other thread has to wake up
-//! for a request to leave or for its answer to be read.
+//! for a request to leave or for its answer to be read. Between calls a small thread looks after
+//! the connection (`idle.rs`).
 
 mod codes;
 mod convert;
+mod idle;
 mod register;
 mod transport;
 
@@ -21,7 +23,7 @@ pub(crate) mod pb {
 }
 
 use std::future::Future;
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -73,7 +75,7 @@ struct Connection {
 pub struct ConductorClient {
     /// Created by the first setup(), not in the constructor: a client that is never connected
     /// starts no threads, and a process may still fork safely before connecting.
-    runtime: OnceLock<Runtime>,
+    runtime: OnceLock<Arc<Runtime>>,
     /// `None` before setup(), after close() and after a failed setup().
     conn: Mutex<Option<Connection>>,
 }
@@ -88,16 +90,11 @@ impl ConductorClient {
         if let Some(rt) = self.runtime.get() {
             return Some(rt);
         }
-        // Single-threaded: whichever caller blocks on it runs the connection's task too, so a call
-        // wakes no other thread. Callers on several threads take turns driving it; a caller that
-        // waits for its answer while another drives is woken when that answer arrives.
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .ok()?;
+        // Single-threaded, so that a call runs on its caller's thread; see `idle.rs`.
+        let rt = idle::runtime().ok()?;
         // Losing a race with another thread's setup() just drops our spare runtime.
         let _ = self.runtime.set(rt);
-        self.runtime.get()
+        self.runtime.get().map(|rt| &**rt)
     }
 
     /// Runs one RPC on the current connection with the request timeout, GIL released.
@@ -263,7 +260,7 @@ impl ConductorClient {
     fn close(&self, py: Python<'_>) -> i32 {
         let closed = self.conn().take();
         if let (Some(conn), Some(rt)) = (closed, self.runtime.get()) {
-            // Nothing else runs this runtime's connection task while no call is made.
+            // The server sees the connection end now, not at the idle thread's next look.
             py.detach(|| rt.block_on(conn.transport.close(CLOSE_WAIT)));
         }
         OK
