@@ -14,7 +14,9 @@
 //!   status line.
 //!
 //! One connection per client: nothing else polls it between calls, which is fine with a server
-//! that sends no keep-alive pings (frames that arrive between calls are read by the next one).
+//! that sends no keep-alive pings (frames that arrive between calls are read by the next one) and
+//! with connections that are dropped before the service stops (a graceful HTTP/2 shutdown waits
+//! for an answer to its ping; the Python client has a thread for that, `python/src/idle.rs`).
 
 use std::future::poll_fn;
 use std::pin::Pin;
