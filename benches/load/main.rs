@@ -5,7 +5,8 @@
 //! - `scenario` (default): the service in-process; `instances` x `ranks` subscriptions, each on
 //!   its own PUB socket (vLLM DP ranks publish on separate ports), holding prefixes of varying
 //!   length of one shared prompt; a churn loop publishes `ingest-rate` block events/s of unrelated
-//!   blocks while, per transport (gRPC, HTTP msgpack with token_ids as bin, HTTP JSON) and per
+//!   blocks while, per transport (gRPC through [`lean_grpc`], gRPC through the generated tonic
+//!   client, HTTP msgpack with token_ids as bin, HTTP JSON) and per
 //!   entry of `clients`, that many closed-loop clients query for `secs` s. Then one PUB publishes
 //!   `e2e-blocks` blocks as fast as it can to a fresh subscription, timed from first publish to
 //!   last block applied.
@@ -19,12 +20,13 @@
 //! Run: `cargo bench --no-default-features --bench load [-- --clients 1,8 --secs 10]`.
 //! Options are `--name value` or env `LOAD_NAME` (e.g. `LOAD_INGEST_RATE`). Defaults: instances
 //! 32, ranks 2, clients 1,4, secs 5, ingest-rate 100000, prompt-len 2048, e2e-blocks 1048576,
-//! transports grpc,http-msgpack,http-json, client-threads 2 (the service has its own runtime),
+//! transports grpc,grpc-tonic,http-msgpack,http-json, client-threads 2 (the service has its own runtime),
 //! checkpoint-ms 1000.
 //! Column `svc us` is the service's own mean time per query (hashing and walk, from `/metrics`):
 //! the rest of a latency is transport, client and scheduling.
 mod bootstrap;
 mod client;
+mod lean_grpc;
 mod publish;
 mod scenario;
 mod service;

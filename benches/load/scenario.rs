@@ -6,10 +6,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use mooncake_conductor::gateway::pb;
+use prost::Message;
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{HttpConn, grpc, ops_time, query_request, register, status, totals};
+use crate::lean_grpc::{LeanGrpc, QUERY, framed, ret_and_instances};
 use crate::publish::{
     Mp, Publisher, batch, block_keys, handshake, mix, prompt, removed, stored, write,
 };
@@ -110,15 +112,22 @@ pub(crate) async fn scenario() {
         "transport",
         head.map(|h| format!("{h:>9}")).concat()
     );
-    let transports = opt("transports", "grpc,http-msgpack,http-json".to_owned());
+    let transports = opt(
+        "transports",
+        "grpc,grpc-tonic,http-msgpack,http-json".to_owned(),
+    );
     for transport in transports.split(',').filter(|t| !t.is_empty()) {
-        let transport = ["grpc", "http-msgpack", "http-json"]
+        let transport = ["grpc", "grpc-tonic", "http-msgpack", "http-json"]
             .into_iter()
             .find(|t| *t == transport)
             .unwrap_or_else(|| panic!("unknown transport {transport:?}"));
         for &n in &clients {
             // The service's mean time per query, inside the operation layer (no transport).
-            let label = if transport == "grpc" { "grpc" } else { "http" };
+            let label = if transport.starts_with("grpc") {
+                "grpc"
+            } else {
+                "http"
+            };
             let ops_before = ops_time(&mut http, label).await;
             let (mut lat, errors) =
                 run_clients(transport, n, secs, &service, &tokens, instances).await;
@@ -222,20 +231,34 @@ async fn run_clients(
     write(&mut msgpack, &Mp::Map(fields));
     let msgpack = Bytes::from(msgpack);
     let request = query_request(MODEL.into(), BS.into(), tokens.to_vec());
+    let framed = framed(&request);
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let (json, msgpack, request) = (json.clone(), msgpack.clone(), request.clone());
-        let (mut g, mut h) = (
+        let framed = framed.clone();
+        let (mut g, mut lean, mut h) = (
             grpc(s.rpc_port).await,
+            LeanGrpc::connect(s.rpc_port).await.expect("gRPC"),
             HttpConn::connect(s.http_port).await.expect("HTTP"),
+        );
+        // The lean check must agree with a full decode of the same answer.
+        let answer = lean.unary(QUERY, &framed).await.expect("lean query");
+        let decoded = pb::QueryResponse::decode(answer.clone()).expect("a QueryResponse");
+        assert_eq!(
+            ret_and_instances(&answer),
+            Some((decoded.ret, decoded.hits.len()))
         );
         tasks.push(tokio::spawn(async move {
             let (mut lat, mut errors) = (Vec::with_capacity(1 << 16), 0u64);
             while Instant::now() < deadline && lat.len() < MAX_QUERIES_PER_CLIENT {
                 let began = Instant::now();
                 let good = match transport {
-                    "grpc" => g.query(request.clone()).await.is_ok_and(|r| {
+                    "grpc" => lean
+                        .unary(QUERY, &framed)
+                        .await
+                        .is_ok_and(|answer| ret_and_instances(&answer) == Some((0, instances))),
+                    "grpc-tonic" => g.query(request.clone()).await.is_ok_and(|r| {
                         let r = r.into_inner();
                         r.ret == 0 && r.hits.len() == instances
                     }),

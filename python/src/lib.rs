@@ -2,14 +2,20 @@
 //!
 //! Layout: `lib.rs` holds the `ConductorClient` class and its connection lifecycle, `register.rs`
 //! the checks of `register()` configurations, `convert.rs` the Python <-> protobuf conversions,
-//! `codes.rs` the result codes and the transport-error mapping.
+//! `codes.rs` the result codes and the transport-error mapping, `transport.rs` the HTTP/2
+//! connection the generated tonic client sends its calls through.
 //!
-//! Each client owns a small tokio runtime that drives a tonic channel; every call blocks on it with
-//! the GIL released, so other Python threads run while a request is on the network.
+//! Each client owns a single-threaded tokio runtime; every call blocks on it with the GIL
+//! released, so other Python threads run while a request is on the network. The calling thread
+//! itself drives the call and the connection (see `transport.rs`): no other thread has to wake up
+//! for a request to leave or for its answer to be read. Between calls a small thread looks after
+//! the connection (`idle.rs`).
 
 mod codes;
 mod convert;
+mod idle;
 mod register;
+mod transport;
 
 /// Generated from `proto/conductor.proto` by `build.rs` (client side only).
 pub(crate) mod pb {
@@ -17,15 +23,15 @@ pub(crate) mod pb {
 }
 
 use std::future::Future;
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::runtime::Runtime;
 use tonic::metadata::AsciiMetadataValue;
-use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
+use transport::Transport;
 
 use codes::{
     CONDUCTOR_UNAVAILABLE, HEALTH_NOT_INITIALIZED, HEALTH_OK, HEALTH_UNREACHABLE, INTERNAL_ERROR,
@@ -35,7 +41,7 @@ use codes::{
 /// The service token, if the service requires one: the same variable the service reads.
 const AUTH_TOKEN_ENV: &str = "CONDUCTOR_AUTH_TOKEN";
 
-type RpcClient = pb::conductor_client::ConductorClient<Channel>;
+type RpcClient = pb::conductor_client::ConductorClient<Transport>;
 
 /// Read responses (global view, service lists) grow with the fleet; tonic's 4 MiB default would
 /// turn a large but healthy deployment into RPC_FAIL.
@@ -45,10 +51,16 @@ const MAX_RESPONSE_BYTES: usize = 64 << 20;
 /// the `grpc-timeout` header stay in range for absurdly large inputs.
 const MAX_TIMEOUT_MS: i64 = i32::MAX as i64;
 
+/// How long close() waits for the connection to end (it does at once unless a call of another
+/// thread is still on it).
+const CLOSE_WAIT: Duration = Duration::from_millis(100);
+
 /// An established connection: what a successful `setup()` leaves behind.
 struct Connection {
-    /// Cheap to clone (the channel is shared), so calls never hold the lock while on the network.
+    /// Cheap to clone (the connection is shared), so calls never hold the lock while on the network.
     client: RpcClient,
+    /// The connection `client` sends through, kept to close it.
+    transport: Transport,
     meta: Meta,
     /// Only for `repr()`.
     addr: String,
@@ -63,7 +75,7 @@ struct Connection {
 pub struct ConductorClient {
     /// Created by the first setup(), not in the constructor: a client that is never connected
     /// starts no threads, and a process may still fork safely before connecting.
-    runtime: OnceLock<Runtime>,
+    runtime: OnceLock<Arc<Runtime>>,
     /// `None` before setup(), after close() and after a failed setup().
     conn: Mutex<Option<Connection>>,
 }
@@ -78,16 +90,11 @@ impl ConductorClient {
         if let Some(rt) = self.runtime.get() {
             return Some(rt);
         }
-        // One worker is plenty: it only drives socket I/O, the callers' threads block on results.
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("conductor-client")
-            .enable_all()
-            .build()
-            .ok()?;
+        // Single-threaded, so that a call runs on its caller's thread; see `idle.rs`.
+        let rt = idle::runtime().ok()?;
         // Losing a race with another thread's setup() just drops our spare runtime.
         let _ = self.runtime.set(rt);
-        self.runtime.get()
+        self.runtime.get().map(|rt| &**rt)
     }
 
     /// Runs one RPC on the current connection with the request timeout, GIL released.
@@ -160,10 +167,11 @@ fn millis(ms: i64) -> Option<Duration> {
 ///
 /// The TCP connect and HTTP/2 preface alone succeed against any listening socket, so without the
 /// round trip a wrong port would pass setup() and fail only at the first request.
-async fn connect(endpoint: Endpoint, meta: &Meta, timeout: Duration) -> Result<RpcClient, i32> {
+async fn connect(transport: Transport, meta: &Meta, timeout: Duration) -> Result<RpcClient, i32> {
     let attempt = async {
-        let channel = endpoint.connect().await.map_err(|_| RPC_FAIL)?;
-        let mut client = RpcClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
+        transport.connect().await.map_err(|_| RPC_FAIL)?;
+        let mut client =
+            RpcClient::new(transport.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES);
         let probe = Meta {
             timeout,
             ..meta.clone()
@@ -219,9 +227,9 @@ impl ConductorClient {
         ) else {
             return INVALID_PARAMS;
         };
-        let Ok(endpoint) = Endpoint::from_shared(uri) else {
+        if uri.parse::<http::Uri>().is_err() {
             return INVALID_PARAMS;
-        };
+        }
         let Ok(authorization) = authorization_from_env() else {
             return INVALID_PARAMS;
         };
@@ -229,14 +237,15 @@ impl ConductorClient {
             timeout: request_timeout,
             authorization,
         };
-        let endpoint = endpoint.connect_timeout(connect_timeout).tcp_nodelay(true);
+        let transport = Transport::new(conductor_addr.clone(), uri, connect_timeout);
         let Some(rt) = self.runtime() else {
             return INTERNAL_ERROR;
         };
-        match py.detach(|| rt.block_on(connect(endpoint, &meta, connect_timeout))) {
+        match py.detach(|| rt.block_on(connect(transport.clone(), &meta, connect_timeout))) {
             Ok(client) => {
                 *self.conn() = Some(Connection {
                     client,
+                    transport,
                     meta,
                     addr: conductor_addr,
                 });
@@ -248,8 +257,12 @@ impl ConductorClient {
 
     /// Releases the RPC connection. Repeated calls are safe. This does not unregister publishers
     /// from the server. The client returns to the uninitialized state. Always returns OK.
-    fn close(&self) -> i32 {
-        *self.conn() = None;
+    fn close(&self, py: Python<'_>) -> i32 {
+        let closed = self.conn().take();
+        if let (Some(conn), Some(rt)) = (closed, self.runtime.get()) {
+            // The server sees the connection end now, not at the idle thread's next look.
+            py.detach(|| rt.block_on(conn.transport.close(CLOSE_WAIT)));
+        }
         OK
     }
 
@@ -406,11 +419,12 @@ impl ConductorClient {
     #[pyo3(signature = (_exc_type = None, _exc_value = None, _traceback = None))]
     fn __exit__(
         &self,
+        py: Python<'_>,
         _exc_type: Option<&Bound<'_, PyAny>>,
         _exc_value: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
     ) -> bool {
-        self.close();
+        self.close(py);
         false
     }
 

@@ -285,3 +285,17 @@ def test_client_reconnects_after_the_server_restarts(conductor, publisher):
     assert wait_until(lambda: client.health_check() == HEALTH_OK)
     assert client.list_services()["count"] == 1
     client.close()
+
+
+def test_an_idle_client_lets_the_server_stop_and_reconnects_on_its_first_call(conductor):
+    client = ConductorClient()
+    assert client.setup(conductor.addr, connect_timeout_ms=1000, request_timeout_ms=2000) == OK
+    assert client.list_services()["ret"] == OK
+    # The connection stays open and unused. A graceful HTTP/2 shutdown waits for the client to
+    # answer a ping: the server must exit by itself (0), not be killed after the wait (-9).
+    conductor.stop()
+    assert conductor.proc.returncode == 0
+    conductor.restart()
+    # The client has seen its connection end, so its first call reconnects instead of failing.
+    assert client.list_services()["ret"] == OK
+    client.close()

@@ -29,17 +29,21 @@
 //! - The query messages bypass prost's generic code on the server: [`grpc_wire`] writes the
 //!   answer from the index's result without a message tree and reads packed prompts straight
 //!   from the receive buffer; [`http_body::hits_msgpack`] writes the msgpack answer by hand.
+//! - One write per gRPC answer: h2 alone writes a unary answer in two (it flushes a DATA frame
+//!   of more than 256 bytes before it encodes the trailers); [`coalesce`] holds what one poll of
+//!   the connection writes and sends it on the next poll.
 //!
-//! What remains is hyper/h2/tonic's own: per call a client sends HEADERS, DATA and an empty
-//! END_STREAM DATA frame in three writes, and tonic's unary handler waits for that last one;
-//! the server answers in two writes (h2 flushes after a DATA frame larger than 256 bytes,
-//! before the trailers); tonic's client channel and hyper hand every call through two more
-//! tasks; the generated client spends ~11 us encoding a 2048-token request and ~21 us
-//! decoding an answer into its maps (`benches/answers.rs`). The HTTP/1.1 path has one write
-//! each way and no task hand-off. Measured effects are in the README's benchmark section.
+//! What remains is HTTP/2's own per call (HPACK for headers and trailers, stream state, hyper's
+//! task per stream) and, with tonic's generated client on its `Channel`, three writes per
+//! request (HEADERS, DATA, an empty END_STREAM DATA; the unary handler waits for the last), two
+//! task hand-offs, ~11 us encoding a 2048-token request and ~21 us decoding an answer into maps
+//! (`benches/answers.rs`). The clients this project ships send a request in one write with no
+//! hand-off (the Python client's `transport.rs`, the load tool's `lean_grpc.rs`). Where the
+//! microseconds went, and the measured effect of each change, is in `docs/grpc-path.md`.
 
 pub mod auth;
 pub mod body_budget;
+pub mod coalesce;
 pub mod grpc;
 pub mod grpc_wire;
 pub mod http;

@@ -17,6 +17,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::gateway::coalesce::CoalescedWrites;
+
 /// What each worker serves: both routers are cheap to clone (shared state behind `Arc`s).
 #[derive(Clone)]
 pub struct Routers {
@@ -149,8 +151,9 @@ fn serve(
             routers.http,
         )
         .with_graceful_shutdown(async move { stop.cancelled().await });
-        let incoming =
-            futures::stream::poll_fn(move |cx| grpc.poll_recv(cx)).map(TcpStream::from_std);
+        // One write per gRPC answer instead of h2's two (see `coalesce`).
+        let incoming = futures::stream::poll_fn(move |cx| grpc.poll_recv(cx))
+            .map(|stream| TcpStream::from_std(stream).map(CoalescedWrites::new));
         let grpc_server = tonic::transport::Server::builder()
             // The transport settings and why are in `gateway`'s module doc; the ones that
             // matter are spelled out so that a changed tonic default cannot change them.
