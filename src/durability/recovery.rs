@@ -7,8 +7,9 @@
 //! already have.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
-use crate::index::{ContextIndex, Restorer, Watermark};
+use crate::index::{ContextIndex, PairBatch, Restorer, Watermark};
 use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
 
 use super::codec;
@@ -21,6 +22,19 @@ pub struct Recovered {
     pub registrations: Vec<(PublisherConfig, Option<Watermark>)>,
     /// (block, holder) pairs loaded.
     pub pairs: u64,
+    /// Where the time went (zero where the contexts were not read from a store).
+    pub phases: Phases,
+}
+
+/// Time spent in each part of [`recover`], summed over the contexts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// Reading and decoding the pairs and aliases (two threads at once).
+    pub scan: Duration,
+    /// Building the contexts from what was read ([`Restorer::finish`]).
+    pub build: Duration,
+    /// Dropping unregistered sources and empty contexts.
+    pub settle: Duration,
 }
 
 pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
@@ -44,6 +58,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
     let mut contexts = Vec::with_capacity(headers.len());
     let mut resume: HashMap<SubscriptionKey, Watermark> = HashMap::new();
     let mut pairs = 0u64;
+    let mut phases = Phases::default();
     for (ctx, key, profile) in headers {
         let mut restorer = Restorer::new(key.clone(), profile);
         store.scan_prefix(Cf::Holders, &ctx, &mut |k, v| {
@@ -70,28 +85,35 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             restorer.watermark(source, mark);
             Ok(())
         })?;
-        // The aliases are read in a thread of their own while the pairs load.
-        let (aliases, loaded) = std::thread::scope(|scope| {
-            let aliases = scope.spawn(|| {
-                let mut all = Vec::new();
-                store
-                    .scan_prefix(Cf::Aliases, &ctx, &mut |k, v| {
-                        all.push(codec::decode_alias(k, v)?);
-                        Ok(())
-                    })
-                    .map(|()| all)
-            });
-            let loaded = load_pairs(store, &ctx, &mut restorer);
+        // The pairs and the aliases are read at once, on two threads; reading the store is
+        // most of a restart (see the durability doc).
+        let scanning = Instant::now();
+        let mut batch = restorer.batch();
+        let (aliases, scanned) = std::thread::scope(|scope| {
+            let aliases = scope.spawn(|| scan_aliases(store, &ctx));
+            let scanned = scan_pairs(store, &ctx, &mut batch);
             let aliases = aliases
                 .join()
                 .unwrap_or_else(|_| Err(StorageError::Io("alias scanner panicked".into())));
-            (aliases, loaded)
+            (aliases, scanned)
         });
+        let (loaded, repeats) = scanned?;
+        restorer.absorb(batch);
         restorer.aliases(aliases?);
-        pairs += loaded?;
+        for (holder, block, bit, extra) in repeats {
+            restorer.repeat(holder, block, bit, extra);
+        }
+        pairs += loaded;
+        let building = Instant::now();
+        phases.scan += building - scanning;
         contexts.push(restorer.finish());
+        phases.build += building.elapsed();
     }
-    Ok(settle(registrations, contexts, &resume, pairs))
+    let settling = Instant::now();
+    let mut recovered = settle(registrations, contexts, &resume, pairs);
+    phases.settle = settling.elapsed();
+    recovered.phases = phases;
+    Ok(recovered)
 }
 
 /// The lowest of the watermarks a context holds for its source go into `resume`: a registration
@@ -144,6 +166,7 @@ pub fn settle(
         contexts,
         registrations,
         pairs,
+        phases: Phases::default(),
     }
 }
 
@@ -156,59 +179,30 @@ pub fn holder_id(key: &[u8]) -> u32 {
     )
 }
 
-/// Pairs travel from the scanning thread to the index builder in chunks of this many.
-const PAIR_CHUNK: usize = 64 * 1024;
-
-/// Pairs read by the scanner, with the repeat counts of those that have any.
-#[derive(Default)]
-struct PairChunk {
-    pairs: Vec<(u32, u64, u8)>,
-    repeats: Vec<(u32, u64, u8, u32)>,
-}
-
-/// Feed every persisted pair of one context to `restorer`. Reading the store and building the
-/// index take about the same time, so a scanning thread reads ahead while this one builds.
-fn load_pairs(
+/// The pairs of one context filed into `batch` (see [`Restorer::batch`]), with the repeat
+/// counts of those that have any and how many pairs the batch accepted.
+fn scan_pairs(
     store: &dyn KvStore,
     ctx: &[u8; 8],
-    restorer: &mut Restorer,
-) -> Result<u64, StorageError> {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<PairChunk>(4);
-    std::thread::scope(|scope| {
-        let scanner = scope.spawn(move || {
-            let mut chunk = PairChunk::default();
-            store.scan_prefix(Cf::Pairs, ctx, &mut |k, v| {
-                let (holder, block) = codec::decode_pair_key(k)?;
-                let (bits, repeats) = codec::decode_pair_value(v)?;
-                chunk.pairs.push((holder, block, bits));
-                chunk
-                    .repeats
-                    .extend(repeats.map(|(bit, extra)| (holder, block, bit, extra)));
-                if chunk.pairs.len() == PAIR_CHUNK {
-                    let full = std::mem::take(&mut chunk);
-                    // A closed channel means the builder stopped early; stop scanning too.
-                    tx.send(full)
-                        .map_err(|_| StorageError::Io("recovery builder stopped".into()))?;
-                }
-                Ok(())
-            })?;
-            if !chunk.pairs.is_empty() {
-                let _ = tx.send(chunk);
-            }
-            Ok::<(), StorageError>(())
-        });
-        let mut loaded = 0u64;
-        for chunk in rx {
-            for (holder, block, bits) in chunk.pairs {
-                loaded += u64::from(restorer.pair(holder, block, bits));
-            }
-            for (holder, block, bit, extra) in chunk.repeats {
-                restorer.repeat(holder, block, bit, extra);
-            }
-        }
-        match scanner.join() {
-            Ok(result) => result.map(|()| loaded),
-            Err(_) => Err(StorageError::Io("recovery scanner panicked".into())),
-        }
-    })
+    batch: &mut PairBatch,
+) -> Result<(u64, Vec<(u32, u64, u8, u32)>), StorageError> {
+    let mut loaded = 0u64;
+    let mut repeats = Vec::new();
+    store.scan_prefix(Cf::Pairs, ctx, &mut |k, v| {
+        let (holder, block) = codec::decode_pair_key(k)?;
+        let (bits, extra) = codec::decode_pair_value(v)?;
+        loaded += u64::from(batch.pair(holder, block, bits));
+        repeats.extend(extra.map(|(bit, n)| (holder, block, bit, n)));
+        Ok(())
+    })?;
+    Ok((loaded, repeats))
+}
+
+fn scan_aliases(store: &dyn KvStore, ctx: &[u8; 8]) -> Result<Vec<(u64, u64)>, StorageError> {
+    let mut all = Vec::new();
+    store.scan_prefix(Cf::Aliases, ctx, &mut |k, v| {
+        all.push(codec::decode_alias(k, v)?);
+        Ok(())
+    })?;
+    Ok(all)
 }
