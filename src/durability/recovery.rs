@@ -7,6 +7,7 @@
 //! already have.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::index::{ContextIndex, PairBatch, Restorer, Watermark};
@@ -61,6 +62,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
     let mut phases = Phases::default();
     for (ctx, key, profile) in headers {
         let mut restorer = Restorer::new(key.clone(), profile);
+        let mut ids = Vec::new();
         store.scan_prefix(Cf::Holders, &ctx, &mut |k, v| {
             let id = holder_id(k);
             let record = codec::decode_holder(id, v)?;
@@ -71,6 +73,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
                     what: format!("context {key}: holder record {id} out of order or repeated"),
                 });
             }
+            ids.push(id);
             Ok(())
         })?;
         store.scan_prefix(Cf::Attachments, &ctx, &mut |_, v| {
@@ -85,24 +88,51 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             restorer.watermark(source, mark);
             Ok(())
         })?;
-        // The pairs and the aliases are read at once, on two threads; reading the store is
-        // most of a restart (see the durability doc).
+        // The aliases on a thread of their own and the pairs holder by holder on as many more
+        // as there are cores: reading the store is most of a restart (see the durability doc).
         let scanning = Instant::now();
-        let mut batch = restorer.batch();
+        let mut batches: Vec<PairBatch> = (0..scan_threads(ids.len()))
+            .map(|_| restorer.batch())
+            .collect();
+        let work = HolderWork {
+            store,
+            ctx,
+            ids: &ids,
+            next: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+        };
         let (aliases, scanned) = std::thread::scope(|scope| {
             let aliases = scope.spawn(|| scan_aliases(store, &ctx));
-            let scanned = scan_pairs(store, &ctx, &mut batch);
+            let (first, rest) = batches.split_at_mut(1);
+            let helpers: Vec<_> = rest
+                .iter_mut()
+                .map(|batch| scope.spawn(|| work.scan(batch)))
+                .collect();
+            let mut scanned = first.iter_mut().map(|b| work.scan(b)).collect::<Vec<_>>();
+            for helper in helpers {
+                scanned.push(
+                    helper
+                        .join()
+                        .unwrap_or_else(|_| Err(StorageError::Io("pair scanner panicked".into()))),
+                );
+            }
             let aliases = aliases
                 .join()
                 .unwrap_or_else(|_| Err(StorageError::Io("alias scanner panicked".into())));
             (aliases, scanned)
         });
-        let (loaded, repeats) = scanned?;
-        restorer.absorb(batch);
-        restorer.aliases(aliases?);
-        for (holder, block, bit, extra) in repeats {
-            restorer.repeat(holder, block, bit, extra);
+        let mut loaded = 0;
+        for part in scanned {
+            let (n, repeats) = part?;
+            loaded += n;
+            for (holder, block, bit, extra) in repeats {
+                restorer.repeat(holder, block, bit, extra);
+            }
         }
+        for batch in batches {
+            restorer.absorb(batch);
+        }
+        restorer.aliases(aliases?);
         pairs += loaded;
         let building = Instant::now();
         phases.scan += building - scanning;
@@ -179,23 +209,56 @@ pub fn holder_id(key: &[u8]) -> u32 {
     )
 }
 
-/// The pairs of one context filed into `batch` (see [`Restorer::batch`]), with the repeat
-/// counts of those that have any and how many pairs the batch accepted.
-fn scan_pairs(
-    store: &dyn KvStore,
-    ctx: &[u8; 8],
-    batch: &mut PairBatch,
-) -> Result<(u64, Vec<(u32, u64, u8, u32)>), StorageError> {
-    let mut loaded = 0u64;
-    let mut repeats = Vec::new();
-    store.scan_prefix(Cf::Pairs, ctx, &mut |k, v| {
-        let (holder, block) = codec::decode_pair_key(k)?;
-        let (bits, extra) = codec::decode_pair_value(v)?;
-        loaded += u64::from(batch.pair(holder, block, bits));
-        repeats.extend(extra.map(|(bit, n)| (holder, block, bit, n)));
-        Ok(())
-    })?;
-    Ok((loaded, repeats))
+/// Threads reading one context's pairs: one per core up to [`SCAN_THREADS`], and no more than
+/// it has holders (each thread reads whole holders).
+fn scan_threads(holders: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.min(SCAN_THREADS).min(holders).max(1)
+}
+
+/// Pair scanners per context, at most.
+const SCAN_THREADS: usize = 4;
+
+/// The restored holders of one context, handed out one at a time to the pair scanners.
+///
+/// Only restored holders are read: pairs of any other id were ignored, and the key range of
+/// each holder (context id + holder id) is read with one seek.
+struct HolderWork<'a> {
+    store: &'a dyn KvStore,
+    ctx: [u8; 8],
+    ids: &'a [u32],
+    next: AtomicUsize,
+    /// A scanner met an error: the others stop at their next holder.
+    failed: AtomicBool,
+}
+
+impl HolderWork<'_> {
+    /// File the pairs of holders taken from the work into `batch`: how many it accepted and
+    /// the repeat counts of those that have any.
+    fn scan(&self, batch: &mut PairBatch) -> Result<(u64, Vec<(u32, u64, u8, u32)>), StorageError> {
+        let mut loaded = 0u64;
+        let mut repeats = Vec::new();
+        let mut prefix = [0u8; 12];
+        prefix[..8].copy_from_slice(&self.ctx);
+        while !self.failed.load(Ordering::Relaxed) {
+            let Some(&id) = self.ids.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
+                break;
+            };
+            prefix[8..].copy_from_slice(&id.to_be_bytes());
+            let scanned = self.store.scan_prefix(Cf::Pairs, &prefix, &mut |k, v| {
+                let (holder, block) = codec::decode_pair_key(k)?;
+                let (bits, extra) = codec::decode_pair_value(v)?;
+                loaded += u64::from(batch.pair(holder, block, bits));
+                repeats.extend(extra.map(|(bit, n)| (holder, block, bit, n)));
+                Ok(())
+            });
+            if let Err(e) = scanned {
+                self.failed.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+        Ok((loaded, repeats))
+    }
 }
 
 fn scan_aliases(store: &dyn KvStore, ctx: &[u8; 8]) -> Result<Vec<(u64, u64)>, StorageError> {

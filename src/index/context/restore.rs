@@ -35,6 +35,9 @@ pub struct Restorer {
     /// Per holder id, its record's count of pairs keyed by published hash.
     raw_pairs: Vec<Option<u64>>,
     pending: PairBatch,
+    /// Batches filled elsewhere ([`Restorer::absorb`]), kept whole: the build reads each
+    /// shard's parts where they are instead of copying them together first.
+    absorbed: Vec<PairBatch>,
     /// Persisted aliases, loaded by [`Restorer::finish`] while the table is built.
     aliases: Vec<(u64, u64)>,
 }
@@ -90,6 +93,7 @@ impl Restorer {
             index,
             raw_pairs: Vec::new(),
             pending,
+            absorbed: Vec::new(),
             aliases: Vec::new(),
         }
     }
@@ -163,13 +167,7 @@ impl Restorer {
             }
             return;
         }
-        for (mine, theirs) in self.pending.shards.iter_mut().zip(batch.shards) {
-            if mine.is_empty() {
-                *mine = theirs;
-            } else {
-                mine.extend(theirs);
-            }
-        }
+        self.absorbed.push(batch);
     }
 
     /// Announcements beyond the first of a persisted pair's tier `bit` (see
@@ -230,7 +228,15 @@ impl Restorer {
     /// own: they touch nothing the table does), then each holder's reverse list and count from
     /// the table.
     fn build(&mut self, threads: usize) {
-        let shards = std::mem::take(&mut self.pending.shards);
+        let mut shards: Vec<Vec<Vec<(u64, u32)>>> = std::mem::take(&mut self.pending.shards)
+            .into_iter()
+            .map(|own| vec![own])
+            .collect();
+        for batch in std::mem::take(&mut self.absorbed) {
+            for (parts, part) in shards.iter_mut().zip(batch.shards) {
+                parts.push(part);
+            }
+        }
         let aliases = std::mem::take(&mut self.aliases);
         let shared = &self.index.shared;
         let filled = if threads > 1 && !aliases.is_empty() {

@@ -29,10 +29,12 @@ fn bucket_bits(n: usize) -> u32 {
     n.next_power_of_two().trailing_zeros().min(20)
 }
 
-/// `items` (block, entry) sorted by (slot hash, block, entry), via a counting sort on the top
-/// bits of the hash and a sort of each (small) bucket.
-fn sorted_by_hash(items: &[(u64, u32)], seed: u64) -> Vec<(u64, u32)> {
-    let bits = bucket_bits(items.len());
+/// The (block, entry) items of `parts` sorted by (slot hash, block, entry), via a counting sort
+/// on the top bits of the hash and a sort of each (small) bucket.
+fn sorted_by_hash(parts: &[Vec<(u64, u32)>], seed: u64) -> Vec<(u64, u32)> {
+    let n = parts.iter().map(Vec::len).sum();
+    let items = || parts.iter().flatten();
+    let bits = bucket_bits(n);
     let bucket = |key: u64| {
         if bits == 0 {
             0
@@ -41,15 +43,15 @@ fn sorted_by_hash(items: &[(u64, u32)], seed: u64) -> Vec<(u64, u32)> {
         }
     };
     let mut start = vec![0u32; (1usize << bits) + 1];
-    for &(key, _) in items {
+    for &(key, _) in items() {
         start[bucket(key) + 1] += 1;
     }
     for b in 0..1usize << bits {
         start[b + 1] += start[b];
     }
     let mut next = start.clone();
-    let mut out = vec![(0u64, 0u32); items.len()];
-    for &item in items {
+    let mut out = vec![(0u64, 0u32); n];
+    for &item in items() {
         let at = &mut next[bucket(item.0)];
         out[*at as usize] = item;
         *at += 1;
@@ -65,10 +67,11 @@ fn sorted_by_hash(items: &[(u64, u32)], seed: u64) -> Vec<(u64, u32)> {
 
 impl Table {
     /// Fill the table, which must be empty, with `shards[s]`: the (block, entry) pairs whose
-    /// block falls in shard `s` (see [`Table::shard_no`]), in any order, entries with non-zero
-    /// tier bits. A block named twice for one holder gets the union of the bits. Shards are
-    /// built by up to `threads` threads; the result does not depend on how many.
-    pub fn fill(&self, shards: Vec<Vec<(u64, u32)>>, threads: usize) -> Filled {
+    /// block falls in shard `s` (see [`Table::shard_no`]), in any order and in any number of
+    /// parts, entries with non-zero tier bits. A block named twice for one holder gets the
+    /// union of the bits. Shards are built by up to `threads` threads; the result does not
+    /// depend on how many.
+    pub fn fill(&self, shards: Vec<Vec<Vec<(u64, u32)>>>, threads: usize) -> Filled {
         let work = Mutex::new(shards.into_iter().enumerate().take(SHARDS));
         let take = || {
             work.lock()
@@ -103,9 +106,9 @@ impl Table {
         })
     }
 
-    fn fill_shard(&self, shard: usize, items: Vec<(u64, u32)>) -> Filled {
-        let sorted = sorted_by_hash(&items, self.slot_seed);
-        drop(items);
+    fn fill_shard(&self, shard: usize, parts: Vec<Vec<(u64, u32)>>) -> Filled {
+        let sorted = sorted_by_hash(&parts, self.slot_seed);
+        drop(parts);
         // One record per block; a block with several holders keeps its first entry until its
         // set is interned below.
         let mut recs: Vec<(u64, u32)> = Vec::with_capacity(sorted.len());
