@@ -219,6 +219,9 @@ fn scan_threads(holders: usize) -> usize {
 /// Pair scanners per context, at most.
 const SCAN_THREADS: usize = 4;
 
+/// A persisted repeat count: holder id, block, tier bit, announcements beyond the first.
+type Repeat = (u32, u64, u8, u32);
+
 /// The restored holders of one context, handed out one at a time to the pair scanners.
 ///
 /// Only restored holders are read: pairs of any other id were ignored, and the key range of
@@ -235,7 +238,7 @@ struct HolderWork<'a> {
 impl HolderWork<'_> {
     /// File the pairs of holders taken from the work into `batch`: how many it accepted and
     /// the repeat counts of those that have any.
-    fn scan(&self, batch: &mut PairBatch) -> Result<(u64, Vec<(u32, u64, u8, u32)>), StorageError> {
+    fn scan(&self, batch: &mut PairBatch) -> Result<(u64, Vec<Repeat>), StorageError> {
         let mut loaded = 0u64;
         let mut repeats = Vec::new();
         let mut prefix = [0u8; 12];

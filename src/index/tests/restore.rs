@@ -16,13 +16,13 @@ fn churn(ix: &mut ContextIndex, rng: &mut Rng, steps: usize) {
         let keys: Vec<u64> = (0..1 + rng.below(40))
             .map(|_| 1 + rng.below(600) as u64)
             .collect();
-        let tier = [Tier::Device, Tier::CpuLocal, Tier::Disk][rng.below(3) as usize];
+        let tier = [Tier::Device, Tier::CpuLocal, Tier::Disk][rng.below(3)];
         match rng.below(10) {
             0 => {
                 put_shared(ix, "store", Tier::CpuShare, &keys);
             }
             1..=2 => {
-                let who = HOLDERS[rng.below(5) as usize];
+                let who = HOLDERS[rng.below(5)];
                 ix.apply(&IndexBatch {
                     source: src(who, 0),
                     ops: vec![IndexOp::Remove {
@@ -33,7 +33,7 @@ fn churn(ix: &mut ContextIndex, rng: &mut Rng, steps: usize) {
                 });
             }
             _ => {
-                put(ix, HOLDERS[rng.below(5) as usize], 0, tier, &keys);
+                put(ix, HOLDERS[rng.below(5)], 0, tier, &keys);
             }
         }
     }
