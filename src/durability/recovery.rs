@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::index::{ContextIndex, PairBatch, Restorer, Watermark};
+use crate::index::{AliasLoader, ContextIndex, PairBatch, Restorer, Watermark};
 use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
 
 use super::codec;
@@ -30,7 +30,8 @@ pub struct Recovered {
 /// Time spent in each part of [`recover`], summed over the contexts.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Phases {
-    /// Reading and decoding the pairs and aliases (two threads at once).
+    /// Reading and decoding the pairs and aliases, and filling the alias map (one thread per
+    /// core).
     pub scan: Duration,
     /// Building the contexts from what was read ([`Restorer::finish`]).
     pub build: Duration,
@@ -88,39 +89,40 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             restorer.watermark(source, mark);
             Ok(())
         })?;
-        // The aliases on a thread of their own and the pairs holder by holder on as many more
-        // as there are cores: reading the store is most of a restart (see the durability doc).
+        // Reading the store is most of a restart (see the durability doc), so it runs on one
+        // thread per core (up to SCAN_THREADS): the first reads the aliases and fills the alias
+        // map, then joins the others, which read the pairs holder by holder, each into a batch
+        // of its own. (A thread of its own for the aliases left one core idle once the pairs
+        // were read while the aliases still were.)
         let scanning = Instant::now();
-        let mut batches: Vec<PairBatch> = (0..scan_threads(ids.len()))
-            .map(|_| restorer.batch())
-            .collect();
-        let work = HolderWork {
+        let mut batches: Vec<PairBatch> = (0..scan_threads()).map(|_| restorer.batch()).collect();
+        let work = ContextScan {
             store,
             ctx,
             ids: &ids,
             next: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
+            aliases: restorer.alias_loader(),
         };
-        let (aliases, scanned) = std::thread::scope(|scope| {
-            let aliases = scope.spawn(|| scan_aliases(store, &ctx));
-            let (first, rest) = batches.split_at_mut(1);
-            let helpers: Vec<_> = rest
-                .iter_mut()
-                .map(|batch| scope.spawn(|| work.scan(batch)))
-                .collect();
-            let mut scanned = first.iter_mut().map(|b| work.scan(b)).collect::<Vec<_>>();
-            for helper in helpers {
-                scanned.push(
-                    helper
-                        .join()
-                        .unwrap_or_else(|_| Err(StorageError::Io("pair scanner panicked".into()))),
-                );
-            }
-            let aliases = aliases
-                .join()
-                .unwrap_or_else(|_| Err(StorageError::Io("alias scanner panicked".into())));
-            (aliases, scanned)
-        });
+        let work = &work;
+        let scanned =
+            std::thread::scope(|scope| {
+                let Some((last, others)) = batches.split_last_mut() else {
+                    return Vec::new();
+                };
+                let helpers: Vec<_> = others
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, batch)| scope.spawn(move || work.run(i == 0, batch)))
+                    .collect();
+                let mut scanned = vec![work.run(helpers.is_empty(), last)];
+                for helper in helpers {
+                    scanned.push(helper.join().unwrap_or_else(|_| {
+                        Err(StorageError::Io("recovery scanner panicked".into()))
+                    }));
+                }
+                scanned
+            });
         let mut loaded = 0;
         for part in scanned {
             let (n, repeats) = part?;
@@ -132,7 +134,6 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
         for batch in batches {
             restorer.absorb(batch);
         }
-        restorer.aliases(aliases?);
         pairs += loaded;
         let building = Instant::now();
         phases.scan += building - scanning;
@@ -209,33 +210,50 @@ pub fn holder_id(key: &[u8]) -> u32 {
     )
 }
 
-/// Threads reading one context's pairs: one per core up to [`SCAN_THREADS`], and no more than
-/// it has holders (each thread reads whole holders).
-fn scan_threads(holders: usize) -> usize {
+/// Threads reading one context: one per core, up to [`SCAN_THREADS`].
+fn scan_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    cores.min(SCAN_THREADS).min(holders).max(1)
+    cores.clamp(1, SCAN_THREADS)
 }
 
-/// Pair scanners per context, at most.
+/// Scanning threads per context, at most.
 const SCAN_THREADS: usize = 4;
 
 /// A persisted repeat count: holder id, block, tier bit, announcements beyond the first.
 type Repeat = (u32, u64, u8, u32);
 
-/// The restored holders of one context, handed out one at a time to the pair scanners.
-///
-/// Only restored holders are read: pairs of any other id were ignored, and the key range of
-/// each holder (context id + holder id) is read with one seek.
-struct HolderWork<'a> {
+/// What the threads reading one context share: the restored holders, handed out one at a time
+/// (only restored holders are read: pairs of any other id were ignored, and the key range of
+/// each, context id + holder id, is read with one seek), and where the aliases go.
+struct ContextScan<'a> {
     store: &'a dyn KvStore,
     ctx: [u8; 8],
     ids: &'a [u32],
     next: AtomicUsize,
     /// A scanner met an error: the others stop at their next holder.
     failed: AtomicBool,
+    aliases: AliasLoader,
 }
 
-impl HolderWork<'_> {
+impl ContextScan<'_> {
+    /// One thread's share: the aliases first when `aliases`, then pairs until none are left.
+    fn run(
+        &self,
+        aliases: bool,
+        batch: &mut PairBatch,
+    ) -> Result<(u64, Vec<Repeat>), StorageError> {
+        if aliases {
+            match scan_aliases(self.store, &self.ctx) {
+                Ok(all) => self.aliases.load(all),
+                Err(e) => {
+                    self.failed.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        self.scan(batch)
+    }
+
     /// File the pairs of holders taken from the work into `batch`: how many it accepted and
     /// the repeat counts of those that have any.
     fn scan(&self, batch: &mut PairBatch) -> Result<(u64, Vec<Repeat>), StorageError> {

@@ -246,7 +246,7 @@ pub use actor::{
     GetStats, Snapshot,
 };
 pub use answer::{InstanceHits, QueryHits, TierCounts};
-pub use context::restore::{PairBatch, Restorer};
+pub use context::restore::{AliasLoader, PairBatch, Restorer};
 pub use context::{ApplyReport, ContextIndex};
 pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use handle::{ContextView, IndexReader, IndexStats};

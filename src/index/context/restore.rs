@@ -85,6 +85,18 @@ impl PairBatch {
     }
 }
 
+/// Loads persisted aliases into a restorer's context (see [`Restorer::alias_loader`]).
+pub struct AliasLoader {
+    shared: Arc<Shared>,
+}
+
+impl AliasLoader {
+    /// Persisted aliases, all at once; into an empty map they go in table order.
+    pub fn load(&self, all: Vec<(u64, u64)>) {
+        self.shared.aliases.load(all);
+    }
+}
+
 impl Restorer {
     pub fn new(key: ContextKey, profile: HashProfile) -> Self {
         let index = ContextIndex::new(key, profile);
@@ -155,6 +167,14 @@ impl Restorer {
     /// ones it accepts pairs of).
     pub fn batch(&self) -> PairBatch {
         PairBatch::new(Arc::clone(&self.index.shared), self.pending.known.clone())
+    }
+
+    /// A handle that loads persisted aliases into this context from another thread (recovery
+    /// fills the alias map right after reading it, while the pairs are still being read).
+    pub fn alias_loader(&self) -> AliasLoader {
+        AliasLoader {
+            shared: Arc::clone(&self.index.shared),
+        }
     }
 
     /// Take the pairs of `batch` (from [`Restorer::batch`]).
