@@ -4,6 +4,10 @@
 //!
 //! `cargo bench --bench storage` (needs the `rocksdb` feature, on by default).
 //! `STORAGE_BENCH_SIZES=1000000,10000000` picks the index sizes.
+//! `STORAGE_BENCH_DIR=dir` keeps each filled store in `dir/pairs-N` and, when it is there
+//! already, skips the fill and the checkpoint rounds and only restarts from it
+//! (`STORAGE_BENCH_RESTARTS` times, default 1): for profiling and A/B runs of recovery, which
+//! otherwise wait most of a minute per 10 M fill.
 
 use std::time::{Duration, Instant};
 
@@ -94,14 +98,78 @@ fn dir_bytes(path: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Open, migrate and recover the store in `path`: the restart-to-ready time, and the blocks and
+/// (block, holder) pairs of the recovered context, with the pairs the scan loaded.
+fn restart(path: &std::path::Path) -> (Duration, (u64, u64), u64, usize) {
+    let t = Instant::now();
+    let store = RocksStore::open(path).expect("open for recovery");
+    migrations::migrate(&store, "bench").expect("migrate");
+    let opened = t.elapsed();
+    let recovered = recovery::recover(&store).expect("recover");
+    let ready = t.elapsed();
+    let p = recovered.phases;
+    println!(
+        "  restart phases: open+migrate={opened:?} scan={:?} build={:?} settle={:?}",
+        p.scan, p.build, p.settle
+    );
+    let back = recovered
+        .contexts
+        .first()
+        .map(|c| c.stats())
+        .unwrap_or_default();
+    (
+        ready,
+        (back.blocks, back.holder_blocks),
+        recovered.pairs,
+        recovered.contexts.len(),
+    )
+}
+
 fn main() {
     let sizes: Vec<u64> = std::env::var("STORAGE_BENCH_SIZES")
         .ok()
         .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1_000_000, 10_000_000]);
+    let kept = std::env::var_os("STORAGE_BENCH_DIR").map(std::path::PathBuf::from);
+    let restarts: usize = std::env::var("STORAGE_BENCH_RESTARTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
     for pairs in sizes {
         let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("data");
+        let path = match &kept {
+            Some(kept) => kept.join(format!("pairs-{pairs}")),
+            None => dir.path().join("data"),
+        };
+        // What the filled index held, written beside a kept store: a later run checks its
+        // recovery against it without filling again.
+        let expected_file = path.with_extension("expected");
+        if let Some(expected) = std::fs::read_to_string(&expected_file)
+            .ok()
+            .filter(|_| kept.is_some())
+        {
+            let want: Vec<u64> = expected
+                .split_whitespace()
+                .filter_map(|n| n.parse().ok())
+                .collect();
+            for _ in 0..restarts {
+                let (ready, back, loaded, contexts) = restart(&path);
+                assert_eq!(
+                    [back.0, back.1][..],
+                    want[..],
+                    "recovery lost or invented pairs"
+                );
+                println!(
+                    "pairs={pairs} (kept store) restart-to-ready={ready:?} (loaded {loaded} \
+                     pairs, {contexts} contexts)"
+                );
+            }
+            continue;
+        }
+        if kept.is_some() {
+            // A kept store without its counts is a fill that did not finish: start over.
+            let _ = std::fs::remove_dir_all(&path);
+        }
         let started = Instant::now();
         let mut index = {
             let store = RocksStore::open(&path).expect("open");
@@ -149,23 +217,17 @@ fn main() {
         let mean = rounds.iter().sum::<Duration>() / rounds.len() as u32;
 
         // Restart to ready: open, migrate and recover every context into memory.
-        let t = Instant::now();
-        let store = RocksStore::open(&path).expect("open for recovery");
-        migrations::migrate(&store, "bench").expect("migrate");
-        let recovered = recovery::recover(&store).expect("recover");
-        let ready = t.elapsed();
-        let loaded: u64 = recovered.pairs;
+        let (ready, back, loaded, contexts) = restart(&path);
         let live = index.stats();
-        let back = recovered
-            .contexts
-            .first()
-            .map(|c| c.stats())
-            .unwrap_or_default();
         assert_eq!(
-            (back.blocks, back.holder_blocks),
+            back,
             (live.blocks, live.holder_blocks),
             "recovery lost or invented pairs"
         );
+        if kept.is_some() {
+            std::fs::write(&expected_file, format!("{} {}", back.0, back.1))
+                .expect("write the expected counts");
+        }
         println!(
             "pairs={pairs} fill+checkpoint={:.1}s disk={:.1} MiB ({:.1} B/pair) \
              checkpoint/1k changed: mean={:?} p50={:?} p99={:?} restart-to-ready={:?} (loaded {loaded} pairs, {} contexts)",
@@ -176,7 +238,7 @@ fn main() {
             rounds[rounds.len() / 2],
             rounds[rounds.len() * 99 / 100],
             ready,
-            recovered.contexts.len(),
+            contexts,
         );
     }
 }

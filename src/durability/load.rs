@@ -68,6 +68,8 @@ fn open_and_recover(dir: &Path) -> Result<Loaded, StorageError> {
         contexts = recovered.contexts.len(),
         registrations = recovered.registrations.len(),
         pairs = recovered.pairs,
+        scan_ms = recovered.phases.scan.as_millis() as u64,
+        build_ms = recovered.phases.build.as_millis() as u64,
         "recovered state"
     );
     Ok(Loaded { store, recovered })

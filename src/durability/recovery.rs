@@ -7,8 +7,10 @@
 //! already have.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use crate::index::{ContextIndex, Restorer, Watermark};
+use crate::index::{AliasLoader, ContextIndex, PairBatch, Restorer, Watermark};
 use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
 
 use super::codec;
@@ -21,6 +23,20 @@ pub struct Recovered {
     pub registrations: Vec<(PublisherConfig, Option<Watermark>)>,
     /// (block, holder) pairs loaded.
     pub pairs: u64,
+    /// Where the time went (zero where the contexts were not read from a store).
+    pub phases: Phases,
+}
+
+/// Time spent in each part of [`recover`], summed over the contexts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// Reading and decoding the pairs and aliases, and filling the alias map (one thread per
+    /// core).
+    pub scan: Duration,
+    /// Building the contexts from what was read ([`Restorer::finish`]).
+    pub build: Duration,
+    /// Dropping unregistered sources and empty contexts.
+    pub settle: Duration,
 }
 
 pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
@@ -44,8 +60,10 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
     let mut contexts = Vec::with_capacity(headers.len());
     let mut resume: HashMap<SubscriptionKey, Watermark> = HashMap::new();
     let mut pairs = 0u64;
+    let mut phases = Phases::default();
     for (ctx, key, profile) in headers {
         let mut restorer = Restorer::new(key.clone(), profile);
+        let mut ids = Vec::new();
         store.scan_prefix(Cf::Holders, &ctx, &mut |k, v| {
             let id = holder_id(k);
             let record = codec::decode_holder(id, v)?;
@@ -56,6 +74,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
                     what: format!("context {key}: holder record {id} out of order or repeated"),
                 });
             }
+            ids.push(id);
             Ok(())
         })?;
         store.scan_prefix(Cf::Attachments, &ctx, &mut |_, v| {
@@ -70,28 +89,62 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             restorer.watermark(source, mark);
             Ok(())
         })?;
-        // The aliases are read in a thread of their own while the pairs load.
-        let (aliases, loaded) = std::thread::scope(|scope| {
-            let aliases = scope.spawn(|| {
-                let mut all = Vec::new();
-                store
-                    .scan_prefix(Cf::Aliases, &ctx, &mut |k, v| {
-                        all.push(codec::decode_alias(k, v)?);
-                        Ok(())
-                    })
-                    .map(|()| all)
+        // Reading the store is most of a restart (see the durability doc), so it runs on one
+        // thread per core (up to SCAN_THREADS): the first reads the aliases and fills the alias
+        // map, then joins the others, which read the pairs holder by holder, each into a batch
+        // of its own. (A thread of its own for the aliases left one core idle once the pairs
+        // were read while the aliases still were.)
+        let scanning = Instant::now();
+        let mut batches: Vec<PairBatch> = (0..scan_threads()).map(|_| restorer.batch()).collect();
+        let work = ContextScan {
+            store,
+            ctx,
+            ids: &ids,
+            next: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            aliases: restorer.alias_loader(),
+        };
+        let work = &work;
+        let scanned =
+            std::thread::scope(|scope| {
+                let Some((last, others)) = batches.split_last_mut() else {
+                    return Vec::new();
+                };
+                let helpers: Vec<_> = others
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, batch)| scope.spawn(move || work.run(i == 0, batch)))
+                    .collect();
+                let mut scanned = vec![work.run(helpers.is_empty(), last)];
+                for helper in helpers {
+                    scanned.push(helper.join().unwrap_or_else(|_| {
+                        Err(StorageError::Io("recovery scanner panicked".into()))
+                    }));
+                }
+                scanned
             });
-            let loaded = load_pairs(store, &ctx, &mut restorer);
-            let aliases = aliases
-                .join()
-                .unwrap_or_else(|_| Err(StorageError::Io("alias scanner panicked".into())));
-            (aliases, loaded)
-        });
-        restorer.aliases(aliases?);
-        pairs += loaded?;
+        let mut loaded = 0;
+        for part in scanned {
+            let (n, repeats) = part?;
+            loaded += n;
+            for (holder, block, bit, extra) in repeats {
+                restorer.repeat(holder, block, bit, extra);
+            }
+        }
+        for batch in batches {
+            restorer.absorb(batch);
+        }
+        pairs += loaded;
+        let building = Instant::now();
+        phases.scan += building - scanning;
         contexts.push(restorer.finish());
+        phases.build += building.elapsed();
     }
-    Ok(settle(registrations, contexts, &resume, pairs))
+    let settling = Instant::now();
+    let mut recovered = settle(registrations, contexts, &resume, pairs);
+    phases.settle = settling.elapsed();
+    recovered.phases = phases;
+    Ok(recovered)
 }
 
 /// The lowest of the watermarks a context holds for its source go into `resume`: a registration
@@ -144,6 +197,7 @@ pub fn settle(
         contexts,
         registrations,
         pairs,
+        phases: Phases::default(),
     }
 }
 
@@ -156,59 +210,83 @@ pub fn holder_id(key: &[u8]) -> u32 {
     )
 }
 
-/// Pairs travel from the scanning thread to the index builder in chunks of this many.
-const PAIR_CHUNK: usize = 64 * 1024;
-
-/// Pairs read by the scanner, with the repeat counts of those that have any.
-#[derive(Default)]
-struct PairChunk {
-    pairs: Vec<(u32, u64, u8)>,
-    repeats: Vec<(u32, u64, u8, u32)>,
+/// Threads reading one context: one per core, up to [`SCAN_THREADS`].
+fn scan_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.clamp(1, SCAN_THREADS)
 }
 
-/// Feed every persisted pair of one context to `restorer`. Reading the store and building the
-/// index take about the same time, so a scanning thread reads ahead while this one builds.
-fn load_pairs(
-    store: &dyn KvStore,
-    ctx: &[u8; 8],
-    restorer: &mut Restorer,
-) -> Result<u64, StorageError> {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<PairChunk>(4);
-    std::thread::scope(|scope| {
-        let scanner = scope.spawn(move || {
-            let mut chunk = PairChunk::default();
-            store.scan_prefix(Cf::Pairs, ctx, &mut |k, v| {
-                let (holder, block) = codec::decode_pair_key(k)?;
-                let (bits, repeats) = codec::decode_pair_value(v)?;
-                chunk.pairs.push((holder, block, bits));
-                chunk
-                    .repeats
-                    .extend(repeats.map(|(bit, extra)| (holder, block, bit, extra)));
-                if chunk.pairs.len() == PAIR_CHUNK {
-                    let full = std::mem::take(&mut chunk);
-                    // A closed channel means the builder stopped early; stop scanning too.
-                    tx.send(full)
-                        .map_err(|_| StorageError::Io("recovery builder stopped".into()))?;
+/// Scanning threads per context, at most.
+const SCAN_THREADS: usize = 4;
+
+/// A persisted repeat count: holder id, block, tier bit, announcements beyond the first.
+type Repeat = (u32, u64, u8, u32);
+
+/// What the threads reading one context share: the restored holders, handed out one at a time
+/// (only restored holders are read: pairs of any other id were ignored, and the key range of
+/// each, context id + holder id, is read with one seek), and where the aliases go.
+struct ContextScan<'a> {
+    store: &'a dyn KvStore,
+    ctx: [u8; 8],
+    ids: &'a [u32],
+    next: AtomicUsize,
+    /// A scanner met an error: the others stop at their next holder.
+    failed: AtomicBool,
+    aliases: AliasLoader,
+}
+
+impl ContextScan<'_> {
+    /// One thread's share: the aliases first when `aliases`, then pairs until none are left.
+    fn run(
+        &self,
+        aliases: bool,
+        batch: &mut PairBatch,
+    ) -> Result<(u64, Vec<Repeat>), StorageError> {
+        if aliases {
+            match scan_aliases(self.store, &self.ctx) {
+                Ok(all) => self.aliases.load(all),
+                Err(e) => {
+                    self.failed.store(true, Ordering::Relaxed);
+                    return Err(e);
                 }
-                Ok(())
-            })?;
-            if !chunk.pairs.is_empty() {
-                let _ = tx.send(chunk);
             }
-            Ok::<(), StorageError>(())
-        });
+        }
+        self.scan(batch)
+    }
+
+    /// File the pairs of holders taken from the work into `batch`: how many it accepted and
+    /// the repeat counts of those that have any.
+    fn scan(&self, batch: &mut PairBatch) -> Result<(u64, Vec<Repeat>), StorageError> {
         let mut loaded = 0u64;
-        for chunk in rx {
-            for (holder, block, bits) in chunk.pairs {
-                loaded += u64::from(restorer.pair(holder, block, bits));
-            }
-            for (holder, block, bit, extra) in chunk.repeats {
-                restorer.repeat(holder, block, bit, extra);
+        let mut repeats = Vec::new();
+        let mut prefix = [0u8; 12];
+        prefix[..8].copy_from_slice(&self.ctx);
+        while !self.failed.load(Ordering::Relaxed) {
+            let Some(&id) = self.ids.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
+                break;
+            };
+            prefix[8..].copy_from_slice(&id.to_be_bytes());
+            let scanned = self.store.scan_prefix(Cf::Pairs, &prefix, &mut |k, v| {
+                let (holder, block) = codec::decode_pair_key(k)?;
+                let (bits, extra) = codec::decode_pair_value(v)?;
+                loaded += u64::from(batch.pair(holder, block, bits));
+                repeats.extend(extra.map(|(bit, n)| (holder, block, bit, n)));
+                Ok(())
+            });
+            if let Err(e) = scanned {
+                self.failed.store(true, Ordering::Relaxed);
+                return Err(e);
             }
         }
-        match scanner.join() {
-            Ok(result) => result.map(|()| loaded),
-            Err(_) => Err(StorageError::Io("recovery scanner panicked".into())),
-        }
-    })
+        Ok((loaded, repeats))
+    }
+}
+
+fn scan_aliases(store: &dyn KvStore, ctx: &[u8; 8]) -> Result<Vec<(u64, u64)>, StorageError> {
+    let mut all = Vec::new();
+    store.scan_prefix(Cf::Aliases, ctx, &mut |k, v| {
+        all.push(codec::decode_alias(k, v)?);
+        Ok(())
+    })?;
+    Ok(all)
 }

@@ -7,9 +7,10 @@ use crate::index::{ContextIndex, ContextSnapshot, Watermark};
 use crate::model::{BlockHash, ContextKey, PublisherConfig, SubscriptionKey, Tier};
 
 use super::checkpoint::{context_ops, forget_context_ops, put_registration};
+use super::codec;
 use super::recovery::recover;
 use crate::storage::memory::{Fault, MemoryStore};
-use crate::storage::{Cf, KvStore};
+use crate::storage::{Cf, KvOp, KvStore};
 use crate::test_rng::Rng;
 
 fn profile() -> HashProfile {
@@ -357,4 +358,46 @@ fn reclaimed_holders_leave_gaps_that_recovery_keeps_free() {
         state(&recovered_context(&store).expect("context")),
         state(&index)
     );
+}
+
+/// Pairs are read holder by holder, on several threads: a pair record of an id no holder record
+/// names is not loaded (as when every pair was read), and a corrupt pair record of a restored
+/// holder still fails recovery, naming the column family, whichever thread reads it.
+#[test]
+fn pairs_of_unknown_holders_are_skipped_and_corrupt_pairs_still_fail() {
+    let store = MemoryStore::new();
+    for s in 0..3 {
+        put_registration(&store, &registration(s)).unwrap();
+    }
+    let mut index = ContextIndex::new(key(), profile());
+    let mut rng = Rng(5);
+    for i in 0..30 {
+        let mark = Watermark {
+            seq: i + 1,
+            digest: i,
+        };
+        index.apply_sequenced(&random_batch(&mut rng, (i % 3) as u32), mark);
+    }
+    checkpoint(&mut index, &store).unwrap();
+    assert!(index.stats().holders >= 3, "several holders to share out");
+    let ctx = codec::context_id(&key());
+    let put = |holder: u32, block: u64, value: Vec<u8>| KvOp::Put {
+        cf: Cf::Pairs,
+        key: codec::pair_key(&ctx, holder, block),
+        value,
+    };
+    store
+        .write(vec![put(999, 42, codec::pair_value(1, []))])
+        .unwrap();
+    let back = recover(&store).unwrap();
+    assert_eq!(back.pairs, index.stats().holder_blocks);
+    assert_eq!(state(&back.contexts[0]), state(&index));
+    // A repeat count on a tier the pair does not hold.
+    store
+        .write(vec![put(0, 43, vec![1, 2, 0, 0, 0, 1])])
+        .unwrap();
+    match recover(&store) {
+        Err(e) => assert!(e.is_corruption() && e.to_string().contains("pairs"), "{e}"),
+        Ok(_) => panic!("a corrupt pair record recovered"),
+    }
 }

@@ -18,7 +18,7 @@
 //! - [`context`]: [`ContextIndex`], the plain struct that is a context's single writer (apply
 //!   batches, attach/detach sources, snapshots), unit-tested without any runtime; its
 //!   `holders` file interns and reclaims holders, and [`context::persist`] takes a context's
-//!   changes and rebuilds a context from them ([`Restorer`]). Those stay here, not in
+//!   changes, and [`context::restore`] rebuilds a context from them ([`Restorer`]). Those stay here, not in
 //!   [`crate::durability`], because they read and write the writer's private structure.
 //! - [`actor`]: [`ContextActor`], a thin actix shell forwarding one call per message, and
 //!   [`ContextHandle`] (its address plus the read handle).
@@ -246,7 +246,7 @@ pub use actor::{
     GetStats, Snapshot,
 };
 pub use answer::{InstanceHits, QueryHits, TierCounts};
-pub use context::persist::Restorer;
+pub use context::restore::{AliasLoader, PairBatch, Restorer};
 pub use context::{ApplyReport, ContextIndex};
 pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use handle::{ContextView, IndexReader, IndexStats};

@@ -614,4 +614,5 @@ fn the_actor_forwards_and_the_handle_queries_without_the_mailbox() {
 }
 
 mod reclaim;
+mod restore;
 mod walk;

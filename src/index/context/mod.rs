@@ -2,6 +2,7 @@
 
 mod holders;
 pub mod persist;
+pub mod restore;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -415,14 +416,6 @@ impl ContextIndex {
             .collect();
         all.sort();
         all
-    }
-
-    pub(super) fn store(&mut self, id: u32, bit: u8, hashes: &[BlockHash]) {
-        let mut run = StoreRun::default();
-        for chunk in hashes.chunks(RUN_MAX) {
-            run.items.extend(chunk.iter().map(|h| (h.0, id, bit)));
-            self.store_run(&mut run);
-        }
     }
 
     /// Announcements of tier `bit` of holder `id` on block `key`: 0 when not held.

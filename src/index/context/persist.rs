@@ -1,6 +1,7 @@
-//! How the writer produces what a checkpoint writes ([`crate::index::ContextChanges`]) and how
-//! [`Restorer`] rebuilds a context from it. Both read and write the writer's private structure,
-//! so they are a part of [`super`], not of [`crate::durability`], which sees only the records.
+//! How the writer produces what a checkpoint writes ([`crate::index::ContextChanges`]) and
+//! keeps the positions of its sources; [`super::restore`] rebuilds a context from the records.
+//! Both read and write the writer's private structure, so they are a part of [`super`], not of
+//! [`crate::durability`], which sees only the records.
 //!
 //! A watermark is the position of a source: the last of its batches that reached this context,
 //! whether or not it had ops for it (see [`ContextIndex::advance`]). Watermarks also make
@@ -10,11 +11,9 @@
 use std::collections::HashMap;
 
 use crate::events::IndexBatch;
-use crate::hashing::HashProfile;
-use crate::model::{BlockHash, ContextKey, SubscriptionKey};
+use crate::model::SubscriptionKey;
 
 use super::{ApplyReport, ContextIndex};
-use crate::index::holder::HolderState;
 use crate::index::image::{ContextChanges, HolderRecord, Watermark};
 
 /// What the store holds of a context besides its pairs and aliases, as far as its writer knows.
@@ -240,145 +239,5 @@ impl ContextIndex {
             || self.holders.iter().any(|h| {
                 h.checkpointed < h.blocks.len() || (!h.vacant && h.written != Some(h.raw_live))
             })
-    }
-}
-
-/// Rebuilds a context from what a checkpoint wrote. Feed holders first (in id order), then the
-/// pairs in any order, then finish.
-pub struct Restorer {
-    index: ContextIndex,
-    /// Per holder id, its record's count of pairs keyed by published hash.
-    raw_pairs: Vec<Option<u64>>,
-    /// Consecutive pairs of one holder and tier bits, stored in one call.
-    run: Option<(u32, u8)>,
-    run_blocks: Vec<BlockHash>,
-}
-
-impl Restorer {
-    pub fn new(key: ContextKey, profile: HashProfile) -> Self {
-        Restorer {
-            index: ContextIndex::new(key, profile),
-            raw_pairs: Vec::new(),
-            run: None,
-            run_blocks: Vec::new(),
-        }
-    }
-
-    /// Re-intern a holder at its id; records must come sorted by id. Ids between two records
-    /// were reclaimed before the checkpoint and stay free. Returns false for an id out of order,
-    /// out of range or naming a holder a record already named (corrupt data).
-    pub fn holder(&mut self, record: &HolderRecord) -> bool {
-        let id = record.id as usize;
-        if id < self.index.holders.len() || id >= crate::index::table::MAX_HOLDERS {
-            return false;
-        }
-        if self.index.holders.len() < id {
-            let mut meta = self.index.shared.meta.write();
-            while self.index.holders.len() < id {
-                self.index.holders.push(HolderState::vacant());
-                meta.shared.push(false);
-            }
-        }
-        self.raw_pairs.resize(id, None);
-        self.raw_pairs.push(record.raw_pairs);
-        self.index.intern(&record.source, &record.holder) == Some(record.id)
-    }
-
-    /// One persisted alias.
-    pub fn alias(&mut self, hash: u64, key: u64) {
-        self.aliases(vec![(hash, key)]);
-    }
-
-    /// Persisted aliases, all at once (one lock, one allocation).
-    pub fn aliases(&mut self, all: Vec<(u64, u64)>) {
-        self.index.shared.aliases.load(all);
-    }
-
-    pub fn attach(&mut self, source: &SubscriptionKey, instance_id: &str, dp_rank: u32) {
-        self.index.attach_rank(source, instance_id, dp_rank);
-    }
-
-    pub fn watermark(&mut self, source: SubscriptionKey, mark: Watermark) {
-        self.index.set_watermark(&source, mark);
-        self.index.on_disk.watermarks.insert(source, mark);
-    }
-
-    /// Whether `holder_id` names a holder a record restored.
-    fn known(&self, holder_id: u32) -> bool {
-        self.index
-            .holders
-            .get(holder_id as usize)
-            .is_some_and(|h| !h.vacant)
-    }
-
-    /// One persisted pair. Pairs naming an unknown holder are ignored (returns false).
-    pub fn pair(&mut self, holder_id: u32, block: u64, bits: u8) -> bool {
-        if !self.known(holder_id) || bits == 0 {
-            return false;
-        }
-        if self.run != Some((holder_id, bits)) {
-            self.flush();
-            self.run = Some((holder_id, bits));
-        }
-        self.run_blocks.push(BlockHash(block));
-        if self.run_blocks.len() >= 4096 {
-            self.flush();
-        }
-        true
-    }
-
-    /// Announcements beyond the first of a persisted pair's tier `bit` (see
-    /// [`ContextChanges::repeats`]). Returns false for an unknown holder or a zero count.
-    pub fn repeat(&mut self, holder_id: u32, block: u64, bit: u8, extra: u32) -> bool {
-        match self.index.holders.get_mut(holder_id as usize) {
-            Some(state) if !state.vacant && extra > 0 && bit.is_power_of_two() => {
-                state.repeats.insert((block, bit), extra);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn flush(&mut self) {
-        if let Some((id, bits)) = self.run {
-            let blocks = std::mem::take(&mut self.run_blocks);
-            self.index.store(id, bits, &blocks);
-            self.run_blocks = blocks;
-            self.run_blocks.clear();
-        }
-    }
-
-    /// The rebuilt index, with nothing left to checkpoint.
-    pub fn finish(mut self) -> ContextIndex {
-        self.flush();
-        self.index.dirty.clear();
-        self.index.persisted = true;
-        // What was read is what the store holds.
-        self.index.on_disk.full = false;
-        self.index.on_disk.attachments_changed = false;
-        let mut raw_total = 0;
-        for (id, state) in self.index.holders.iter_mut().enumerate() {
-            if state.vacant {
-                self.index.free_ids.vacant_at_recovery(id as u32);
-                continue;
-            }
-            state.checkpointed = state.blocks.len();
-            // Rewritten at the next checkpoint when the record lacks the count (schema 1).
-            state.written = self.raw_pairs.get(id).copied().flatten();
-            // A schema 1 holder's pairs are all keyed by published hash.
-            let raw = self
-                .raw_pairs
-                .get(id)
-                .copied()
-                .flatten()
-                .unwrap_or(state.live);
-            state.raw_live = raw.min(state.live);
-            raw_total += state.raw_live;
-        }
-        self.index
-            .shared
-            .raw_pairs
-            .store(raw_total, std::sync::atomic::Ordering::Relaxed);
-        self.index
     }
 }

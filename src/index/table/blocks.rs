@@ -24,6 +24,8 @@
 //! read with the shard's version (`table::view`). Growing either array builds a new
 //! [`Arrays`]; the old one is kept (`retired`) until no such reader can still be in it.
 
+mod fill;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 

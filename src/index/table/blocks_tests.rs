@@ -145,3 +145,44 @@ fn random_churn_matches_a_map() {
     });
     assert_eq!(seen, model.len());
 }
+
+/// `n` keys sorted by slot hash under `seed`, the first `hot` of them with hashes in the top
+/// 1/64 of the range (so their cluster runs past the last slot and wraps).
+fn fill_keys(seed: u64, n: usize, hot: usize) -> Vec<(u64, u32)> {
+    let top = |k: &u64| slot_hash(*k, seed) >> 58 == 63;
+    let mut keys: Vec<u64> = (1u64..).filter(top).take(hot).collect();
+    keys.extend((1u64..).map(mix64).filter(|k| !top(k)).take(n - hot));
+    keys.sort_unstable_by_key(|&k| slot_hash(k, seed));
+    keys.iter()
+        .enumerate()
+        .map(|(i, &k)| (k, i as u32 + 1))
+        .collect()
+}
+
+#[test]
+fn a_fill_is_a_valid_robin_hood_table_that_keeps_working() {
+    for (n, hot) in [(0, 0), (1, 0), (7, 0), (1000, 0), (1000, 40), (5000, 300)] {
+        let seed = 5;
+        let recs = fill_keys(seed, n, hot);
+        let mut b = Blocks::new(seed);
+        assert_eq!(b.fill_sorted(&recs), n);
+        b.check();
+        assert_eq!(b.len(), n);
+        for (i, &(k, v)) in recs.iter().enumerate() {
+            assert_eq!(
+                b.find(k).map(|(_, idx)| (idx, b.val(idx))),
+                Some((i as u32, v))
+            );
+        }
+        // Stores and removals after a fill behave as on any table.
+        let more: Vec<u64> = (0..n as u64 + 20).map(|i| mix64(i ^ 0xfeed)).collect();
+        for (i, &k) in more.iter().enumerate() {
+            put(&mut b, k, i as u32 + 1);
+        }
+        for &(k, _) in recs.iter().step_by(2) {
+            take(&mut b, k);
+        }
+        b.check();
+        assert_eq!(b.len(), n - n.div_ceil(2) + more.len());
+    }
+}

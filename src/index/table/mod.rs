@@ -24,6 +24,7 @@ mod arena;
 mod blocks;
 #[cfg(test)]
 mod blocks_tests;
+mod fill;
 mod prefetch;
 #[cfg(test)]
 mod ref_tests;
@@ -91,7 +92,7 @@ pub(crate) const fn entry_bits(entry: u32) -> u8 {
 }
 
 #[inline]
-const fn make_entry(id: u32, bits: u8) -> u32 {
+pub(crate) const fn make_entry(id: u32, bits: u8) -> u32 {
     (id << 4) | (bits & ALL_TIERS) as u32
 }
 

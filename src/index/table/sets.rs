@@ -238,6 +238,18 @@ impl Sets {
         (to, gone(went))
     }
 
+    /// The value for a new block with entries `items` (sorted by holder, two or more), its
+    /// reference counted: for a table filled in bulk, where a block's holders are all known at
+    /// once and joining them one by one would intern every intermediate set. `None` at the set
+    /// or arena limit.
+    pub(super) fn adopt(&self, w: &mut SetWriter, items: &[u32]) -> Option<u32> {
+        let to = self.intern(w, items)?;
+        if let Some(r) = w.refs.get_mut(set_id(to) as usize) {
+            *r += 1;
+        }
+        Some(to)
+    }
+
     /// A block's value is replaced or leaves the table: drop its reference.
     fn forget(&self, w: &mut SetWriter, val: u32) {
         if !is_inline(val) {
