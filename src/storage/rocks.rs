@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
-    ColumnFamilyDescriptor, DB, Direction, IngestExternalFileOptions, IteratorMode, Options,
-    ReadOptions, WriteBatch, WriteOptions,
+    ColumnFamilyDescriptor, DB, IngestExternalFileOptions, Options, ReadOptions, WriteBatch,
+    WriteOptions,
 };
 
 use super::{BulkFeed, Cf, KvOp, KvStore, Scanned, StorageError, Visitor};
@@ -157,18 +157,18 @@ impl KvStore for RocksStore {
         let mut options = ReadOptions::default();
         options.fill_cache(false);
         options.set_readahead_size(4 << 20);
-        for item in self.db.iterator_cf_opt(
-            self.cf(cf)?,
-            options,
-            IteratorMode::From(prefix, Direction::Forward),
-        ) {
-            let (key, value) = item.map_err(io)?;
+        // The raw iterator lends each key and value in place: the owning iterator allocates two
+        // boxes per record, which was most of a 10 M-pair recovery's time in RocksDB.
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(cf)?, options);
+        it.seek(prefix);
+        while let (Some(key), Some(value)) = (it.key(), it.value()) {
             if !key.starts_with(prefix) {
                 break;
             }
-            visit(&key, &value)?;
+            visit(key, value)?;
+            it.next();
         }
-        Ok(())
+        it.status().map_err(io)
     }
 
     fn bulk_load(&self, feed: &mut BulkFeed<'_>) -> Result<(), StorageError> {
