@@ -184,6 +184,23 @@
 //! tree was not built: with the table's walk at 30-40 ns per unchanged block, what is left of a
 //! query is the probes themselves and the answer, which a tree would not remove.)
 //!
+//! # Chain hints: measured, not kept
+//!
+//! What a tree has that the table lacks is locality: an edge keeps a prefix's blocks side by
+//! side, where the table scatters consecutive blocks over 64 shards by their keys. Tried: each
+//! record 16 (then 20) bytes with a hint naming the record of the block stored after it by the
+//! same holder (and one 4 blocks on, to prefetch), set by the writer after each store run and
+//! validated by key by the walk, which then reads that record instead of probing. On the
+//! side-by-side benchmark, ours / before, same runs at load 2-5: a 1M-token full hit by keys
+//! 2.1-2.4 -> 0.5-0.6 ms while the table stays in the caches and 2.4-3.0 -> 1.2-2.0 ms when the
+//! Dynamo passes in between evict it, from tokens 3.1-3.8 -> 1.5-2.2 and 3.4-4.6 -> 2.7-3.5 ms;
+//! but 2,048-token queries over the 2.7 M-pair workload no faster (5.4-6.0 against 6.0-7.1 us:
+//! following a hint waits for each record in turn where the keyed prefetch overlaps 8 blocks'
+//! misses), and apply 10-15 % more CPU (one more random write per stored block) and +4-8 B per
+//! block. Not kept: it trades ingest for long prompts only. What would make hints pay is
+//! records allocated in chain order (one arena per context rather than per shard), so that a
+//! hint is usually the next record and a walk reads a prefix sequentially like a tree's edge.
+//!
 //! # Next to Dynamo's radix tree (`benches/dynamo-compare`)
 //!
 //! One process, one seeded workload (64 instances x 2 ranks, 32 shared system prompts, 4,000

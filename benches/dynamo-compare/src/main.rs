@@ -108,7 +108,9 @@ fn profile(way: &str) {
     let dyn_keys: Vec<_> = w.queries.iter().map(|t| dynamo::local_hashes(t)).collect();
     let mut answer = QueryHits::default();
     let start = Instant::now();
+    let mut asked = 0u64;
     while start.elapsed() < Duration::from_secs(8) {
+        asked += w.queries.len() as u64;
         for (q, tokens) in w.queries.iter().enumerate() {
             match way {
                 "keys" => ours.query_into(&mut keys[q], &mut answer),
@@ -119,6 +121,10 @@ fn profile(way: &str) {
         }
     }
     black_box(&answer);
+    eprintln!(
+        "{way}: {:.2} us per query (mean of {asked})",
+        start.elapsed().as_secs_f64() * 1e6 / asked as f64
+    );
 }
 
 fn usage() -> ExitCode {
