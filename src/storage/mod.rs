@@ -13,6 +13,8 @@ pub mod migrations;
 pub mod rocks;
 #[cfg(feature = "rocksdb")]
 mod rocks_bulk;
+#[cfg(all(test, feature = "rocksdb"))]
+mod rocks_bulk_tests;
 
 pub use bulk::{BulkFeed, BulkSink};
 

@@ -8,6 +8,7 @@ use rocksdb::{
     WriteOptions,
 };
 
+use super::rocks_bulk::IngestTarget;
 use super::{BulkFeed, Cf, KvOp, KvStore, Scanned, StorageError, Visitor};
 
 pub struct RocksStore {
@@ -73,23 +74,6 @@ impl RocksStore {
         &self.path
     }
 
-    /// The options a table file for one of our column families is written with (bulk load).
-    pub(super) fn table_options(&self) -> Options {
-        family_options()
-    }
-
-    /// Ingest the finished table file at `path` into `cf` (bulk load).
-    pub(super) fn ingest(
-        &self,
-        cf: Cf,
-        options: &IngestExternalFileOptions,
-        path: &Path,
-    ) -> Result<(), StorageError> {
-        self.db
-            .ingest_external_file_cf_opts(self.cf(cf)?, options, vec![path])
-            .map_err(io)
-    }
-
     fn cf(&self, cf: Cf) -> Result<&rocksdb::ColumnFamily, StorageError> {
         self.db
             .cf_handle(cf.name())
@@ -112,6 +96,27 @@ fn dir_size(path: &Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+impl IngestTarget for RocksStore {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn table_options(&self) -> Options {
+        family_options()
+    }
+
+    fn ingest(
+        &self,
+        cf: Cf,
+        options: &IngestExternalFileOptions,
+        path: &Path,
+    ) -> Result<(), StorageError> {
+        self.db
+            .ingest_external_file_cf_opts(self.cf(cf)?, options, vec![path])
+            .map_err(io)
+    }
 }
 
 /// Every column family's options.

@@ -18,13 +18,27 @@ use std::path::{Path, PathBuf};
 use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter};
 
 use super::bulk::{BatchedSink, BulkFeed, BulkSink};
-use super::rocks::RocksStore;
-use super::{Cf, StorageError};
+use super::{Cf, KvStore, StorageError};
+
+/// What a bulk load needs of the RocksDB store (implemented by `rocks::RocksStore`).
+pub(super) trait IngestTarget: KvStore {
+    /// The database's directory (the table files are staged inside it).
+    fn path(&self) -> &Path;
+    /// The options a table file for one of the column families is written with.
+    fn table_options(&self) -> Options;
+    /// Ingest the finished table file at `path` into `cf`.
+    fn ingest(
+        &self,
+        cf: Cf,
+        options: &IngestExternalFileOptions,
+        path: &Path,
+    ) -> Result<(), StorageError>;
+}
 
 /// The directory, inside the database's, where the table files are written before ingestion.
 /// Removed before and after each load, so a process killed mid-way leaves nothing for the
 /// next one (RocksDB itself ignores a directory it did not make).
-const STAGING_DIR: &str = "bulk-load";
+pub(super) const STAGING_DIR: &str = "bulk-load";
 
 /// One column family's table file being written.
 struct CfFile<'o> {
@@ -35,13 +49,13 @@ struct CfFile<'o> {
 }
 
 /// The sink of a bulk load into RocksDB (see the module doc).
-struct SstSink<'s, 'o> {
-    store: &'s RocksStore,
+struct SstSink<'s, 'o, S: IngestTarget> {
+    store: &'s S,
     options: &'o Options,
     dir: PathBuf,
     files: [Option<CfFile<'o>>; Cf::ALL.len()],
     /// Set once a put came out of order: everything from then on is a plain write.
-    batched: Option<BatchedSink<'s, RocksStore>>,
+    batched: Option<BatchedSink<'s, S>>,
 }
 
 fn io(what: &str, e: impl std::fmt::Display) -> StorageError {
@@ -52,7 +66,7 @@ fn slot(cf: Cf) -> usize {
     Cf::ALL.iter().position(|&c| c == cf).unwrap_or(0)
 }
 
-impl<'s, 'o> SstSink<'s, 'o> {
+impl<'s, 'o, S: IngestTarget> SstSink<'s, 'o, S> {
     fn file(&mut self, cf: Cf) -> Result<&mut CfFile<'o>, StorageError> {
         let options = self.options;
         let entry = &mut self.files[slot(cf)];
@@ -98,7 +112,7 @@ impl<'s, 'o> SstSink<'s, 'o> {
     }
 }
 
-impl BulkSink for SstSink<'_, '_> {
+impl<S: IngestTarget> BulkSink for SstSink<'_, '_, S> {
     fn put(&mut self, cf: Cf, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
         if let Some(batched) = &mut self.batched {
             return batched.put(cf, key, value);
@@ -135,7 +149,10 @@ fn remove_staging(dir: &Path) -> Result<(), StorageError> {
 }
 
 /// [`super::KvStore::bulk_load`] for RocksDB (see the module doc).
-pub(super) fn load(store: &RocksStore, feed: &mut BulkFeed<'_>) -> Result<(), StorageError> {
+pub(super) fn load<S: IngestTarget>(
+    store: &S,
+    feed: &mut BulkFeed<'_>,
+) -> Result<(), StorageError> {
     let dir = store.path().join(STAGING_DIR);
     remove_staging(&dir)?;
     std::fs::create_dir_all(&dir).map_err(|e| io(&format!("create {}", dir.display()), e))?;
@@ -155,108 +172,4 @@ pub(super) fn load(store: &RocksStore, feed: &mut BulkFeed<'_>) -> Result<(), St
     };
     let removed = remove_staging(&dir);
     result.and(removed)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::storage::bulk::tests::all;
-    use crate::storage::{KvOp, KvStore};
-
-    fn key(i: u32) -> Vec<u8> {
-        i.to_be_bytes().to_vec()
-    }
-
-    #[test]
-    fn sorted_records_are_ingested_and_survive_a_reopen_without_a_wal() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = RocksStore::open(dir.path()).unwrap();
-            // An older record of the same key, in the memtable: the ingested one is newer.
-            store
-                .write(vec![KvOp::Put {
-                    cf: Cf::Pairs,
-                    key: key(5),
-                    value: b"old".to_vec(),
-                }])
-                .unwrap();
-            store
-                .bulk_load(&mut |sink| {
-                    for i in 0..10_000 {
-                        sink.put(Cf::Pairs, &key(i), b"p")?;
-                    }
-                    sink.put(Cf::Aliases, b"a", b"1")?;
-                    sink.put(Cf::Aliases, b"b", b"2")
-                })
-                .unwrap();
-            let pairs = all(&store, Cf::Pairs);
-            assert_eq!(pairs.len(), 10_000);
-            assert_eq!(pairs[5].1, b"p");
-            assert!(
-                !dir.path().join(STAGING_DIR).exists(),
-                "staging directory removed"
-            );
-        }
-        let store = RocksStore::open(dir.path()).unwrap();
-        assert_eq!(all(&store, Cf::Pairs).len(), 10_000);
-        assert_eq!(
-            all(&store, Cf::Aliases),
-            [
-                (b"a".to_vec(), b"1".to_vec()),
-                (b"b".to_vec(), b"2".to_vec())
-            ]
-        );
-        assert!(all(&store, Cf::Holders).is_empty());
-    }
-
-    #[test]
-    fn records_out_of_order_are_all_kept_and_the_later_put_wins() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RocksStore::open(dir.path()).unwrap();
-        store
-            .bulk_load(&mut |sink| {
-                for i in 0..100 {
-                    sink.put(Cf::Pairs, &key(i), b"first")?;
-                }
-                sink.put(Cf::Pairs, &key(50), b"again")?;
-                sink.put(Cf::Pairs, &key(7), b"again")?;
-                sink.put(Cf::Pairs, &key(200), b"new")?;
-                sink.put(Cf::Watermarks, b"w", b"1")
-            })
-            .unwrap();
-        let pairs = all(&store, Cf::Pairs);
-        assert_eq!(pairs.len(), 101);
-        let value = |i: u32| &pairs.iter().find(|(k, _)| *k == key(i)).unwrap().1;
-        assert_eq!(value(50), b"again");
-        assert_eq!(value(7), b"again");
-        assert_eq!(value(8), b"first");
-        assert_eq!(value(200), b"new");
-        assert_eq!(all(&store, Cf::Watermarks).len(), 1);
-    }
-
-    #[test]
-    fn a_failed_feed_leaves_no_staged_files_and_ingests_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RocksStore::open(dir.path()).unwrap();
-        let failed = store.bulk_load(&mut |sink| {
-            sink.put(Cf::Pairs, &key(1), b"x")?;
-            Err(StorageError::Io("the peer went away".into()))
-        });
-        assert!(failed.is_err());
-        assert!(all(&store, Cf::Pairs).is_empty());
-        assert!(!dir.path().join(STAGING_DIR).exists());
-    }
-
-    #[test]
-    fn a_stale_staging_directory_from_a_killed_load_is_replaced() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RocksStore::open(dir.path()).unwrap();
-        let staging = dir.path().join(STAGING_DIR);
-        std::fs::create_dir_all(&staging).unwrap();
-        std::fs::write(staging.join("pairs.sst"), b"half a file").unwrap();
-        store
-            .bulk_load(&mut |sink| sink.put(Cf::Pairs, &key(1), b"x"))
-            .unwrap();
-        assert_eq!(all(&store, Cf::Pairs).len(), 1);
-    }
 }
