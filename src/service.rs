@@ -21,6 +21,7 @@ use crate::gateway::registration::{HTTP_NAMES, HTTP_REGISTER_SCHEMA};
 use crate::gateway::request::{Limits, RootSeed};
 use crate::gateway::workers::{Routers, Workers};
 use crate::registry::shared::etcd::EtcdRegistry;
+use crate::registry::shared::marker;
 use crate::registry::shared::sync::SyncState;
 use crate::registry::{
     ArbiterPool, ContextDirectory, Origin, Register, Registry, ShutdownAll, SubscriptionDirectory,
@@ -222,11 +223,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let sync = match (&shared, &config.shared_registry) {
         (Some(shared), Some(etcd)) => {
             tracing::info!(endpoints = ?etcd.endpoints, prefix = %etcd.prefix, "registrations shared through etcd");
-            let state = SyncState::new(&etcd.prefix, restored);
+            // A store that never synchronised with this prefix brings its own registrations
+            // to an etcd that holds none (a replica switched to etcd; see `registry::shared`).
+            let store = loaded.store.clone();
+            let seed = if marker::synced_with(store.as_ref(), &etcd.prefix) {
+                Vec::new()
+            } else {
+                restored.clone()
+            };
+            let state = SyncState::new(&etcd.prefix, restored).with_seed(seed);
+            let prefix = etcd.prefix.clone();
+            let synced = Box::new(move || {
+                if let Err(e) = marker::mark_synced(store.as_ref(), &prefix) {
+                    tracing::warn!("cannot record that this replica follows etcd: {e}");
+                }
+            });
             Some(tokio::spawn(shared.clone().run(
                 state,
                 registry.clone(),
                 sync_stop.clone(),
+                synced,
             )))
         }
         _ => None,

@@ -355,3 +355,34 @@ async fn a_replica_restarted_after_changes_elsewhere_converges_to_etcd() {
     .await;
     assert_eq!(endpoints(&a).await, expected);
 }
+
+/// A replica that ran with its own registrations and is then switched to etcd brings them along
+/// when etcd holds none under its prefix yet; once it has synchronised, etcd decides, so a
+/// later restart does not bring back a registration removed elsewhere meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_switched_to_etcd_uploads_its_own_registrations_once() {
+    let etcd = Etcd::start().await;
+    let solo = Server::start().await;
+    let e0 = format!("tcp://127.0.0.1:{}", free_port());
+    let r = http::post_json(solo.http_port, "/register", &registration("v0", &e0)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let dir = solo.into_dir();
+    let a = Server::start_in(dir, json!({"registry": etcd.registry("/t5/")})).await;
+    let b = replica(&etcd, "/t5/").await;
+    let expected = vec![("v0|default|0".to_owned(), e0.clone())];
+    eventually("B runs the registration A brought", WAIT, || async {
+        (endpoints(&b).await == expected).then_some(())
+    })
+    .await;
+    assert_eq!(endpoints(&a).await, expected, "A keeps its own");
+    // Removed on B while A is down: A's restart follows etcd.
+    let dir = a.into_dir();
+    let r = b.http_unregister("v0").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let a = Server::start_in(dir, json!({"registry": etcd.registry("/t5/")})).await;
+    eventually("restarted A follows etcd", WAIT, || async {
+        endpoints(&a).await.is_empty().then_some(())
+    })
+    .await;
+    assert!(endpoints(&b).await.is_empty(), "nothing brought back");
+}

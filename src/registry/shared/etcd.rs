@@ -18,7 +18,7 @@ use super::sync::{
     ApplyShared, Event, Kv, Step, SyncState, endpoint_key, registration_key, registrations_prefix,
 };
 use crate::durability::codec::{decode_registration, registration_value};
-use crate::error::OpError;
+use crate::error::{Code, OpError};
 use crate::model::{PublisherConfig, SubscriptionKey};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -271,18 +271,22 @@ impl EtcdRegistry {
     }
 
     /// Follow the prefix until `stop`: every change is applied by the registry, in etcd's order.
+    /// `synced` runs once, after the first listing has been applied (see
+    /// [`super::marker`]).
     pub async fn run(
         self: Arc<Self>,
         mut state: SyncState,
         registry: impl Into<Recipient<ApplyShared>>,
         stop: CancellationToken,
+        synced: Box<dyn FnOnce() + Send>,
     ) {
         let registry = registry.into();
+        let mut synced = Some(synced);
         let mut backoff = Duration::from_millis(100);
         loop {
             let outcome = tokio::select! {
                 _ = stop.cancelled() => return,
-                r = self.follow(&mut state, &registry) => r,
+                r = self.follow(&mut state, &registry, &mut synced) => r,
             };
             match outcome {
                 Ok(()) => backoff = Duration::from_millis(100),
@@ -314,6 +318,7 @@ impl EtcdRegistry {
         &self,
         state: &mut SyncState,
         registry: &Recipient<ApplyShared>,
+        synced: &mut Option<Box<dyn FnOnce() + Send>>,
     ) -> Result<(), Broken> {
         let client = self.client().await.map_err(Broken::Etcd)?;
         let prefix = registrations_prefix(&self.config.prefix);
@@ -324,6 +329,12 @@ impl EtcdRegistry {
                 Ok(r) => r.map_err(|e| Broken::Etcd(e.to_string()))?,
                 Err(_) => return Err(Broken::Etcd("listing timed out".into())),
             };
+            let seed = state.take_seed(resp.kvs().is_empty());
+            if !seed.is_empty() {
+                self.upload(state, seed).await?;
+                // Listed again, now with them.
+                return Ok(());
+            }
             let revision = resp.header().map_or(0, |h| h.revision());
             let kvs = resp.kvs().iter().map(|kv| Kv {
                 key: kv.key().to_vec(),
@@ -338,6 +349,9 @@ impl EtcdRegistry {
                 "etcd registrations listed"
             );
             self.apply(registry, changes, state).await?;
+            if let Some(synced) = synced.take() {
+                synced();
+            }
         }
         let Step::Watch { from } = state.next_step() else {
             return Ok(());
@@ -419,6 +433,35 @@ impl EtcdRegistry {
             let changes = state.apply_events(events.collect::<Vec<_>>());
             self.apply(registry, changes, state).await?;
         }
+    }
+
+    /// Create this replica's own registrations in an etcd that holds none (a replica switched
+    /// to etcd), as registers would; one etcd refuses is logged and left out, and if etcd goes
+    /// away meanwhile the seed waits for the next listing.
+    async fn upload(
+        &self,
+        state: &mut SyncState,
+        seed: Vec<PublisherConfig>,
+    ) -> Result<(), Broken> {
+        tracing::info!(
+            registrations = seed.len(),
+            "etcd holds no registrations yet: uploading this replica's own"
+        );
+        for (i, config) in seed.iter().enumerate() {
+            match self.create(config).await {
+                Ok(_) => {}
+                Err(e) if e.code != Code::ConductorUnavailable => tracing::warn!(
+                    service = %config.subscription_key(),
+                    "own registration not uploaded to etcd: {}",
+                    e.message
+                ),
+                Err(e) => {
+                    state.restore_seed(seed[i..].to_vec());
+                    return Err(Broken::Etcd(e.message));
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn apply(

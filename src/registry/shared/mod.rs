@@ -5,8 +5,14 @@
 //! race one key into two configurations); every replica watches the prefix and starts or stops
 //! the subscription. Each replica still keeps its own copy in RocksDB, with its index and
 //! watermarks, so a replica restarted while etcd is down serves what it knew.
+//!
+//! A replica switched from its own registrations to etcd brings them along: at its first
+//! listing, if etcd holds no registration under the prefix and this store never synchronised
+//! with it (`marker`), each is created in etcd as a register would; otherwise etcd's listing
+//! decides, as always.
 
 pub mod etcd;
+pub mod marker;
 pub mod sync;
 
 use std::fmt;

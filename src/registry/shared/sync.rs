@@ -72,6 +72,9 @@ pub struct SyncState {
     needs_list: bool,
     /// Values under the prefix that are not a registration (logged and ignored).
     invalid: u64,
+    /// This replica's own registrations, to create in etcd at the first listing if it holds
+    /// none (see the module doc of [`super`]).
+    seed: Vec<PublisherConfig>,
 }
 
 impl SyncState {
@@ -95,7 +98,27 @@ impl SyncState {
             revision: 0,
             needs_list: true,
             invalid: 0,
+            seed: Vec::new(),
         }
+    }
+
+    /// Registrations to create in etcd if its first listing holds none.
+    pub fn with_seed(mut self, seed: Vec<PublisherConfig>) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Before applying a listing: the seed to create first, when the listing is empty (the
+    /// caller creates them and lists again); otherwise nothing, and the seed is dropped: only a
+    /// first listing that finds etcd empty uploads anything.
+    pub fn take_seed(&mut self, listing_is_empty: bool) -> Vec<PublisherConfig> {
+        let seed = std::mem::take(&mut self.seed);
+        if listing_is_empty { seed } else { Vec::new() }
+    }
+
+    /// A seed whose upload failed (etcd went away): tried again at the next listing.
+    pub fn restore_seed(&mut self, seed: Vec<PublisherConfig>) {
+        self.seed = seed;
     }
 
     pub fn next_step(&self) -> Step {

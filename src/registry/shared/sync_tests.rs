@@ -54,6 +54,26 @@ fn the_first_list_stops_local_registrations_etcd_does_not_hold_and_keeps_the_oth
 }
 
 #[test]
+fn the_seed_goes_up_only_when_the_first_listing_is_empty() {
+    let (a, b) = (config(1, 7001), config(2, 7002));
+    let mut s =
+        SyncState::new(PREFIX, [a.clone(), b.clone()]).with_seed(vec![a.clone(), b.clone()]);
+    assert_eq!(s.take_seed(true), vec![a.clone(), b.clone()]);
+    // Taken once; an upload etcd refused is handed back for the next listing.
+    assert!(s.take_seed(true).is_empty());
+    s.restore_seed(vec![a.clone()]);
+    assert_eq!(s.take_seed(true), vec![a.clone()]);
+    // A listing that holds anything wins: the seed is dropped, not kept for later.
+    let mut s = SyncState::new(PREFIX, [a.clone()]).with_seed(vec![a.clone()]);
+    assert!(s.take_seed(false).is_empty());
+    assert!(s.take_seed(true).is_empty());
+    assert_eq!(
+        s.apply_list([kv(&b, 3)], 3),
+        vec![Change::Stop(a.subscription_key()), Change::Start(b)]
+    );
+}
+
+#[test]
 fn watch_events_start_change_and_stop() {
     let mut s = SyncState::new(PREFIX, []);
     s.apply_list([], 1);
