@@ -30,6 +30,10 @@ pub struct CoalescedWrites<T> {
     held: Vec<u8>,
     /// Bytes of `held` already written.
     written: usize,
+    /// The socket refused the held bytes last time (its send buffer is full): it wakes the task
+    /// when it can take more, so a flush must not wake it meanwhile (that would poll the
+    /// connection in a loop for as long as a client does not read).
+    blocked: bool,
 }
 
 impl<T> CoalescedWrites<T> {
@@ -38,6 +42,7 @@ impl<T> CoalescedWrites<T> {
             io,
             held: Vec::new(),
             written: 0,
+            blocked: false,
         }
     }
 
@@ -54,7 +59,9 @@ impl<T: AsyncWrite + Unpin> CoalescedWrites<T> {
     /// Write what is held; `Pending` only if the socket cannot take all of it now.
     fn write_held(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.written < self.held.len() {
-            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.held[self.written..]))?;
+            let wrote = Pin::new(&mut self.io).poll_write(cx, &self.held[self.written..]);
+            self.blocked = wrote.is_pending();
+            let n = ready!(wrote)?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -127,7 +134,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CoalescedWrites<T> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.holding() > 0 {
+        if self.holding() > 0 && !self.blocked {
             // The next poll of the connection writes them, with whatever this poll adds.
             cx.waker().wake_by_ref();
         }
@@ -250,6 +257,58 @@ mod tests {
         assert_eq!(&got[..5], b"small");
         assert_eq!(&got[5..5 + big_again.len()], &big_again[..]);
         assert_eq!(&got[5 + big_again.len()..], b"end");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_does_not_get_its_connection_polled_in_a_loop() {
+        let (near, mut far) = tokio::io::duplex(16);
+        let mut io = CoalescedWrites::new(near);
+        let wakes = Arc::new(Counting(AtomicUsize::new(0)));
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut pin = Pin::new(&mut io);
+        let answer = [7u8; 100];
+        assert!(matches!(
+            pin.as_mut().poll_write(&mut cx, &answer),
+            Poll::Ready(Ok(100))
+        ));
+        assert!(pin.as_mut().poll_flush(&mut cx).is_ready());
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the first flush wakes");
+        // What h2 does on every poll of a connection: read, then flush. The peer reads nothing,
+        // so the held bytes cannot all go out; the socket wakes the task once it can take more,
+        // and the flushes meanwhile must not.
+        let mut space = [0u8; 16];
+        for _ in 0..10 {
+            let mut buf = ReadBuf::new(&mut space);
+            assert!(pin.as_mut().poll_read(&mut cx, &mut buf).is_pending());
+            assert!(pin.as_mut().poll_flush(&mut cx).is_ready());
+        }
+        assert_eq!(
+            wakes.0.load(Ordering::SeqCst),
+            1,
+            "no wake while the peer does not read"
+        );
+        // Once it reads, the socket wakes the task and the rest goes out, in order.
+        let mut got = vec![0u8; 16];
+        far.read_exact(&mut got).await.unwrap();
+        assert!(wakes.0.load(Ordering::SeqCst) >= 2, "woken by the socket");
+        let reader = tokio::spawn(async move {
+            let mut rest = vec![0u8; 84];
+            far.read_exact(&mut rest).await.unwrap();
+            rest
+        });
+        poll_fn(|cx| {
+            let mut buf = ReadBuf::new(&mut space);
+            let _ = Pin::new(&mut io).poll_read(cx, &mut buf);
+            if io.holding() == 0 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        got.extend(reader.await.unwrap());
+        assert_eq!(got, answer);
     }
 
     #[tokio::test]
