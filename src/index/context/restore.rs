@@ -128,9 +128,12 @@ impl Restorer {
         self.raw_pairs.resize(id, None);
         self.raw_pairs.push(record.raw_pairs);
         let interned = self.index.intern(&record.source, &record.holder) == Some(record.id);
+        // Only holders at or past the known ones can have appeared: ids are restored in
+        // order, and nothing is reclaimed before the build.
         let known = &mut self.pending.known;
-        known.clear();
-        known.extend(self.index.holders.iter().map(|h| !h.vacant));
+        let from = known.len().min(self.index.holders.len());
+        known.truncate(from);
+        known.extend(self.index.holders[from..].iter().map(|h| !h.vacant));
         interned
     }
 
