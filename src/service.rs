@@ -233,10 +233,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             };
             let state = SyncState::new(&etcd.prefix, restored).with_seed(seed);
             let prefix = etcd.prefix.clone();
+            // A synced write: off the runtime's threads, like the other blocking store calls.
             let synced = Box::new(move || {
-                if let Err(e) = marker::mark_synced(store.as_ref(), &prefix) {
-                    tracing::warn!("cannot record that this replica follows etcd: {e}");
-                }
+                tokio::task::spawn_blocking(move || {
+                    if let Err(e) = marker::mark_synced(store.as_ref(), &prefix) {
+                        tracing::warn!("cannot record that this replica follows etcd: {e}");
+                    }
+                });
             });
             Some(tokio::spawn(shared.clone().run(
                 state,
