@@ -42,6 +42,23 @@ impl Aliases {
         out.extend(hashes.map(|h| map.get(h)));
     }
 
+    /// Each hash with its derived key, in order, under one read lock.
+    pub fn resolve_with(
+        &self,
+        hashes: impl Iterator<Item = u64>,
+        mut f: impl FnMut(u64, Option<u64>),
+    ) {
+        let map = read_lock(&self.map);
+        hashes.for_each(|h| f(h, map.get(h)));
+    }
+
+    /// Bring the lines the hashes' inserts will read into the caches (hints; see
+    /// `keying::PendingAliases` for why they are issued well before the inserts).
+    pub fn prefetch(&self, hashes: impl Iterator<Item = u64>) {
+        let map = read_lock(&self.map);
+        hashes.for_each(|h| map.prefetch(h));
+    }
+
     pub fn len(&self) -> usize {
         read_lock(&self.map).len()
     }
@@ -54,6 +71,18 @@ impl Aliases {
         // Every pair's line first, so the inserts' cache misses overlap (see `alias_table`).
         pairs.iter().for_each(|&(hash, _)| map.prefetch(hash));
         for (hash, key) in pairs {
+            if map.insert(hash, key) != Some(key) {
+                changed.push(hash);
+            }
+        }
+    }
+
+    /// [`Self::insert`] of pairs whose lines were prefetched ([`Self::prefetch`]) when they were
+    /// gathered, without collecting them first.
+    pub fn insert_all(&self, pairs: &[(u64, u64)], changed: &mut Vec<u64>) {
+        let mut map = write_lock(&self.map);
+        map.reserve(pairs.len());
+        for &(hash, key) in pairs {
             if map.insert(hash, key) != Some(key) {
                 changed.push(hash);
             }

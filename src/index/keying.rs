@@ -6,120 +6,235 @@ use crate::model::BlockHash;
 
 use super::aliases::Aliases;
 
-/// The derived key of each block of a store that published `hashes` with `contents`: its
-/// parent's key (the root, or the alias of the published parent) linked with each block's
-/// content in turn. `None` when the parent is a hash this context has no alias for, or the
-/// contents do not name one block per hash.
-pub(super) fn chain(
-    aliases: &Aliases,
-    hashes: &[BlockHash],
-    contents: &BlockContents,
-) -> Option<Vec<u64>> {
-    if contents.digests.len() != hashes.len() {
-        return None;
-    }
-    let mut parent = match contents.parent {
-        None => contents.root,
-        Some(p) => aliases.get(p.0)?,
-    };
-    Some(
-        contents
-            .digests
-            .iter()
-            .map(|&c| {
-                parent = derived::link(parent, c);
-                parent
-            })
-            .collect(),
-    )
+/// Alias pairs (engine hash, derived key) gathered by a batch's stores, inserted into the alias
+/// map when the batch's gathered stores are applied (see [`super::store_run`]), in order.
+///
+/// Why deferred: an insert is a random access into a map of about one entry per block, and
+/// done per store op right after prefetching its 8-16 lines, the lines had not arrived yet
+/// (the insert's load was 60 % of its time). Gathered for the whole run, their lines are
+/// prefetched when the op is keyed and read after every other store of the batch was keyed.
+#[derive(Default)]
+pub(super) struct PendingAliases {
+    pub(super) pairs: Vec<(u64, u64)>,
 }
 
-/// The table keys of one store op's blocks.
+impl PendingAliases {
+    /// Insert the gathered pairs (recording changed hashes in `changed`) and empty the list.
+    pub(super) fn flush(&mut self, aliases: &Aliases, changed: &mut Vec<u64>) {
+        if !self.pairs.is_empty() {
+            aliases.insert_all(&self.pairs, changed);
+            self.pairs.clear();
+        }
+    }
+
+    /// The derived key `hash` has as an alias, the gathered pairs included. The parent of a
+    /// store is nearly always the last block of the store before it, the last gathered pair;
+    /// any other hash is looked up in the map after flushing, so the answer is the map's.
+    fn get(&mut self, aliases: &Aliases, hash: u64, changed: &mut Vec<u64>) -> Option<u64> {
+        match self.pairs.last() {
+            Some(&(last, key)) if last == hash => Some(key),
+            _ => {
+                self.flush(aliases, changed);
+                aliases.get(hash)
+            }
+        }
+    }
+}
+
+/// Append to `keys` the derived key of each block of a store that published `hashes` with
+/// `contents`: its parent's key (the root, or the alias of the published parent) linked with each
+/// block's content in turn. False (and `keys` as it was) when the parent is a hash this context
+/// has no alias for, or the contents do not name one block per hash.
+pub(super) fn chain(
+    aliases: &Aliases,
+    pending: &mut PendingAliases,
+    changed: &mut Vec<u64>,
+    hashes: &[BlockHash],
+    contents: &BlockContents,
+    keys: &mut Vec<u64>,
+) -> bool {
+    if contents.digests.len() != hashes.len() {
+        return false;
+    }
+    let parent = match contents.parent {
+        None => Some(contents.root),
+        Some(p) => pending.get(aliases, p.0, changed),
+    };
+    let Some(mut parent) = parent else {
+        return false;
+    };
+    keys.extend(contents.digests.iter().map(|&c| {
+        parent = derived::link(parent, c);
+        parent
+    }));
+    true
+}
+
+/// What keying one store op found.
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Keyed {
-    /// Per block: its table key, and whether that key is the published hash itself.
-    pub keys: Vec<(u64, bool)>,
     /// Blocks keyed by derived keys whose hashes became aliases.
     pub translated: u64,
     /// Blocks of a chained store whose parent the context never saw.
     pub unlinked: u64,
 }
 
-/// The table keys of a store op's blocks, each flagged when it is a published hash (see "Keys"
-/// in the module doc of [`super`]): derived keys for a chained store whose parent is known (its
-/// hashes become aliases, recorded in `changed`), an alias's key or the hash itself for an
-/// aliased store, the hashes themselves for a plain store. Other ops have no keys.
-pub(super) fn store_keys(aliases: &Aliases, op: &IndexOp, changed: &mut Vec<u64>) -> Keyed {
-    let raw = |hashes: &[BlockHash]| hashes.iter().map(|h| (h.0, true)).collect();
-    let mut out = Keyed {
-        keys: Vec::new(),
-        translated: 0,
-        unlinked: 0,
+/// Where keying a store op writes: the alias map and the pairs gathered for it, the hashes
+/// whose alias changed, and the op's table keys.
+pub(super) struct KeyOut<'a> {
+    pub aliases: &'a Aliases,
+    pub pending: &'a mut PendingAliases,
+    pub changed: &'a mut Vec<u64>,
+    /// Per block: its table key, and whether that key is the published hash itself (emptied
+    /// first).
+    pub keys: &'a mut Vec<(u64, bool)>,
+    /// Scratch for a chain's derived keys.
+    pub derived: &'a mut Vec<u64>,
+}
+
+/// The table keys of a store op's blocks into `out.keys`, each flagged when it is a published
+/// hash (see "Keys" in the module doc of [`super`]): derived keys for a chained store whose
+/// parent is known (its hashes become aliases, gathered in `out.pending`), an alias's key or the
+/// hash itself for an aliased store, the hashes themselves for a plain store. Other ops have no
+/// keys.
+pub(super) fn store_keys(op: &IndexOp, out: KeyOut<'_>) -> Keyed {
+    let KeyOut {
+        aliases,
+        pending,
+        changed,
+        keys,
+        derived,
+    } = out;
+    keys.clear();
+    let raw = |keys: &mut Vec<(u64, bool)>, hashes: &[BlockHash]| {
+        keys.extend(hashes.iter().map(|h| (h.0, true)));
     };
-    out.keys = match op {
+    let mut keyed = Keyed::default();
+    match op {
         IndexOp::StoreChained {
             hashes, contents, ..
-        } => match chain(aliases, hashes, contents) {
-            Some(keys) => {
-                aliases.insert(
-                    hashes.iter().map(|h| h.0).zip(keys.iter().copied()),
-                    changed,
-                );
-                out.translated = keys.len() as u64;
-                keys.into_iter().map(|k| (k, false)).collect()
-            }
-            None => {
+        } => {
+            derived.clear();
+            if chain(aliases, pending, changed, hashes, contents, derived) {
+                aliases.prefetch(hashes.iter().map(|h| h.0));
+                pending
+                    .pairs
+                    .extend(hashes.iter().map(|h| h.0).zip(derived.iter().copied()));
+                keyed.translated = derived.len() as u64;
+                keys.extend(derived.iter().map(|&k| (k, false)));
+            } else {
                 // A parent never seen: the blocks stay keyed by their hashes, which only a
                 // matching registered profile reproduces.
-                out.unlinked = hashes.len() as u64;
-                raw(hashes)
+                keyed.unlinked = hashes.len() as u64;
+                raw(keys, hashes);
             }
-        },
-        IndexOp::StoreAliased { hashes, .. } => {
-            let resolved = aliases.resolve(hashes.iter().map(|h| h.0));
-            hashes
-                .iter()
-                .zip(resolved)
-                .map(|(h, alias)| alias.map_or((h.0, true), |k| (k, false)))
-                .collect()
         }
-        IndexOp::Store { hashes, .. } => raw(hashes),
-        IndexOp::Remove { .. } | IndexOp::ClearHolder { .. } => Vec::new(),
-    };
-    out
+        IndexOp::StoreAliased { hashes, .. } => {
+            // The map must answer with every alias gathered so far.
+            pending.flush(aliases, changed);
+            aliases.resolve_with(hashes.iter().map(|h| h.0), |h, alias| {
+                keys.push(alias.map_or((h, true), |k| (k, false)));
+            });
+        }
+        IndexOp::Store { hashes, .. } => raw(keys, hashes),
+        IndexOp::Remove { .. } | IndexOp::ClearHolder { .. } => {}
+    }
+    keyed
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn chained(
+        aliases: &Aliases,
+        pending: &mut PendingAliases,
+        hashes: &[BlockHash],
+        contents: &BlockContents,
+    ) -> Option<Vec<u64>> {
+        let mut keys = Vec::new();
+        chain(
+            aliases,
+            pending,
+            &mut Vec::new(),
+            hashes,
+            contents,
+            &mut keys,
+        )
+        .then_some(keys)
+    }
+
     #[test]
     fn a_chain_starts_at_the_root_or_a_known_parent() {
         let aliases = Aliases::default();
+        let mut pending = PendingAliases::default();
         let contents = |parent: Option<u64>| BlockContents {
             parent: parent.map(BlockHash),
             root: derived::ROOT,
             digests: vec![11, 12],
         };
         let hashes = [BlockHash(1), BlockHash(2)];
-        let keys = chain(&aliases, &hashes, &contents(None)).unwrap();
+        let keys = chained(&aliases, &mut pending, &hashes, &contents(None)).unwrap();
         let k0 = derived::link(derived::ROOT, 11);
         assert_eq!(keys, [k0, derived::link(k0, 12)]);
         assert_eq!(
-            chain(&aliases, &hashes, &contents(Some(2))),
+            chained(&aliases, &mut pending, &hashes, &contents(Some(2))),
             None,
             "unknown parent"
         );
         aliases.insert([(2, keys[1])].into_iter(), &mut Vec::new());
-        let next = chain(&aliases, &hashes, &contents(Some(2))).unwrap();
+        let next = chained(&aliases, &mut pending, &hashes, &contents(Some(2))).unwrap();
         assert_eq!(next[0], derived::link(keys[1], 11));
         let short = BlockContents {
             digests: vec![11],
             ..contents(None)
         };
         assert_eq!(
-            chain(&aliases, &hashes, &short),
+            chained(&aliases, &mut pending, &hashes, &short),
             None,
             "one digest per hash"
         );
+    }
+
+    #[test]
+    fn a_parent_among_the_gathered_aliases_is_found_and_its_pairs_reach_the_map_in_order() {
+        let aliases = Aliases::default();
+        let mut pending = PendingAliases::default();
+        // 5 was gathered twice: the later key is its alias. 7 is gathered but not last.
+        pending.pairs.extend([(5, 51), (7, 71), (5, 53)]);
+        let contents = |parent: u64| BlockContents {
+            parent: Some(BlockHash(parent)),
+            root: derived::ROOT,
+            digests: vec![11],
+        };
+        let mut changed = Vec::new();
+        let mut keys = Vec::new();
+        assert!(chain(
+            &aliases,
+            &mut pending,
+            &mut changed,
+            &[BlockHash(9)],
+            &contents(5),
+            &mut keys
+        ));
+        assert_eq!(keys, [derived::link(53, 11)], "the last pair of 5");
+        assert_eq!(pending.pairs.len(), 3, "found without flushing");
+        keys.clear();
+        assert!(chain(
+            &aliases,
+            &mut pending,
+            &mut changed,
+            &[BlockHash(9)],
+            &contents(7),
+            &mut keys
+        ));
+        assert_eq!(keys, [derived::link(71, 11)]);
+        assert!(pending.pairs.is_empty(), "flushed to answer from the map");
+        assert_eq!(
+            changed,
+            [5, 7, 5],
+            "every insert that set or moved an alias"
+        );
+        assert_eq!((aliases.get(5), aliases.get(7)), (Some(53), Some(71)));
     }
 }

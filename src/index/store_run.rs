@@ -2,11 +2,13 @@
 //!
 //! Stores commute with each other (they only add entries or counts), so consecutive store ops of
 //! a batch are gathered into one [`StoreRun`] and applied together: sorted by shard, each shard's
-//! group under one write lock, with every item's slot and record lines prefetched first so their
-//! cache misses overlap (a run's items fall in many shards, one or two per shard for an engine
-//! message, so prefetching per shard group overlapped almost nothing).
+//! group under one write lock, with every item's slot line prefetched as it is gathered and its
+//! record line before the run is applied, so that their cache misses overlap (a run's items fall
+//! in many shards, one or two per shard for an engine message, so prefetching per shard group
+//! overlapped almost nothing).
 
 use super::holder::HolderState;
+use super::keying::PendingAliases;
 use super::table::{SHARDS, Table};
 
 /// What one run added.
@@ -22,11 +24,14 @@ pub(super) struct Added {
     pub repeats: u64,
 }
 
-/// Stores gathered for [`apply`]: (block, holder id, tier bit), and scratch.
+/// Stores gathered for [`apply`]: (block, holder id, tier bit), the alias pairs their ops
+/// gave, and scratch.
 #[derive(Default)]
 pub(super) struct StoreRun {
     /// The tier bit carries [`RAW_KEY`] for keys that are published hashes.
     pub(super) items: Vec<(u64, u32, u8)>,
+    /// Inserted into the alias map before the items are applied (see [`PendingAliases`]).
+    pub(super) aliases: PendingAliases,
     shard: Vec<u8>,
     sorted: Vec<(u64, u32, u8)>,
     /// `sorted[i]` is a published hash.
@@ -39,6 +44,16 @@ pub(super) const RAW_KEY: u8 = 0x80;
 /// Stores applied per grouping pass: enough that each shard gets several (one lock, and their
 /// slot reads overlap), few enough that the scratch stays small.
 pub(super) const RUN_MAX: usize = 4096;
+
+impl StoreRun {
+    /// The largest of its buffers' capacities, in items.
+    pub(super) fn capacity(&self) -> usize {
+        self.items
+            .capacity()
+            .max(self.sorted.capacity())
+            .max(self.aliases.pairs.capacity())
+    }
+}
 
 /// Apply the gathered stores, one shard lock per shard they touch, and empty the run: new pairs
 /// join their holder's reverse list, a store of tier bits the holder already had adds to its
@@ -55,10 +70,9 @@ pub(super) fn apply(
     }
     {
         // Hints only; registered as a reader so the arrays they look at stay while they do.
+        // The slot lines were prefetched as the items were gathered; they tell where the
+        // records are.
         let reading = table.reading();
-        run.items
-            .iter()
-            .for_each(|it| table.prefetch(&reading, table.locate(it.0)));
         run.items
             .iter()
             .for_each(|it| table.prefetch_record(&reading, table.locate(it.0)));
