@@ -99,6 +99,8 @@ pub(super) fn apply(
         run.raw[at] = it.2 & RAW_KEY != 0;
         next[s as usize] += 1;
     }
+    // One sets' writer lock for the whole run (see `Table::writer`).
+    let mut w = table.writer();
     for s in 0..SHARDS {
         let group = &run.sorted[start[s]..start[s + 1]];
         if group.is_empty() {
@@ -107,7 +109,7 @@ pub(super) fn apply(
         // `add_group` reports the items in order: `at` follows them into `run.raw`.
         let mut at = start[s];
         let raw = &run.raw;
-        table.add_group(s, group, |(key, id, bit), added, r| {
+        table.add_group(&mut w, s, group, |(key, id, bit), added, r| {
             let is_raw = raw.get(at).copied().unwrap_or(false);
             at += 1;
             let Some(state) = holders.get_mut(id as usize) else {

@@ -475,6 +475,9 @@ impl ContextIndex {
         (resolved, keys): &mut RemovalScratch,
     ) {
         let aliases = &self.shared.aliases;
+        // Every alias line first, so that the lookups' misses overlap (an engine removes a
+        // prompt's tail, dozens of blocks, in one event).
+        aliases.prefetch(hashes.iter().map(|h| h.0));
         aliases.resolve_into(hashes.iter().map(|h| h.0), resolved);
         let any_raw = self
             .holders
@@ -501,6 +504,18 @@ impl ContextIndex {
             return 0;
         };
         self.dirty.extend(keys.iter().map(|&(k, _)| (id, k)));
+        let table = &self.shared.table;
+        {
+            // As for stores (see `store_run`): the slot lines of every key, then the records
+            // they name, so that the removes below find their lines in the caches. Hints only;
+            // registered as a reader so the arrays they look at stay while they do.
+            let reading = table.reading();
+            keys.iter()
+                .for_each(|&(k, _)| table.prefetch(&reading, table.locate(k)));
+            keys.iter()
+                .for_each(|&(k, _)| table.prefetch_record(&reading, table.locate(k)));
+        }
+        let mut w = table.writer();
         let (mut gone_blocks, mut gone_pairs, mut counted, mut gone_raw) = (0u64, 0u64, 0u64, 0u64);
         for &(key, raw) in keys {
             if !state.repeats.is_empty()
@@ -514,11 +529,12 @@ impl ContextIndex {
                 counted += 1;
                 continue;
             }
-            let removed = self.shared.table.remove(key, id, bit);
+            let removed = table.remove_with(&mut w, key, id, bit);
             gone_pairs += u64::from(removed.holder_gone);
             gone_blocks += u64::from(removed.block_gone);
             gone_raw += u64::from(removed.holder_gone && raw);
         }
+        drop(w);
         state.live = state.live.saturating_sub(gone_pairs);
         state.raw_live = state.raw_live.saturating_sub(gone_raw);
         self.shared.raw_pairs.fetch_sub(gone_raw, Ordering::Relaxed);

@@ -18,7 +18,10 @@
 //! entry there ([`Table::held_key`]) rather than trusting an old reference.
 //!
 //! Lock order: a shard lock, then the sets' writer mutex, then the set lists' lock; nobody takes
-//! a shard lock while holding a set lock.
+//! a shard lock while holding the lists' lock. The writer may keep the sets' writer mutex across
+//! the shard locks of one store run or removal ([`Table::writer`]): only the context's single
+//! writer ever takes that mutex (a fill takes it before the context is shared), so no other
+//! thread can hold it while waiting for a shard lock.
 
 mod arena;
 mod blocks;
@@ -186,8 +189,9 @@ pub(crate) struct Shard {
     blocks: Blocks,
 }
 
-/// The sets' writer state, locked on first need and kept for the rest of one table call.
-struct WriterSlot<'a> {
+/// The sets' writer state, locked on first need and kept for the rest of one table call, or of
+/// one store run or removal ([`Table::writer`]).
+pub(crate) struct WriterSlot<'a> {
     sets: &'a Sets,
     guard: Option<MutexGuard<'a, SetWriter>>,
 }
@@ -495,11 +499,21 @@ impl Table {
         }
     }
 
+    /// The sets' writer state for a series of [`Self::add_group`] or [`Self::remove_with`]
+    /// calls: locked on first need and kept until dropped. Why: nearly every store of an engine
+    /// message joins a block other holders have, and its items fall one or two per shard, so
+    /// locking the mutex per shard group was one lock per store.
+    pub fn writer(&self) -> WriterSlot<'_> {
+        WriterSlot::new(&self.sets)
+    }
+
     /// Add tier `bits` for holder `id` on block `key` for items (block, holder id, tier bits) of
     /// shard `shard`, in order, under one lock. `f` sees each item with its outcome and, when the
-    /// holder joined the block, the reference that goes into its reverse list.
+    /// holder joined the block, the reference that goes into its reverse list. `w` is from
+    /// [`Self::writer`] of this table.
     pub fn add_group(
         &self,
+        w: &mut WriterSlot<'_>,
         shard: usize,
         items: &[(u64, u32, u8)],
         mut f: impl FnMut((u64, u32, u8), Added, Option<BlockRef>),
@@ -508,12 +522,11 @@ impl Table {
             return;
         }
         let mut guard = self.write(shard);
-        let mut w = WriterSlot::new(&self.sets);
         if items.len() > 1 {
             guard.blocks.reserve(items.len());
         }
         for &item in items {
-            let (added, idx) = guard.add_at(&mut w, item.0, item.1, item.2);
+            let (added, idx) = guard.add_at(w, item.0, item.1, item.2);
             let r = idx
                 .filter(|_| added.new_holder)
                 .map(|idx| (shard as u32) << IDX_BITS | idx);
@@ -528,10 +541,15 @@ impl Table {
 
     /// Clear tier `bits` of holder `id` on block `key` under the block's shard lock. Idempotent;
     /// absent blocks are a no-op.
-    #[inline]
+    #[cfg(test)]
     pub fn remove(&self, key: u64, id: u32, bits: u8) -> Removed {
-        let mut w = WriterSlot::new(&self.sets);
-        self.write(self.shard_no(key)).remove(&mut w, key, id, bits)
+        self.remove_with(&mut self.writer(), key, id, bits)
+    }
+
+    /// [`Self::remove`] with the sets' writer state of a series of calls ([`Self::writer`]).
+    #[inline]
+    pub fn remove_with(&self, w: &mut WriterSlot<'_>, key: u64, id: u32, bits: u8) -> Removed {
+        self.write(self.shard_no(key)).remove(w, key, id, bits)
     }
 
     /// The key of the block behind `r` when holder `id` has an entry there.

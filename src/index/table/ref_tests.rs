@@ -5,9 +5,12 @@ use super::*;
 /// One store through [`Table::add_group`].
 fn add(table: &Table, key: u64, id: u32, bits: u8) -> (Added, Option<BlockRef>) {
     let mut out = (KEPT, None);
-    table.add_group(table.shard_no(key), &[(key, id, bits)], |_, a, r| {
-        out = (a, r)
-    });
+    table.add_group(
+        &mut table.writer(),
+        table.shard_no(key),
+        &[(key, id, bits)],
+        |_, a, r| out = (a, r),
+    );
     out
 }
 
@@ -83,7 +86,7 @@ fn a_group_applies_in_order_under_one_lock() {
     items.push((keys[0], 1, DISK));
     items.push((keys[0], 2, CPU_LOCAL));
     let mut seen = Vec::new();
-    table.add_group(5, &items, |it, added, r| {
+    table.add_group(&mut table.writer(), 5, &items, |it, added, r| {
         seen.push((it, added, r.is_some()))
     });
     let fresh = Added {

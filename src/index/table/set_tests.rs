@@ -7,7 +7,12 @@ use super::*;
 
 fn add(t: &Table, key: u64, id: u32, bits: u8) -> Added {
     let mut out = KEPT;
-    t.add_group(t.shard_no(key), &[(key, id, bits)], |_, a, _| out = a);
+    t.add_group(
+        &mut t.writer(),
+        t.shard_no(key),
+        &[(key, id, bits)],
+        |_, a, _| out = a,
+    );
     out
 }
 
@@ -164,7 +169,7 @@ fn bulk_stores_over_a_chain_move_every_block_to_one_set() {
                 .filter(|&&k| t.shard_no(k) == s)
                 .map(|&k| (k, id, DEVICE))
                 .collect();
-            t.add_group(s, &group, |_, a, r| {
+            t.add_group(&mut t.writer(), s, &group, |_, a, r| {
                 assert!(a.new_holder && r.is_some());
             });
         }
@@ -247,11 +252,16 @@ fn clear_at_and_held_key_see_set_entries() {
     let mut refs = Vec::new();
     for k in 1..=3u64 {
         for id in 0..3 {
-            t.add_group(t.shard_no(k), &[(k, id, DEVICE)], |_, _, r| {
-                if id == 1 {
-                    refs.push(r.expect("joined"));
-                }
-            });
+            t.add_group(
+                &mut t.writer(),
+                t.shard_no(k),
+                &[(k, id, DEVICE)],
+                |_, _, r| {
+                    if id == 1 {
+                        refs.push(r.expect("joined"));
+                    }
+                },
+            );
         }
     }
     assert_eq!(t.held_key(refs[0], 1), Some(1));
