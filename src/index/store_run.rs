@@ -7,6 +7,7 @@
 //! in many shards, one or two per shard for an engine message, so prefetching per shard group
 //! overlapped almost nothing).
 
+use super::aliases::Aliases;
 use super::holder::HolderState;
 use super::keying::PendingAliases;
 use super::table::{SHARDS, Table};
@@ -58,14 +59,20 @@ impl StoreRun {
 /// Apply the gathered stores, one shard lock per shard they touch, and empty the run: new pairs
 /// join their holder's reverse list, a store of tier bits the holder already had adds to its
 /// repeat count, and every other store marks its pair for the next checkpoint.
+///
+/// The run's alias pairs go into `aliases` (changed hashes onto `alias_dirty`) after the record
+/// prefetches are issued: the inserts' own lines were prefetched when the pairs were gathered,
+/// and meanwhile the records arrive.
 pub(super) fn apply(
     table: &Table,
+    (aliases, alias_dirty): (&Aliases, &mut Vec<u64>),
     holders: &mut [HolderState],
     dirty: &mut Vec<(u32, u64)>,
     run: &mut StoreRun,
 ) -> Added {
     let mut out = Added::default();
     if run.items.is_empty() {
+        run.aliases.flush(aliases, alias_dirty);
         return out;
     }
     {
@@ -77,6 +84,7 @@ pub(super) fn apply(
             .iter()
             .for_each(|it| table.prefetch_record(&reading, table.locate(it.0)));
     }
+    run.aliases.flush(aliases, alias_dirty);
     // Counting sort by shard, keeping the order within a shard.
     let mut start = [0usize; SHARDS + 1];
     run.shard.clear();

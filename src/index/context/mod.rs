@@ -332,10 +332,13 @@ impl ContextIndex {
     /// List `(instance_id, dp_rank)` on behalf of `source` (a registration, or an engine source
     /// feeding this context). Idempotent.
     pub fn attach_rank(&mut self, source: &SubscriptionKey, instance_id: &str, dp_rank: u32) {
-        let list = self.attached.entry(source.clone()).or_default();
-        if list.iter().any(|(i, r)| i == instance_id && *r == dp_rank) {
+        // Every batch of an engine source lists its rank: look before cloning the key.
+        let listed =
+            |list: &Vec<(String, u32)>| list.iter().any(|(i, r)| i == instance_id && *r == dp_rank);
+        if self.attached.get(source).is_some_and(listed) {
             return;
         }
+        let list = self.attached.entry(source.clone()).or_default();
         list.push((instance_id.to_owned(), dp_rank));
         self.on_disk.attachments_changed = true;
         let mut meta = self.shared.meta.write();
@@ -448,9 +451,13 @@ impl ContextIndex {
     /// Apply the gathered stores (see [`store_run::apply`]) and count what they added.
     /// Returns how many were repeats (counted, see [`HolderState::repeats`]).
     fn store_run(&mut self, run: &mut StoreRun) -> u64 {
-        run.aliases
-            .flush(&self.shared.aliases, &mut self.alias_dirty);
-        let added = store_run::apply(&self.shared.table, &mut self.holders, &mut self.dirty, run);
+        let added = store_run::apply(
+            &self.shared.table,
+            (&self.shared.aliases, &mut self.alias_dirty),
+            &mut self.holders,
+            &mut self.dirty,
+            run,
+        );
         let shared = &self.shared;
         shared.blocks.fetch_add(added.blocks, Ordering::Relaxed);
         shared
