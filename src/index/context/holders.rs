@@ -8,6 +8,9 @@ use crate::model::SubscriptionKey;
 
 use super::ContextIndex;
 
+/// Holders of a source [`ContextIndex::listed_holder`] compares before hashing the whole key.
+const LISTED_SCAN: usize = 8;
+
 impl ContextIndex {
     /// The id of `holder` reported by `source`, interned on first use: a reclaimed id whose old
     /// plans are gone, else the next one. `None` when the table is at its id limit.
@@ -16,6 +19,9 @@ impl ContextIndex {
         source: &SubscriptionKey,
         holder: &Holder,
     ) -> Option<u32> {
+        if let Some(id) = self.listed_holder(source, holder) {
+            return Some(id);
+        }
         let key = HolderKey {
             source: source.clone(),
             holder: holder.clone(),
@@ -56,6 +62,23 @@ impl ContextIndex {
         self.holder_ids.insert(key, id);
         self.by_source.entry(source.clone()).or_default().push(id);
         Some(id)
+    }
+
+    /// The id of `holder` of `source` when it is among the first [`LISTED_SCAN`] holders the
+    /// source reported. Every batch looks its holder up: this spares it a clone and a hash of
+    /// the whole key (engines report one holder per source). Exact: `by_source` lists every id
+    /// `holder_ids` names for the source, and a reclaimed id is vacant or has another key.
+    pub(in crate::index) fn listed_holder(
+        &self,
+        source: &SubscriptionKey,
+        holder: &Holder,
+    ) -> Option<u32> {
+        let ids = self.by_source.get(source)?;
+        ids.iter().take(LISTED_SCAN).copied().find(|&id| {
+            self.holders
+                .get(id as usize)
+                .is_some_and(|state| !state.vacant && state.key.holder == *holder)
+        })
     }
 
     /// Whether holder `id` can go: it owns nothing, and it is not an engine rank its source

@@ -147,6 +147,16 @@ impl ContextIndex {
             derived,
         } = &mut scratch;
         let mut seen = SeenHolders::default();
+        // The first chained store's parent is the one alias lookup of a batch that nothing
+        // prefetched (later ones find the store before them gathered): its line comes in while
+        // the holder is looked up.
+        let first_parent = batch.ops.iter().find_map(|op| match op {
+            IndexOp::StoreChained { contents, .. } => contents.parent,
+            _ => None,
+        });
+        if let Some(parent) = first_parent {
+            self.shared.aliases.prefetch(std::iter::once(parent.0));
+        }
         for op in &batch.ops {
             match op {
                 IndexOp::Store {
@@ -275,11 +285,13 @@ impl ContextIndex {
         {
             return Some(id);
         }
-        let key = HolderKey {
-            source: source.clone(),
-            holder: holder.clone(),
-        };
-        let id = self.holder_ids.get(&key).copied()?;
+        let id = self.listed_holder(source, holder).or_else(|| {
+            let key = HolderKey {
+                source: source.clone(),
+                holder: holder.clone(),
+            };
+            self.holder_ids.get(&key).copied()
+        })?;
         seen.known.push((holder, id));
         Some(id)
     }
