@@ -212,7 +212,7 @@
 //!
 //! | figure | before | after |
 //! |---|---|---|
-//! | apply, M block ops/s | 0.56-0.75 | 0.75-0.95 |
+//! | apply, M block ops/s | 0.56-0.75 | 0.75-0.95; 0.90-1.22 after "Apply" below |
 //! | 2,048-token query by keys, p50 | 2.1-2.8 | 1.40-1.63 (4.8-5.0 us) |
 //! | 2,048-token query from tokens, p50 | 2.2-2.7 | 1.29-1.38 (6.1-6.5 us) |
 //! | 1M-token full hit from tokens | 3.2-3.9 ms (10x) | 3.2-3.5 ms (9.4x) at load 2.4 |
@@ -228,6 +228,35 @@
 //! stored block, both now with their lines prefetched per run or per event) are most of the
 //! time. Closing the rest needs blocks that carry their successors, so that a walk along a
 //! stored chain reads records in order, without probes.
+//!
+//! # Apply
+//!
+//! An engine message is one batch of about 70 blocks (6 events of 8-16), and 92 % of its stores
+//! join a block other holders already have. Measured with `dynamo-compare --profile apply`
+//! (fastest of 5 builds in thread CPU time, binaries alternated) and full runs (ours / Dynamo,
+//! same run), this is what a batch paid for and what was done:
+//! - per-batch allocations (the store run's vectors, each op's keys, the removal buffers):
+//!   about a tenth of apply in malloc and free; now buffers of the context, trimmed after an
+//!   unusually large batch;
+//! - alias inserts per store op right after prefetching their lines, which had not arrived (the
+//!   insert's load was 60 % of it): now gathered with the run (`keying::PendingAliases`) and
+//!   inserted after the run's record prefetches, each line prefetched when its op is keyed, as
+//!   is each key's slot line. With the first: 768-874 → 650-729 ms of wall time;
+//! - the sets' writer mutex locked per shard group, which for a message is about one per store:
+//!   now once per run (`table::Table::writer`); removal events now prefetch every alias, slot
+//!   and record line before removing (each remove was three dependent misses): CPU 622-689 →
+//!   526-552 ms;
+//! - each batch cloned and hashed its holder's key twice (interning, listing its rank): now
+//!   found among its source's holders first.
+//!
+//! Full runs back to back at load 1-3: ours 0.79-1.03 s → 0.65-0.74 s for the 3.17 M block ops
+//! (3.1-4.0 → 4.3-4.8 M ops/s), ratio to Dynamo 0.90-1.14 → 0.90-1.22 (per CPU-second
+//! 0.94-1.18 → 0.95-1.29); Dynamo itself ran at 3.4-4.8 M ops/s across those runs. What bounds
+//! ours now: three random lines per stored block (alias slot, table slot, record) with the
+//! memory system already full of prefetches (the prefetch instructions themselves take
+//! samples), three locked instructions per shard group (shard lock, the readers' write
+//! section, unlock) for groups of one or two stores (a message's blocks spread over 64 shards),
+//! and the holder-set transitions (a new set per holder joining a prompt, the old one freed).
 
 pub mod actor;
 mod alias_table;

@@ -2,6 +2,7 @@
 
 mod holders;
 pub mod persist;
+mod removal;
 pub mod restore;
 
 use std::collections::HashMap;
@@ -10,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::events::{Holder, IndexBatch, IndexOp};
 use crate::hashing::{HashProfile, PrefixKeys};
-use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
+use crate::model::{ContextKey, SubscriptionKey, Tier};
+
+use removal::RemovalScratch;
 
 use super::answer::QueryHits;
 use super::handle::{ContextView, IndexReader, IndexStats};
@@ -19,7 +22,6 @@ use super::keying::{self, KeyOut};
 use super::plan::MetaLock;
 use super::query;
 use super::records::Attachment;
-use super::refs::RefList;
 use super::shared::Shared;
 use super::store_run::{self, RAW_KEY, RUN_MAX, StoreRun};
 use super::table::{
@@ -481,98 +483,6 @@ impl ContextIndex {
         added.repeats
     }
 
-    /// The table keys a removal of `hashes` from holder `id`'s tier `bit` names: the derived key
-    /// an alias gives, unless the holder keeps the block by its hash (stored before the alias
-    /// was known). Flagged raw where the hash itself is the key.
-    /// The buffers are the caller's (engines announce one removal per block: no allocation per
-    /// removal).
-    fn removal_keys(
-        &self,
-        id: u32,
-        bit: u8,
-        hashes: &[BlockHash],
-        (resolved, keys): &mut RemovalScratch,
-    ) {
-        let aliases = &self.shared.aliases;
-        // Every alias line first, so that the lookups' misses overlap (an engine removes a
-        // prompt's tail, dozens of blocks, in one event).
-        aliases.prefetch(hashes.iter().map(|h| h.0));
-        aliases.resolve_into(hashes.iter().map(|h| h.0), resolved);
-        let any_raw = self
-            .holders
-            .get(id as usize)
-            .is_some_and(|s| s.raw_live > 0);
-        let table = &self.shared.table;
-        keys.clear();
-        keys.extend(
-            hashes
-                .iter()
-                .zip(resolved.iter())
-                .map(|(h, alias)| match *alias {
-                    Some(key) if !any_raw => (key, false),
-                    Some(key) if table.read(key).holder_bits(key, id) & bit != 0 => (key, false),
-                    _ => (h.0, true),
-                }),
-        );
-    }
-
-    /// Take one announcement of tier `bit` of holder `id` away from each block; a block with
-    /// more than one announcement stays held. Returns how many removes only lowered a count.
-    fn remove(&mut self, id: u32, bit: u8, keys: &[(u64, bool)]) -> u64 {
-        let Some(state) = self.holders.get_mut(id as usize) else {
-            return 0;
-        };
-        self.dirty.extend(keys.iter().map(|&(k, _)| (id, k)));
-        let table = &self.shared.table;
-        {
-            // As for stores (see `store_run`): the slot lines of every key, then the records
-            // they name, so that the removes below find their lines in the caches. Hints only;
-            // registered as a reader so the arrays they look at stay while they do.
-            let reading = table.reading();
-            keys.iter()
-                .for_each(|&(k, _)| table.prefetch(&reading, table.locate(k)));
-            keys.iter()
-                .for_each(|&(k, _)| table.prefetch_record(&reading, table.locate(k)));
-        }
-        let mut w = table.writer();
-        let (mut gone_blocks, mut gone_pairs, mut counted, mut gone_raw) = (0u64, 0u64, 0u64, 0u64);
-        for &(key, raw) in keys {
-            if !state.repeats.is_empty()
-                && let std::collections::hash_map::Entry::Occupied(mut extra) =
-                    state.repeats.entry((key, bit))
-            {
-                *extra.get_mut() -= 1;
-                if *extra.get() == 0 {
-                    extra.remove();
-                }
-                counted += 1;
-                continue;
-            }
-            let removed = table.remove_with(&mut w, key, id, bit);
-            gone_pairs += u64::from(removed.holder_gone);
-            gone_blocks += u64::from(removed.block_gone);
-            gone_raw += u64::from(removed.holder_gone && raw);
-        }
-        drop(w);
-        state.live = state.live.saturating_sub(gone_pairs);
-        state.raw_live = state.raw_live.saturating_sub(gone_raw);
-        self.shared.raw_pairs.fetch_sub(gone_raw, Ordering::Relaxed);
-        self.shared.blocks.fetch_sub(gone_blocks, Ordering::Relaxed);
-        self.shared
-            .holder_blocks
-            .fetch_sub(gone_pairs, Ordering::Relaxed);
-        if state.blocks.len() as u64 > 2 * state.live + 64 {
-            // Compaction reorders the list: move its unrecorded tail to `dirty` first.
-            let tail = state.blocks.iter_from(state.checkpointed);
-            let table = &self.shared.table;
-            self.dirty
-                .extend(tail.filter_map(|r| table.held_key(r, id).map(|k| (id, k))));
-            compact(table, id, &mut state.blocks);
-            state.checkpointed = state.blocks.len();
-        }
-        counted
-    }
-
     /// Remove every entry of holder `id`; returns the pairs removed.
     fn clear_holder(&mut self, id: u32) -> u64 {
         let Some(state) = self.holders.get_mut(id as usize) else {
@@ -604,12 +514,6 @@ impl ContextIndex {
 /// Aliases beyond twice the block count before a sweep (keeps small contexts from sweeping).
 const ALIAS_SLACK: usize = 4096;
 
-/// Drop stale and duplicate references from a holder's reverse index (a block removed and stored
-/// again appears twice).
-fn compact(table: &Table, id: u32, blocks: &mut RefList) {
-    blocks.compact(|&r| table.held_key(r, id).is_some());
-}
-
 /// Holder ids one batch (all of one source) already looked up: `stored`, holders a store of
 /// this batch listed and interned; `known`, holders a removal or clear found. Only the first
 /// spares a later store its listing (a holder can outlive its rank's listing).
@@ -624,9 +528,6 @@ impl SeenHolders<'_> {
         list.iter().find(|(h, _)| *h == holder).map(|&(_, id)| id)
     }
 }
-
-/// Buffers of [`ContextIndex::removal_keys`]: the aliases found, and the keys to remove.
-type RemovalScratch = (Vec<Option<u64>>, Vec<(u64, bool)>);
 
 /// What [`ContextIndex::apply`] gathers into, kept between batches: engines send a message of a
 /// few dozen blocks at a time, and allocating these per batch was about a tenth of apply's time
