@@ -249,9 +249,10 @@
 //! - each batch cloned and hashed its holder's key twice (interning, listing its rank): now
 //!   found among its source's holders first.
 //!
-//! Full runs back to back at load 1-3: ours 0.79-1.03 s → 0.65-0.74 s for the 3.17 M block ops
-//! (3.1-4.0 → 4.3-4.8 M ops/s), ratio to Dynamo 0.90-1.14 → 0.90-1.22 (per CPU-second
-//! 0.94-1.18 → 0.95-1.29); Dynamo itself ran at 3.4-4.8 M ops/s across those runs. What bounds
+//! Six full runs of each, alternated, at load 1-3: ours 0.69-1.03 s → 0.54-0.74 s for the
+//! 3.17 M block ops (3.1-4.6 → 4.3-5.8 M ops/s, 1.3x on average), ratio to Dynamo in the same
+//! runs 0.72-1.35 → 0.90-1.22 (per CPU-second 0.78-1.24 → 0.95-1.29): Dynamo itself ran at
+//! 3.4-5.4 M ops/s across those runs, so the ratio of one run says little. What bounds
 //! ours now: three random lines per stored block (alias slot, table slot, record) with the
 //! memory system already full of prefetches (the prefetch instructions themselves take
 //! samples), three locked instructions per shard group (shard lock, the readers' write
