@@ -113,8 +113,9 @@
 //! `PrefixKeys::key(i)`) once, and only a bounded distance ahead of the block the walk looks up
 //! (`query::PREFETCH_AHEAD`, 8 blocks): the walk asks for the keys of the next blocks early to
 //! bring their table lines into the CPU caches, so the cache misses of consecutive blocks
-//! overlap. When every cursor has stopped, no further key is requested and the lazy chain never
-//! hashes the tail beyond that window.
+//! overlap. When every cursor has stopped, no further key is requested, and the lazy chain
+//! hashes at most as many blocks again as the walk looked up (it links in bursts, see
+//! [`crate::hashing::derived::DerivedChain`]).
 //!
 //! Block lookups take no lock (`table::view`): each shard keeps its slots and records in arrays
 //! of atomic cells behind a sequence lock, so a lookup reads the shard's version, the block,

@@ -205,10 +205,10 @@ impl Cursors {
 
 /// How many blocks ahead of the one it looks up the walk prefetches a block's slot line, and
 /// (once that line is in) its record line, so that the cache misses of consecutive blocks
-/// overlap (see `table::prefetch`). It is also how far the lazy chain hashes past the walk: a
-/// walk that stops at block `m` has hashed at most `PREFETCH_AHEAD - 1` blocks it did not need
-/// (a derived key costs about 20 ns; the registered profile's chain, asked only for raw pairs,
-/// is never hashed ahead). Measured on the side-by-side benchmark: 8 and 4 against no
+/// overlap (see `table::prefetch`). It is also how far past the walk the keys are asked for: a
+/// walk that stops at block `m` has asked for at most `PREFETCH_AHEAD - 1` keys it did not
+/// need (a derived chain links in bursts beyond that, see `DerivedChain`; the registered
+/// profile's chain, asked only for raw pairs, is never hashed ahead). Measured on the side-by-side benchmark: 8 and 4 against no
 /// prefetch, a 2,048-token query by keys 9.4 → 6.5 us, and starting at the full distance
 /// rather than growing it from 2 a further 3-5 % (most walks there are short).
 const PREFETCH_AHEAD: usize = 8;
