@@ -275,6 +275,14 @@ impl RocksStore {
                 moved += n;
                 from = other.unwrap_or(last);
             }
+            if from.is_empty() {
+                continue;
+            }
+            // The moved records are still in the table files, under range deletes that every
+            // later scan would step over one by one (a 10 M-pair restart read as slowly as
+            // before the move): compact them away now, once.
+            self.db
+                .compact_range_cf(handle, None::<&[u8]>, None::<&[u8]>);
         }
         Ok(moved)
     }
@@ -377,11 +385,14 @@ impl KvStore for RocksStore {
             } else {
                 let record = &mut record[..key.len() + ENTRY_KEY];
                 record[..key.len()].copy_from_slice(key);
+                // A prefix no longer than the bucket's key holds all of its records: no compare
+                // per record (which was an eighth of a 10 M-pair restart's CPU).
+                let all = prefix.len() <= key.len();
                 for entry in packed::entries(value) {
                     let (tail, value) = entry.map_err(|_| malformed(cf))?;
                     record[key.len()..].copy_from_slice(tail);
                     if let Some(value) = value
-                        && record.starts_with(prefix)
+                        && (all || record.starts_with(prefix))
                     {
                         visit(record, value)?;
                     }
