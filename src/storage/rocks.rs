@@ -132,6 +132,18 @@ fn family_options(cf: Cf) -> Options {
         // The name is stored in the database's options file: a new meaning would need a new
         // name (and a migration).
         o.set_merge_operator(PACKED_MERGE, full_merge, partial_merge);
+        // A bucket whose records were all removed folds into an empty value: drop it, as the
+        // records themselves were. (Merge operands are never empty: an entry has 7 bytes.)
+        o.set_compaction_filter(
+            "mooncake.packed.empty",
+            |_level: u32, _key: &[u8], value: &[u8]| {
+                if value.is_empty() {
+                    rocksdb::CompactionDecision::Remove
+                } else {
+                    rocksdb::CompactionDecision::Keep
+                }
+            },
+        );
     }
     o
 }
