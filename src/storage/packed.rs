@@ -147,12 +147,13 @@ pub fn merge<'a>(
     operands: impl Iterator<Item = &'a [u8]>,
     full: bool,
 ) -> Vec<u8> {
-    let mut all: Vec<Entry<'a>> = Vec::new();
+    // Keyed by the tail as a number: compared in one instruction instead of a slice compare.
+    let mut all: Vec<(u64, Entry<'a>)> = Vec::new();
     let mut malformed = 0u64;
     for value in base.into_iter().chain(operands) {
         for entry in entries(value) {
             match entry {
-                Ok(e) => all.push(e),
+                Ok(e) => all.push((tail_number(e.0), e)),
                 Err(Malformed) => malformed += 1,
             }
         }
@@ -167,16 +168,21 @@ pub fn merge<'a>(
             );
         }
     }
-    // Stable: of the entries of one key, the newest (last written) stays last.
-    all.sort_by(|a, b| a.0.cmp(b.0));
-    let mut out = Vec::with_capacity(all.iter().map(|(_, v)| 7 + v.map_or(0, <[u8]>::len)).sum());
+    // Stable: of the entries of one key, the newest (last written) stays last. The base is
+    // sorted already and the operands few, which the sort finds in one pass.
+    all.sort_by_key(|&(key, _)| key);
+    let mut out = Vec::with_capacity(
+        all.iter()
+            .map(|(_, (_, v))| ENTRY_KEY + 1 + v.map_or(0, <[u8]>::len))
+            .sum(),
+    );
     let mut i = 0;
     while i < all.len() {
         let mut newest = i;
         while newest + 1 < all.len() && all[newest + 1].0 == all[i].0 {
             newest += 1;
         }
-        match all[newest] {
+        match all[newest].1 {
             (tail, Some(value)) => {
                 out.extend_from_slice(tail);
                 out.push(value.len() as u8);
@@ -188,6 +194,13 @@ pub fn merge<'a>(
         i = newest + 1;
     }
     out
+}
+
+/// A key tail's bytes as a number, in the same order.
+fn tail_number(tail: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes[8 - ENTRY_KEY..].copy_from_slice(tail);
+    u64::from_be_bytes(bytes)
 }
 
 #[cfg(test)]
