@@ -24,7 +24,9 @@
 //! (so a checkpoint still writes what changed and nothing else), and RocksDB folds the operands
 //! into the bucket when it reads or compacts it ([`merge`]). Removed records are kept while
 //! older data may still be below them (a partial merge) and dropped once nothing is (a full
-//! merge). Keys of any other length are stored as they are.
+//! merge). Keys of any other length are stored as they are; so are schema 3's records until
+//! migration 4 moves them (a scan reads them where they are stored, among the buckets: only the
+//! migration's own batches ever see that order).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -279,3 +279,23 @@ fn schema_3_records_move_into_their_buckets_and_read_the_same() {
     rocks.compact().unwrap();
     same(&rocks, &memory, &mut rng, "migrated and compacted");
 }
+
+#[test]
+fn a_bucket_that_is_not_whole_entries_reads_as_corrupt_data_of_its_column_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let rocks = RocksStore::open(dir.path()).unwrap();
+    let mut bucket = vec![0u8; 14];
+    bucket[13] = 1;
+    // A whole entry, then a tail that is not one.
+    rocks.put_stored(Cf::Pairs, &bucket, &[0, 0, 0, 0, 0, 1, 1, 7, 0, 0]);
+    let err = rocks
+        .scan_prefix(Cf::Pairs, &bucket[..8], &mut |_, _| Ok(()))
+        .unwrap_err();
+    assert!(
+        err.is_corruption() && err.to_string().contains("pairs"),
+        "{err}"
+    );
+    let mut key = bucket.clone();
+    key.extend_from_slice(&[0, 0, 0, 0, 0, 9]);
+    assert!(rocks.get(Cf::Pairs, &key).unwrap_err().is_corruption());
+}
