@@ -199,7 +199,7 @@ pub fn merge<'a>(
 }
 
 /// A key tail's bytes as a number, in the same order.
-fn tail_number(tail: &[u8]) -> u64 {
+pub fn tail_number(tail: &[u8]) -> u64 {
     let mut bytes = [0u8; 8];
     bytes[8 - ENTRY_KEY..].copy_from_slice(tail);
     u64::from_be_bytes(bytes)

@@ -300,6 +300,9 @@ impl RocksStore {
     }
 }
 
+// The scan writes a record's last 8 key bytes as the bucket's last 2 and an entry's tail.
+const _: () = assert!(ENTRY_KEY + 2 == 8);
+
 fn malformed(cf: Cf) -> StorageError {
     StorageError::Corrupt {
         cf: cf.name(),
@@ -395,14 +398,21 @@ impl KvStore for RocksStore {
                     visit(key, value)?;
                 }
             } else {
-                let record = &mut record[..key.len() + ENTRY_KEY];
+                let full = key.len() + ENTRY_KEY;
+                let record = &mut record[..full];
                 record[..key.len()].copy_from_slice(key);
+                // The last 8 bytes of a record's key (a pair's block, an alias's engine hash)
+                // are written in one store: the visitor reads them as one number, and a load
+                // spanning two smaller stores stalls until they retire (a third of the CPU of
+                // decoding a pair, in a profile).
+                let high = u64::from(u16::from_be_bytes([key[key.len() - 2], key[key.len() - 1]]));
                 // A prefix no longer than the bucket's key holds all of its records: no compare
                 // per record (which was an eighth of a 10 M-pair restart's CPU).
                 let all = prefix.len() <= key.len();
                 for entry in packed::entries(value) {
                     let (tail, value) = entry.map_err(|_| malformed(cf))?;
-                    record[key.len()..].copy_from_slice(tail);
+                    let word = high << (8 * ENTRY_KEY) | packed::tail_number(tail);
+                    record[full - 8..].copy_from_slice(&word.to_be_bytes());
                     if let Some(value) = value
                         && (all || record.starts_with(prefix))
                     {
