@@ -5,8 +5,9 @@
 //!
 //! A restart reads every pair and alias, and RocksDB's iterator costs about 100 ns of CPU per
 //! record whatever the column family's options (block size, compression, checksums: measured,
-//! see `docs/durability.md`): 2 CPU seconds for 10 M pairs with their 10 M aliases. Stored 150
-//! or so to a value, the records cost the iterator a few milliseconds and their decoding the rest.
+//! see `docs/durability.md`): 2 CPU seconds for 10 M pairs with their 10 M aliases. Stored
+//! about 20 pairs or 150 aliases to a value (in the storage benchmark's store), the 20 M records
+//! are 600 k values to the iterator.
 //!
 //! # Layout
 //!
