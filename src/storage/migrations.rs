@@ -5,6 +5,12 @@ use super::{Cf, KvOp, KvStore, StorageError};
 /// The schema version this binary writes.
 pub const CURRENT_VERSION: u32 = 4;
 
+/// The newest schema version that changed how a record (a key and value of the `KvStore`
+/// API) is encoded. Schema 4 changed only how the RocksDB store packs records into its own
+/// values, so a replica's snapshot, which carries records, is still in schema 3's format and
+/// peers of schema 3 and 4 can bootstrap from each other.
+pub const RECORDS_VERSION: u32 = 3;
+
 const VERSION_KEY: &[u8] = b"schema_version";
 
 /// One schema step: what it changes (the file in `migrations/`) and the writes that do it.
