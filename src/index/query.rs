@@ -299,8 +299,8 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
             ahead += 1;
         }
         if c + RECORD_AHEAD < ahead {
-            let later = located[(c + RECORD_AHEAD) % LOCATED];
-            shared.table.prefetch_record(&reading, later);
+            let later = &mut located[(c + RECORD_AHEAD) % LOCATED];
+            shared.table.locate_record(&reading, later);
         }
         let at = located[c % LOCATED];
         let key = at.key;
