@@ -7,7 +7,8 @@
 //! `STORAGE_BENCH_DIR=dir` keeps each filled store in `dir/pairs-N` and, when it is there
 //! already, skips the fill and the checkpoint rounds and only restarts from it
 //! (`STORAGE_BENCH_RESTARTS` times, default 1): for profiling and A/B runs of recovery, which
-//! otherwise wait most of a minute per 10 M fill.
+//! otherwise wait most of a minute per 10 M fill. A kept store of an older schema is migrated by
+//! its first restart, whose open+migrate phase then includes the migration.
 
 use std::time::{Duration, Instant};
 

@@ -22,6 +22,10 @@
 //! | `pairs` | ctx id + holder id (u32 BE) + block (u64 BE) | tier bits (1 B), then per tier announced more than once: its bit (1 B) + the announcements beyond the first (u32 BE) |
 //! | `aliases` | ctx id + engine hash (u64 BE) | derived key (u64 BE) |
 //!
+//! The RocksDB store keeps the `pairs` and `aliases` records packed, many to a RocksDB value
+//! ([`crate::storage::packed`], schema 4); the keys and values above are still what is written
+//! and read, one record at a time.
+//!
 //! The context id is the first 8 bytes of SHA-256 over the context key, so it is stable across
 //! restarts without an allocation table. One checkpoint of one context is one atomic write, of
 //! what changed only (nothing for an idle context).

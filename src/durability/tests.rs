@@ -104,6 +104,29 @@ fn state(index: &ContextIndex) -> (ContextSnapshot, Vec<Option<Watermark>>) {
     )
 }
 
+/// 400 random batches of three sources (and some of them dropped) into a new context, with
+/// `round(index, step)` after every 25th.
+fn random_rounds(rng: &mut Rng, mut round: impl FnMut(&mut ContextIndex, usize)) {
+    let mut index = ContextIndex::new(key(), profile());
+    index.attach_rank(&source(0), "e0", 0);
+    let mut seqs = [0u64; 3];
+    for step in 0..400 {
+        let s = rng.below(3) as u32;
+        seqs[s as usize] += 1;
+        let mark = Watermark {
+            seq: seqs[s as usize],
+            digest: rng.next(),
+        };
+        index.apply_sequenced(&random_batch(rng, s), mark);
+        if rng.below(5) == 0 {
+            index.drop_source(&source(rng.below(3) as u32));
+        }
+        if step % 25 == 24 {
+            round(&mut index, step);
+        }
+    }
+}
+
 #[test]
 fn recovery_reproduces_every_checkpoint_exactly() {
     for seed in [1, 2, 3] {
@@ -112,27 +135,50 @@ fn recovery_reproduces_every_checkpoint_exactly() {
         for s in 0..3 {
             put_registration(&store, &registration(s)).unwrap();
         }
-        let mut index = ContextIndex::new(key(), profile());
-        index.attach_rank(&source(0), "e0", 0);
-        let mut seqs = [0u64; 3];
-        for step in 0..400 {
-            let s = rng.below(3) as u32;
-            seqs[s as usize] += 1;
-            let mark = Watermark {
-                seq: seqs[s as usize],
-                digest: rng.next(),
-            };
-            index.apply_sequenced(&random_batch(&mut rng, s), mark);
-            if rng.below(5) == 0 {
-                index.drop_source(&source(rng.below(3) as u32));
-            }
-            if step % 25 == 24 {
-                checkpoint(&mut index, &store).unwrap();
-                let recovered = recovered_context(&store).expect("context");
-                assert_eq!(state(&recovered), state(&index), "seed {seed} step {step}");
-            }
+        random_rounds(&mut rng, |index, step| {
+            checkpoint(index, &store).unwrap();
+            let recovered = recovered_context(&store).expect("context");
+            assert_eq!(state(&recovered), state(index), "seed {seed} step {step}");
+        });
+    }
+}
+
+/// The same through RocksDB, whose packed pairs and aliases are folded from merge operands on
+/// read, after a reopen and after a compaction.
+#[cfg(feature = "rocksdb")]
+#[test]
+fn recovery_from_rocksdb_reproduces_every_checkpoint_exactly() {
+    use crate::storage::rocks::RocksStore;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Some(RocksStore::open(dir.path()).unwrap());
+    if let Some(store) = &store {
+        crate::storage::migrations::migrate(store, "test").unwrap();
+        for s in 0..3 {
+            put_registration(store, &registration(s)).unwrap();
         }
     }
+    let mut rng = Rng(4);
+    random_rounds(&mut rng, |index, step| {
+        if let Some(open) = &store {
+            checkpoint(index, open).unwrap();
+            match step % 100 {
+                49 => {
+                    // Closed first: RocksDB's lock allows one opener.
+                    drop(store.take());
+                    store = Some(RocksStore::open(dir.path()).unwrap());
+                }
+                99 => open.compact().unwrap(),
+                _ => {}
+            }
+        }
+        let open = store.as_ref().expect("reopened");
+        let recovered = recover(open).unwrap().contexts.into_iter().next();
+        assert_eq!(
+            state(&recovered.expect("context")),
+            state(index),
+            "step {step}"
+        );
+    });
 }
 
 #[test]

@@ -164,8 +164,15 @@ impl BlockRule {
     }
 }
 
-/// The derived keys of a query prompt, computed on demand like the engine chains: block `i` is
-/// linked only when a walk first asks for it.
+/// The derived keys of a query prompt, computed on demand like the engine chains, in bursts: a
+/// walk asking for block `i` beyond those linked gets the blocks up to `i`, and at least as
+/// many again as were linked before (16 at the start), so a walk that stops at block `m` has
+/// linked at most `max(2m, 16)` of the prompt's blocks.
+///
+/// Why bursts: a walk asks for one key per step, and a key computed there waits behind the
+/// walk's cache misses, where a tight loop keeps the multiplies of consecutive blocks in flight
+/// together (about 9 ns a block alone, 22 ns inside the walk). Measured on a 1M-token full hit
+/// from tokens, best of 3 alternated runs: 3.97 -> 3.48 ms; 2,048-token queries unchanged.
 pub struct DerivedChain<'a, T> {
     rule: BlockRule,
     tokens: &'a [T],
@@ -218,13 +225,17 @@ impl<T: Token> super::PrefixKeys for DerivedChain<'_, T> {
         if i >= self.num_blocks {
             return BlockHash(0);
         }
-        if self.keys.is_empty() {
-            self.keys.reserve(i + 1);
-        }
-        while self.keys.len() <= i {
-            let parent = self.keys.last().map_or(self.root, |k| k.0);
-            let key = link(parent, self.content_of(self.keys.len()));
-            self.keys.push(BlockHash(key));
+        if i >= self.keys.len() {
+            let upto = (i + 1)
+                .max(2 * self.keys.len())
+                .max(16)
+                .min(self.num_blocks);
+            self.keys.reserve(upto - self.keys.len());
+            let mut parent = self.keys.last().map_or(self.root, |k| k.0);
+            for b in self.keys.len()..upto {
+                parent = link(parent, self.content_of(b));
+                self.keys.push(BlockHash(parent));
+            }
         }
         self.keys[i]
     }

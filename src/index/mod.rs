@@ -113,8 +113,9 @@
 //! `PrefixKeys::key(i)`) once, and only a bounded distance ahead of the block the walk looks up
 //! (`query::PREFETCH_AHEAD`, 8 blocks): the walk asks for the keys of the next blocks early to
 //! bring their table lines into the CPU caches, so the cache misses of consecutive blocks
-//! overlap. When every cursor has stopped, no further key is requested and the lazy chain never
-//! hashes the tail beyond that window.
+//! overlap. When every cursor has stopped, no further key is requested, and the lazy chain
+//! hashes at most as many blocks again as the walk looked up (it links in bursts, see
+//! [`crate::hashing::derived::DerivedChain`]).
 //!
 //! Block lookups take no lock (`table::view`): each shard keeps its slots and records in arrays
 //! of atomic cells behind a sequence lock, so a lookup reads the shard's version, the block,
@@ -228,6 +229,33 @@
 //! stored block, both now with their lines prefetched per run or per event) are most of the
 //! time. Closing the rest needs blocks that carry their successors, so that a walk along a
 //! stored chain reads records in order, without probes.
+//!
+//! # Where a query's time goes, and what did not help
+//!
+//! Measured on the side-by-side workload (best of 3-5 alternated runs; the machine's load moved
+//! absolute times by up to 2x between runs, so only same-moment comparisons count):
+//!
+//! - **Per-query buffers.** The cursors' arrays (about 7 KiB for 64 x 2 ranks) and the entry
+//!   lists are kept per thread (`query::Scratch`), and a cursor whose holders all stopped
+//!   matching ends its remaining phases at once: 2,048-token query by keys 5.28 -> 4.39 us,
+//!   from tokens 6.92 -> 6.40 us.
+//! - **Hashing in bursts** (`DerivedChain`): a key computed at each walk step waits behind the
+//!   walk's misses (22 ns a block inside the walk against 9 ns in a tight loop); linking in
+//!   bursts took a 1M-token full hit from tokens 3.97 -> 3.48 ms.
+//! - **The tail is long walks.** The slowest queries of the workload (its p99) are the ones
+//!   that match 94-128 of their 128 blocks: about 13.5 us for ours, 5-6 us for Dynamo, so
+//!   about 100 ns a block once the table is out of the caches, against a tree that reads an
+//!   edge's blocks side by side.
+//! - **Prefetch distances do not move it.** Slot lines 12, 14 or 16 blocks ahead, record lines
+//!   2 or 8 ahead, a distance growing with the walk (8 -> 24), refilling the window in chunks:
+//!   each within noise or worse on the 2,048-token queries. Dropping the record prefetch made
+//!   the 1M-token query (its table in the caches) 2.3 -> 1.4 ms by keys but the 2,048-token
+//!   queries (their table evicted by the other index's passes) up to 1.5x slower, so it stays.
+//!
+//! So what remains is the probe itself: two dependent random lines per block (slot, record)
+//! where a tree reads one sequential run per edge. The next step is the structural one named
+//! under "Chain hints": records allocated in chain order, so that a walk along a stored chain
+//! reads neighbouring records.
 //!
 //! # Apply
 //!

@@ -77,6 +77,7 @@ impl Held {
 
 /// The walk's cursors and what the current block holds for each, kept up to date from the
 /// differences between consecutive blocks' entries.
+#[derive(Default)]
 struct Cursors {
     /// Per cursor: first phase not yet finished (4 = all finished, or not selected).
     phase: Vec<u8>,
@@ -92,22 +93,38 @@ struct Cursors {
     live: usize,
 }
 
+/// A walk's buffers, kept per thread between queries: a query over 64 x 2 ranks would
+/// otherwise allocate and zero its cursors' arrays (about 7 KiB) and entry lists every time.
+#[derive(Default)]
+struct Scratch {
+    cursors: Cursors,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    alt_entries: Vec<u32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
 impl Cursors {
-    fn new(n: usize, selected: std::ops::Range<u32>) -> Self {
-        let mut phase = vec![4u8; n];
+    /// Reset for a walk over `n` cursors of which `selected` are walked.
+    fn reset(&mut self, n: usize, selected: std::ops::Range<u32>) {
+        self.phase.clear();
+        self.phase.resize(n, 4);
         for j in selected.clone() {
-            phase[j as usize] = 0;
+            self.phase[j as usize] = 0;
         }
-        Cursors {
-            phase,
-            counts: vec![[0; 4]; n],
-            held: vec![Held::default(); n],
-            shared: Held::default(),
-            shared_lost: false,
-            check: Vec::with_capacity(selected.len()),
-            live: selected.len(),
-            alive: selected.collect(),
-        }
+        self.counts.clear();
+        self.counts.resize(n, [0; 4]);
+        self.held.clear();
+        self.held.resize(n, Held::default());
+        self.shared = Held::default();
+        self.shared_lost = false;
+        self.check.clear();
+        self.live = selected.len();
+        self.alive.clear();
+        self.alive.extend(selected);
     }
 
     /// Holder `id`'s tiers go from `old` to `new` between two blocks.
@@ -134,6 +151,15 @@ impl Cursors {
         let bits = self.held[j].mask | self.shared.mask;
         let p = &mut self.phase[j];
         let was = *p;
+        if bits == 0 {
+            // Nothing holds the block for this cursor (a holder that stopped matching): every
+            // phase left ends here, without testing them one by one.
+            if let Some(rest) = self.counts[j].get_mut(was as usize..) {
+                rest.fill(covered);
+            }
+            *p = 4;
+            return was < 4;
+        }
         while *p < 4 && bits & PHASE_MASK[*p as usize] == 0 {
             self.counts[j][*p as usize] = covered;
             *p += 1;
@@ -179,10 +205,10 @@ impl Cursors {
 
 /// How many blocks ahead of the one it looks up the walk prefetches a block's slot line, and
 /// (once that line is in) its record line, so that the cache misses of consecutive blocks
-/// overlap (see `table::prefetch`). It is also how far the lazy chain hashes past the walk: a
-/// walk that stops at block `m` has hashed at most `PREFETCH_AHEAD - 1` blocks it did not need
-/// (a derived key costs about 20 ns; the registered profile's chain, asked only for raw pairs,
-/// is never hashed ahead). Measured on the side-by-side benchmark: 8 and 4 against no
+/// overlap (see `table::prefetch`). It is also how far past the walk the keys are asked for: a
+/// walk that stops at block `m` has asked for at most `PREFETCH_AHEAD - 1` keys it did not
+/// need (a derived chain links in bursts beyond that, see `DerivedChain`; the registered
+/// profile's chain, asked only for raw pairs, is never hashed ahead). Measured on the side-by-side benchmark: 8 and 4 against no
 /// prefetch, a 2,048-token query by keys 9.4 → 6.5 us, and starting at the full distance
 /// rather than growing it from 2 a further 3-5 % (most walks there are short).
 const PREFETCH_AHEAD: usize = 8;
@@ -224,10 +250,32 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
     answer: impl FnOnce(&Plan, &[[u64; 4]]) -> R,
 ) -> R {
     let plan = shared.meta.plan();
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut scratch) => walk_with(shared, keys, &plan, filter, &mut scratch, answer),
+        // Only reachable if `answer` walked again on this thread: fresh buffers then.
+        Err(_) => walk_with(shared, keys, &plan, filter, &mut Scratch::default(), answer),
+    })
+}
+
+fn walk_with<K: PrefixKeys + ?Sized, R>(
+    shared: &Shared,
+    keys: &mut K,
+    plan: &Plan,
+    filter: Option<&str>,
+    scratch: &mut Scratch,
+    answer: impl FnOnce(&Plan, &[[u64; 4]]) -> R,
+) -> R {
     let route = plan.route.as_slice();
-    let mut cur = Cursors::new(plan.cursors, plan.selected(filter));
+    let Scratch {
+        cursors: cur,
+        prev,
+        next,
+        alt_entries,
+    } = scratch;
+    cur.reset(plan.cursors, plan.selected(filter));
     // Entries of the previous and the current block.
-    let (mut prev, mut next) = (Vec::new(), Vec::new());
+    prev.clear();
+    next.clear();
     let n = keys.num_blocks();
     let mut c = 0usize;
     // The previous block's value and the sets' reuse count read with it (0: none yet).
@@ -235,7 +283,6 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
     // While the index keeps blocks under published hashes, a block may also be held under its
     // second key (see "Keys" in the module doc).
     let with_raw = shared.raw_pairs.load(Ordering::Relaxed) > 0;
-    let mut alt_entries = Vec::new();
     // Blocks below this have had their slot line prefetched; the last `LOCATED` of them, located.
     let mut ahead = 0usize;
     let mut located = [Located::default(); LOCATED];
@@ -252,8 +299,8 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
             ahead += 1;
         }
         if c + RECORD_AHEAD < ahead {
-            let later = located[(c + RECORD_AHEAD) % LOCATED];
-            shared.table.prefetch_record(&reading, later);
+            let later = &mut located[(c + RECORD_AHEAD) % LOCATED];
+            shared.table.locate_record(&reading, later);
         }
         let at = located[c % LOCATED];
         let key = at.key;
@@ -266,7 +313,7 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
             let alt = shared.table.locate(alt);
             shared
                 .table
-                .lookup(&reading, alt, |_, _| true, &mut alt_entries)
+                .lookup(&reading, alt, |_, _| true, alt_entries)
                 .0
         });
         // Same value as the previous block (and no set value reused meanwhile): every holder
@@ -278,7 +325,7 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
             &reading,
             at,
             |val, reused| val != 0 && !unchanged(val, reused),
-            &mut next,
+            next,
         );
         if val == 0 && alt_val == 0 {
             break;
@@ -295,11 +342,11 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
         } else {
             // A union of two blocks is no one value: the next block takes the slow path.
             last_val = 0;
-            union_into(&mut next, &alt_entries);
+            union_into(next, alt_entries);
         }
-        merge(&prev, &next, |id, old, new| cur.change(route, id, old, new));
+        merge(prev, next, |id, old, new| cur.change(route, id, old, new));
         cur.step(c == 0, keys.covered(c));
-        std::mem::swap(&mut prev, &mut next);
+        std::mem::swap(prev, next);
         c += 1;
     }
     if cur.live > 0 {
@@ -307,7 +354,8 @@ fn walk_counts<K: PrefixKeys + ?Sized, R>(
         // before c.
         cur.finish(keys.covered(c));
     }
-    answer(&plan, &cur.counts)
+    drop(reading);
+    answer(plan, &cur.counts)
 }
 
 /// `entries` (sorted by holder) with `more` (sorted by holder) merged in, tier bits of a holder

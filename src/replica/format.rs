@@ -1,12 +1,13 @@
 //! The snapshot stream's format: the store's own records, numbered column families, chunk
-//! bounds. A snapshot is versioned by the store schema its records are encoded in, so a reader
+//! bounds. A snapshot is versioned by the store schema its records are encoded in (the newest
+//! schema that changed a record's encoding, not how a store lays records out), so a reader
 //! knows every record it accepts exactly as its own recovery would.
 
 use crate::gateway::pb;
 use crate::storage::{Cf, KvOp, migrations};
 
 /// The format a snapshot carries: the store schema version of its records.
-pub const FORMAT: u32 = migrations::CURRENT_VERSION;
+pub const FORMAT: u32 = migrations::RECORDS_VERSION;
 
 /// A chunk's records stop growing past this many bytes (a chunk always carries at least one).
 pub const CHUNK_BYTES: usize = 1 << 20;

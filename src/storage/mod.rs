@@ -2,6 +2,8 @@
 //! what is stored, its RocksDB implementation ([`rocks`]), an in-memory one with fault injection
 //! for tests ([`memory`]), bulk loading into an empty store ([`bulk`]), the schema migrations over `migrations/` ([`migrations`]), the
 //! checkpoint health figures ([`health`]) and the operator's fault switch ([`fault_switch`]).
+//! RocksDB keeps the many small records of `pairs` and `aliases` packed, many to a value
+//! ([`packed`]), behind the same record-at-a-time trait.
 //! What goes into which column family, and how, is [`crate::durability`]'s.
 
 pub mod bulk;
@@ -10,11 +12,15 @@ pub mod health;
 pub mod memory;
 pub mod migrations;
 #[cfg(feature = "rocksdb")]
+pub mod packed;
+#[cfg(feature = "rocksdb")]
 pub mod rocks;
 #[cfg(feature = "rocksdb")]
 mod rocks_bulk;
 #[cfg(all(test, feature = "rocksdb"))]
 mod rocks_bulk_tests;
+#[cfg(all(test, feature = "rocksdb"))]
+mod rocks_packed_tests;
 
 pub use bulk::{BulkFeed, BulkSink};
 
@@ -126,6 +132,12 @@ pub trait KvStore: Send + Sync {
     /// replica's bootstrap. Stores without a cheaper way write them in batches.
     fn bulk_load(&self, feed: &mut BulkFeed<'_>) -> Result<(), StorageError> {
         bulk::load_batched(self, feed)
+    }
+    /// Move records an older schema stored one by one into the layout this store keeps them in
+    /// (schema 4, see `migrations/`); returns how many moved. Stores that keep every record as
+    /// it is have nothing to do.
+    fn pack_records(&self) -> Result<u64, StorageError> {
+        Ok(0)
     }
 }
 

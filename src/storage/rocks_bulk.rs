@@ -12,12 +12,17 @@
 //! key ends the files: they are ingested at once (later files take newer sequence numbers, so
 //! a later put still wins) and the rest of the load goes through plain batched writes, whose
 //! cost a stream in the wrong order then pays, with no bound on files to worry about.
+//!
+//! In the packed column families ([`super::packed`]) consecutive records of one bucket are
+//! gathered and written as one merge operand: a merge rather than a put, so that records the
+//! store already holds in that bucket stay, as they would with plain writes.
 
 use std::path::{Path, PathBuf};
 
 use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter};
 
 use super::bulk::{BatchedSink, BulkFeed, BulkSink};
+use super::packed;
 use super::{Cf, KvStore, StorageError};
 
 /// What a bulk load needs of the RocksDB store (implemented by `rocks::RocksStore`).
@@ -46,6 +51,25 @@ struct CfFile<'o> {
     path: PathBuf,
     last_key: Vec<u8>,
     records: u64,
+    /// The bucket being gathered (packed column families) and its entries so far (empty: none),
+    /// written when a record of another bucket comes.
+    bucket: Vec<u8>,
+    entries: Vec<u8>,
+    /// The key of what was last written or gathered: the file's keys must increase too.
+    last_stored: Vec<u8>,
+}
+
+impl CfFile<'_> {
+    fn write_bucket(&mut self) -> Result<(), StorageError> {
+        if self.entries.is_empty() {
+            return Ok(());
+        }
+        self.writer
+            .merge(&self.bucket, &self.entries)
+            .map_err(|e| io(&format!("write {}", self.path.display()), e))?;
+        self.entries.clear();
+        Ok(())
+    }
 }
 
 /// The sink of a bulk load into RocksDB (see the module doc).
@@ -81,6 +105,9 @@ impl<'s, 'o, S: IngestTarget> SstSink<'s, 'o, S> {
                 path,
                 last_key: Vec::new(),
                 records: 0,
+                bucket: Vec::new(),
+                entries: Vec::new(),
+                last_stored: Vec::new(),
             });
         }
         Ok(entry.as_mut().expect("just made"))
@@ -99,6 +126,7 @@ impl<'s, 'o, S: IngestTarget> SstSink<'s, 'o, S> {
             if file.records == 0 {
                 continue;
             }
+            file.write_bucket()?;
             file.writer
                 .finish()
                 .map_err(|e| io(&format!("finish {}", file.path.display()), e))?;
@@ -118,7 +146,13 @@ impl<S: IngestTarget> BulkSink for SstSink<'_, '_, S> {
             return batched.put(cf, key, value);
         }
         let file = self.file(cf)?;
-        if file.records > 0 && key <= file.last_key.as_slice() {
+        let bucket = packed::bucket_of(cf, key);
+        let stored = bucket.unwrap_or(key);
+        let same_bucket = bucket.is_some() && !file.entries.is_empty() && stored == file.bucket;
+        let in_order = file.records == 0
+            || (key > file.last_key.as_slice()
+                && (same_bucket || stored > file.last_stored.as_slice()));
+        if !in_order {
             tracing::warn!(
                 cf = cf.name(),
                 "bulk load: records out of key order; writing the rest record by record"
@@ -129,9 +163,24 @@ impl<S: IngestTarget> BulkSink for SstSink<'_, '_, S> {
             self.batched = Some(batched);
             return Ok(());
         }
-        file.writer
-            .put(key, value)
-            .map_err(|e| io(&format!("write {}", file.path.display()), e))?;
+        if !same_bucket {
+            file.write_bucket()?;
+        }
+        match bucket {
+            Some(bucket) => {
+                if !same_bucket {
+                    file.bucket.clear();
+                    file.bucket.extend_from_slice(bucket);
+                }
+                packed::put_entry(&mut file.entries, cf, &key[bucket.len()..], value)?;
+            }
+            None => file
+                .writer
+                .put(key, value)
+                .map_err(|e| io(&format!("write {}", file.path.display()), e))?,
+        }
+        file.last_stored.clear();
+        file.last_stored.extend_from_slice(stored);
         file.last_key.clear();
         file.last_key.extend_from_slice(key);
         file.records += 1;

@@ -41,6 +41,8 @@ const IDX_MASK: u32 = (1 << IDX_BITS) - 1;
 const DIST_SHIFT: u32 = IDX_BITS;
 const DIST_SAT: u32 = 15;
 const TAG_SHIFT: u32 = IDX_BITS + 4;
+/// No record: above every record index (they stay below [`MAX_RECORDS`]).
+pub(super) const NO_RECORD: u32 = u32::MAX;
 
 /// Grow when the slots would pass 7/8 load.
 const LOAD_NUM: usize = 7;
@@ -257,22 +259,40 @@ impl Arrays {
 
     /// Bring in the cache line of the record of the first slot that may be the one of slot hash
     /// `h` (right distance from its home and matching tag), looking at a few slots (one cache
-    /// line, brought in by [`Self::prefetch_slot`]) and no record.
+    /// line, brought in by [`Self::prefetch_slot`]) and no record. Returns that record's index
+    /// ([`NO_RECORD`] when no slot matched): a hint for [`Self::value_at_hinted`].
     #[inline]
-    pub(super) fn prefetch_record(&self, h: u64) {
+    pub(super) fn prefetch_record(&self, h: u64) -> u32 {
         let len = self.slots.len();
         let mut pos = home_of(h, len);
         for d in 0..8u32.min(len as u32) {
             let s = self.slot(pos);
             if s == 0 || stored_dist(s) < d {
-                return;
+                return NO_RECORD;
             }
             if stored_dist(s) == d && s >> TAG_SHIFT == tag(h) {
-                prefetch(self.records.as_ptr().wrapping_add(record_of(s)));
-                return;
+                let r = record_of(s);
+                prefetch(self.records.as_ptr().wrapping_add(r));
+                return r as u32;
             }
             pos = self.next(pos);
         }
+        NO_RECORD
+    }
+
+    /// [`Self::value_at`], first trying record `hint` (from [`Self::prefetch_record`]): a
+    /// record that holds `key` with a live value is that block's record, since a block has one
+    /// record for life and a free record's value is 0, so the probe over the slots is skipped.
+    /// Any other record, or none, falls back to the probe.
+    #[inline]
+    pub(super) fn value_at_hinted(&self, seed: u64, key: u64, h: u64, hint: u32) -> u32 {
+        if hint != NO_RECORD {
+            let r = self.rec(hint as usize);
+            if r.val != 0 && r.key() == key {
+                return r.val;
+            }
+        }
+        self.value_at(seed, key, h)
     }
 }
 
