@@ -211,13 +211,16 @@
 //! process (ours / Dynamo's `ConcurrentRadixTreeCompressed`) on the shared 2-core machine, with
 //! the reads under a per-shard `RwLock` (before) and lock-free with prefetching (after):
 //!
-//! | figure | before | after |
-//! |---|---|---|
-//! | apply, M block ops/s | 0.56-0.75 | 0.75-0.95; 0.90-1.22 after "Apply" below |
-//! | 2,048-token query by keys, p50 | 2.1-2.8 | 1.40-1.63 (4.8-5.0 us) |
-//! | 2,048-token query from tokens, p50 | 2.2-2.7 | 1.29-1.38 (6.1-6.5 us) |
-//! | 1M-token full hit from tokens | 3.2-3.9 ms (10x) | 3.2-3.5 ms (9.4x) at load 2.4 |
-//! | RSS per (block, holder) | 12.2 B (0.35x) | 12.1 B (0.35x) |
+//! | figure | before | after | now (three full runs, machine otherwise idle) |
+//! |---|---|---|---|
+//! | apply, M block ops/s | 0.56-0.75 | 0.75-0.95; 0.90-1.22 after "Apply" below | 1.00, 1.10, 1.26 (per CPU-second 1.05-1.32) |
+//! | 2,048-token query by keys, p50 | 2.1-2.8 | 1.40-1.63 (4.8-5.0 us) | 1.23-1.36 (6.1-6.5 us) |
+//! | 2,048-token query from tokens, p50 / p99 | 2.2-2.7 | 1.29-1.38 (6.1-6.5 us) | 1.20-1.23 / 1.09-1.42 |
+//! | 1M-token full hit from tokens | 3.2-3.9 ms (10x) | 3.2-3.5 ms (9.4x) at load 2.4 | 3.59-4.10 ms (1.6-2.2 ms with the table in the caches) |
+//! | RSS per (block, holder) | 12.2 B (0.35x) | 12.1 B (0.35x) | 12.1 B (0.35x) |
+//!
+//! (The machine ran slower in the last column's runs: Dynamo's own 2,048-token query from
+//! tokens took 6.6-6.9 us there against 4.9-5.4 us earlier the same day.)
 //!
 //! The 1M-token query did not get faster: its table fits in the caches, so neither the
 //! prefetching nor the missing lock pays there. What bounds ours now: a walk step is still a
@@ -246,6 +249,12 @@
 //!   that match 94-128 of their 128 blocks: about 13.5 us for ours, 5-6 us for Dynamo, so
 //!   about 100 ns a block once the table is out of the caches, against a tree that reads an
 //!   edge's blocks side by side.
+//! - **The record the prefetch found is the hint** (`Table::locate_record`): the record
+//!   prefetch a few blocks ahead already scans the block's slots to find its record, and the
+//!   lookup now reads that record first (taken when it holds the key with a live value, a
+//!   probe otherwise), so a step probes the slots once instead of twice: a 1M-token full hit
+//!   by keys 2.40 -> 1.56 ms, from tokens 3.08 -> 2.19 ms, a 2,048-token query by keys 4.84 ->
+//!   4.57 us (best of 4 alternated runs, table in the caches for the long one).
 //! - **Prefetch distances do not move it.** Slot lines 12, 14 or 16 blocks ahead, record lines
 //!   2 or 8 ahead, a distance growing with the walk (8 -> 24), refilling the window in chunks:
 //!   each within noise or worse on the 2,048-token queries. Dropping the record prefetch made
