@@ -87,6 +87,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let rpc_local = rpc
         .local_addr()
         .map_err(|e| ServiceError::Other(e.to_string()))?;
+    // Before recovery, so that whoever started the service with port 0 learns its ports while
+    // it recovers (connections wait in the listen backlog meanwhile). The addresses are in the
+    // message text, which the log format never styles.
+    tracing::info!("sockets bound: http {http_local} grpc {rpc_local}");
 
     // Recovery runs before the servers accept anything (connections wait in the listen backlog).
     let loaded = crate::durability::load(&config.data_dir, config.on_corrupt_data())?;

@@ -219,6 +219,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def bound_ports(log: Path, start: int, proc: subprocess.Popen, timeout: float = 60.0) -> Tuple[int, int]:
+    """The (http, grpc) ports a service started with port 0 logged after `start` in `log`
+    ("sockets bound: http ADDR grpc ADDR", logged before recovery)."""
+    marker = "sockets bound: http "
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(log, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+        # Whole lines only: the last one may still be being written.
+        for line in text.split("\n")[:-1]:
+            at = line.find(marker)
+            words = line[at + len(marker):].split() if at >= 0 else []
+            if len(words) >= 3 and words[1] == "grpc":
+                return int(words[0].rsplit(":", 1)[1]), int(words[2].rsplit(":", 1)[1])
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"mooncake_conductor exited with {proc.returncode} before binding its ports:\n"
+                + text[-4000:]
+            )
+        time.sleep(0.02)
+    raise RuntimeError(f"mooncake_conductor logged no bound ports within {timeout} s")
+
+
 def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -269,24 +293,25 @@ class ConductorProcess:
         extra_config: Optional[Dict[str, object]] = None,
         env: Optional[Dict[str, str]] = None,
     ) -> None:
-        self.http_port = free_port()
-        self.rpc_port = free_port()
-        self.addr = f"127.0.0.1:{self.rpc_port}"
         data_dir = workdir / "data"
         data_dir.mkdir(parents=True, exist_ok=True)
         config = workdir / "conductor.json"
-        config.write_text(
-            json.dumps(
-                {
-                    "http_server_port": self.http_port,
-                    "rpc_server_port": self.rpc_port,
-                    "bind_address": "127.0.0.1",
-                    "kvevent_instance": {},
-                    "data_dir": str(data_dir),
-                    **(extra_config or {}),
-                }
-            )
-        )
+        # Port 0 at the first start: the service binds free ports itself and logs them, which
+        # leaves no moment in which another process could take a port chosen here first.
+        # Restarts keep those ports (clients hold the address), so they are written back.
+        self._config_path = config
+        self._config: Dict[str, object] = {
+            "http_server_port": 0,
+            "rpc_server_port": 0,
+            "bind_address": "127.0.0.1",
+            "kvevent_instance": {},
+            "data_dir": str(data_dir),
+            **(extra_config or {}),
+        }
+        config.write_text(json.dumps(self._config))
+        self.http_port = int(self._config["http_server_port"])
+        self.rpc_port = int(self._config["rpc_server_port"])
+        self.addr = f"127.0.0.1:{self.rpc_port}"
         self.log = workdir / "conductor.log"
         self._command = [binary, *args]
         # The service's token comes from `config` or `env` only, never from the test runner.
@@ -296,8 +321,15 @@ class ConductorProcess:
 
     def _spawn(self) -> None:
         with open(self.log, "ab") as out:
+            start = out.tell()
             self.proc = subprocess.Popen(self._command, env=self._env, stdout=out, stderr=subprocess.STDOUT)
         try:
+            if self.http_port == 0 or self.rpc_port == 0:
+                self.http_port, self.rpc_port = bound_ports(self.log, start, self.proc)
+                self.addr = f"127.0.0.1:{self.rpc_port}"
+                self._config["http_server_port"] = self.http_port
+                self._config["rpc_server_port"] = self.rpc_port
+                self._config_path.write_text(json.dumps(self._config))
             wait_for_port(self.rpc_port, self.proc, self.log)
             # The servers answer while subscriptions are restored; registration changes wait
             # for that, so a test starts once /health says ready.

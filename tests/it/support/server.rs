@@ -7,7 +7,34 @@ use std::time::{Duration, Instant};
 use mooncake_conductor::gateway::pb::conductor_client::ConductorClient;
 use tonic::transport::Channel;
 
-use super::free_port;
+/// The ports a service started with port 0 bound, from its log line "sockets bound: http ADDR
+/// grpc ADDR" (logged before recovery); panics with the log if it exits first or takes 30 s.
+fn bound_ports(log: &std::path::Path, child: &mut Child) -> (u16, u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        // Whole lines only: the last one may still be being written.
+        let whole = text.split_inclusive('\n').filter(|l| l.ends_with('\n'));
+        if let Some(ports) = whole.map(str::trim_end).find_map(parse_bound) {
+            return ports;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("server exited before binding its ports, with {status}:\n{text}");
+        }
+        assert!(Instant::now() < deadline, "server bound no ports:\n{text}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn parse_bound(line: &str) -> Option<(u16, u16)> {
+    let rest = &line[line.find("sockets bound: http ")? + "sockets bound: http ".len()..];
+    let mut words = rest.split_whitespace();
+    let port = |addr: &str| addr.rsplit(':').next()?.parse::<u16>().ok();
+    let http = port(words.next()?)?;
+    (words.next()? == "grpc").then_some(())?;
+    let rpc = port(words.next()?)?;
+    Some((http, rpc))
+}
 
 pub struct Server {
     pub http_port: u16,
@@ -70,10 +97,12 @@ impl Server {
         extra: serde_json::Value,
         env: &[(&str, V)],
     ) -> Server {
-        let (http_port, rpc_port) = (free_port(), free_port());
+        // Port 0: the service binds free ports itself and logs them (`bound_ports`). Choosing
+        // free ports here and handing them over left a moment in which another process could
+        // take one, and the service then failed to start.
         let mut config = serde_json::json!({
-            "http_server_port": http_port,
-            "rpc_server_port": rpc_port,
+            "http_server_port": 0,
+            "rpc_server_port": 0,
             "bind_address": "127.0.0.1",
             "kvevent_instance": {},
             "data_dir": dir.path().join("data"),
@@ -89,8 +118,9 @@ impl Server {
             serde_json::to_vec_pretty(&config).expect("config"),
         )
         .expect("write config");
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+        let log_path = dir.path().join("server.log");
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
             .env("CONDUCTOR_CONFIG_PATH", &config_path)
             .env("CONDUCTOR_LOG_LEVEL", "debug")
             .env_remove("CONDUCTOR_AUTH_TOKEN")
@@ -99,6 +129,14 @@ impl Server {
             .stderr(log)
             .spawn()
             .expect("spawn mooncake_conductor");
+        let configured = |key: &str| config.get(key).and_then(|v| v.as_u64()).unwrap_or(0);
+        let (http_port, rpc_port) = match (
+            configured("http_server_port"),
+            configured("rpc_server_port"),
+        ) {
+            (0, 0) => bound_ports(&log_path, &mut child),
+            (http, rpc) => (http as u16, rpc as u16),
+        };
         Server {
             http_port,
             rpc_port,
