@@ -34,6 +34,7 @@ pub mod index;
 pub mod metrics;
 pub mod mix;
 pub mod model;
+mod prefetch;
 pub mod registry;
 pub mod replica;
 pub mod service;

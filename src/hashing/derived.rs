@@ -32,14 +32,26 @@
 
 use super::BlockHash;
 use super::Token;
+use crate::prefetch::prefetch;
+
+/// How many blocks ahead of the one it hashes a chain asks for its tokens' cache line.
+const TOKENS_AHEAD: usize = 4;
 
 const K0: u64 = 0xa076_1d64_78bd_642f;
 const K1: u64 = 0xe703_7ed1_a0b4_28db;
 const K2: u64 = 0x8ebc_6af0_9c88_c6e3;
 const K3: u64 = 0x5899_65cc_7537_4cc3;
 
-/// The parent key of an unsalted chain's first block.
-pub const ROOT: u64 = 0x6d6f_6f6e_6361_6b65;
+/// The parent key of an unsalted chain's first block. Roots are even and derived keys odd, so
+/// [`link`] knows a chain's first block by its parent.
+pub const ROOT: u64 = 0x6d6f_6f6e_6361_6b64;
+
+/// The top bits of a derived key that pick its shard in the block table.
+pub const SHARD_BITS: u32 = 6;
+const SHARD_MASK: u64 = !0 << (64 - SHARD_BITS);
+/// A key whose bits 1..=SEGMENT_BITS are all 0 starts a new segment: about one block in
+/// 2^SEGMENT_BITS.
+const SEGMENT_BITS: u32 = 4;
 
 #[inline(always)]
 const fn fold(a: u64, b: u64) -> u64 {
@@ -47,59 +59,106 @@ const fn fold(a: u64, b: u64) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
+/// A derived key's own bits, before it takes its parent's shard (see [`link`]).
 #[inline(always)]
-const fn finish(mut x: u64) -> u64 {
-    x = (x ^ (x >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    x ^ (x >> 29)
+const fn mixed(parent: u64, content: u64) -> u64 {
+    fold(parent ^ K0, content ^ K1) ^ parent.rotate_left(23)
 }
 
-/// Chains the content of a block to its parent's key: the block's own key. Derived keys are
-/// odd: the index stores engine-published hashes it cannot derive with the low bit clear, so the
-/// two kinds never meet in one table (see `index`'s "Keys").
+/// Chains the content of a block to its parent's key: the block's own key.
+///
+/// Derived keys are odd: the index stores engine-published hashes it cannot derive with the low
+/// bit clear, so the two kinds never meet in one table (see `index`'s "Keys"). Roots are even.
+///
+/// A key's top [`SHARD_BITS`] pick its shard in the block table, and a key takes them from its
+/// parent unless it starts a segment: the first block of a chain (its parent is a root) and
+/// about one block in 2^[`SEGMENT_BITS`] (chosen by the key's own bits, so by content, the same
+/// for every chain through the block). So the blocks of a prompt come in runs of about 16 in one
+/// shard, where a store run takes its records in order and a walk along the prompt reads them
+/// side by side, and an engine message touches a few shards instead of one or two blocks in
+/// each of ~50. The other 58 bits are the key's own, so two blocks of one shard collide no more
+/// often than any two keys did before.
 #[inline]
 pub const fn link(parent: u64, content: u64) -> u64 {
-    finish(fold(parent ^ K0, content ^ K1) ^ parent.rotate_left(23)) | 1
+    let own = mixed(parent, content) | 1;
+    let starts = parent & 1 == 0 || (own >> 1) & ((1 << SEGMENT_BITS) - 1) == 0;
+    let inherited = SHARD_MASK & (starts as u64).wrapping_sub(1);
+    (own & !inherited) | (parent & inherited)
+}
+
+/// Four words into a lane. When all four are 32-bit values (token ids are) they are packed two
+/// to an operand, one multiply for four tokens; otherwise one to an operand, with other
+/// constants, so a packed pair never stands for a wide word.
+#[inline(always)]
+const fn chunk(lane: u64, w: [u64; 4]) -> u64 {
+    if (w[0] | w[1] | w[2] | w[3]) >> 32 == 0 {
+        fold(lane ^ (w[0] | w[1] << 32), (w[2] | w[3] << 32) ^ K1)
+    } else {
+        fold(fold(lane ^ w[0], w[1] ^ K2) ^ w[2], w[3] ^ K3)
+    }
+}
+
+/// The digest from the two lanes, the unit count and the extras. The count and the extras
+/// enter after the lanes, never XORed into a lane beside a word (where `extra ^ w` would let
+/// one stand in for the other).
+#[inline(always)]
+const fn digest(a: u64, b: u64, units: usize, extra: u64) -> u64 {
+    fold(a ^ K0 ^ units as u64, b ^ K2 ^ extra.rotate_left(29)) ^ a
 }
 
 /// The digest of one block's units (token ids, or for bigram blocks the two ids of each pair in
 /// order) plus `extra`, a digest of the block's extra keys (0 for none). `units` is the number
 /// of units, so a short final page differs from a full one with the same leading ids.
-#[inline]
+///
+/// Words go four at a time into the two lanes in turn (words 0..4 into the first, 4..8 into
+/// the second, and so on), a final short group padded with zeros (the unit count tells the
+/// padding from real zeros).
 pub fn content(words: impl Iterator<Item = i64>, units: usize, extra: u64) -> u64 {
     let (mut a, mut b) = (K2, K3);
     let mut words = words.map(|w| w as u64);
-    while let Some(w0) = words.next() {
-        let w1 = words.next().unwrap_or(K3);
-        a = fold(a ^ w0, w1 ^ K1);
-        let Some(w2) = words.next() else { break };
-        let w3 = words.next().unwrap_or(K3);
-        b = fold(b ^ w2, w3 ^ K0);
-    }
-    // The count and the extras enter after the lanes, never XORed into a lane beside a word
-    // (where `extra ^ w` would let one stand in for the other).
-    fold(fold(a ^ K0, b ^ K2) ^ extra, units as u64 ^ K1) ^ a
-}
-
-/// [`content`] of a slice of tokens, four at a time (the same digest, without the iterator's
-/// per-word branches; queries and flat event blocks go through here).
-#[inline]
-pub fn content_of<T: Token>(tokens: &[T], extra: u64) -> u64 {
-    let (mut a, mut b) = (K2, K3);
-    let mut quads = tokens.chunks_exact(4);
-    for q in &mut quads {
-        let w = |i: usize| q[i].to_i64() as u64;
-        a = fold(a ^ w(0), w(1) ^ K1);
-        b = fold(b ^ w(2), w(3) ^ K0);
-    }
-    let rest = quads.remainder();
-    let w = |i: usize| rest.get(i).map_or(K3, |t| t.to_i64() as u64);
-    if !rest.is_empty() {
-        a = fold(a ^ w(0), w(1) ^ K1);
-        if rest.len() == 3 {
-            b = fold(b ^ w(2), K3 ^ K0);
+    loop {
+        let mut eight = [0u64; 8];
+        let mut n = 0;
+        for (slot, w) in eight.iter_mut().zip(&mut words) {
+            *slot = w;
+            n += 1;
+        }
+        if n == 0 {
+            break;
+        }
+        a = chunk(a, [eight[0], eight[1], eight[2], eight[3]]);
+        if n > 4 {
+            b = chunk(b, [eight[4], eight[5], eight[6], eight[7]]);
+        }
+        if n < 8 {
+            break;
         }
     }
-    fold(fold(a ^ K0, b ^ K2) ^ extra, tokens.len() as u64 ^ K1) ^ a
+    digest(a, b, units, extra)
+}
+
+/// [`content`] of a slice of tokens (the same digest, eight tokens at a time without the
+/// iterator's per-word work; queries and flat event blocks go through here). Inlined so that a
+/// chain's loop overlaps the multiplies of consecutive blocks (called, it cost as much as the
+/// old, twice-as-long digest).
+#[inline(always)]
+pub fn content_of<T: Token>(tokens: &[T], extra: u64) -> u64 {
+    let w = |t: &T| t.to_i64() as u64;
+    let (mut a, mut b) = (K2, K3);
+    let mut eights = tokens.chunks_exact(8);
+    for q in &mut eights {
+        a = chunk(a, [w(&q[0]), w(&q[1]), w(&q[2]), w(&q[3])]);
+        b = chunk(b, [w(&q[4]), w(&q[5]), w(&q[6]), w(&q[7])]);
+    }
+    let rest = eights.remainder();
+    if !rest.is_empty() {
+        let at = |i: usize| rest.get(i).map_or(0, w);
+        a = chunk(a, [at(0), at(1), at(2), at(3)]);
+        if rest.len() > 4 {
+            b = chunk(b, [at(4), at(5), at(6), at(7)]);
+        }
+    }
+    digest(a, b, tokens.len(), extra)
 }
 
 /// A digest of bytes (a cache salt, an extra key's encoding). Never 0, so 0 can mean "none".
@@ -117,7 +176,7 @@ pub fn root(cache_salt: &str) -> u64 {
     if cache_salt.is_empty() {
         ROOT
     } else {
-        link(ROOT, bytes_digest(cache_salt.as_bytes()))
+        link(ROOT, bytes_digest(cache_salt.as_bytes())) & !1
     }
 }
 
@@ -184,6 +243,11 @@ pub struct DerivedChain<'a, T> {
 
 impl<'a, T: Token> DerivedChain<'a, T> {
     pub fn new(rule: BlockRule, block_size: u32, tokens: &'a [T], cache_salt: &str) -> Self {
+        // The first burst's lines arrive while the walk sets up (see the burst loop).
+        let first = tokens.len().min(TOKENS_AHEAD * block_size as usize);
+        for i in (0..first).step_by((64 / std::mem::size_of::<T>()).max(1)) {
+            prefetch(tokens.as_ptr().wrapping_add(i));
+        }
         DerivedChain {
             rule,
             tokens,
@@ -241,6 +305,10 @@ impl<T: Token> super::PrefixKeys for DerivedChain<'_, T> {
                     .tokens
                     .get(from * self.block_size..upto * self.block_size);
                 for block in tokens.unwrap_or(&[]).chunks_exact(self.block_size.max(1)) {
+                    // A query's tokens are read once, so they come from memory: the walk's
+                    // misses leave the hardware prefetcher behind (the token loads were half of
+                    // hashing's time in the side-by-side benchmark).
+                    prefetch(block.as_ptr().wrapping_add(TOKENS_AHEAD * self.block_size));
                     parent = link(parent, content_of(block, 0));
                     self.keys.push(BlockHash(parent));
                 }
@@ -317,6 +385,51 @@ mod tests {
         assert_ne!(link(link(ROOT, c), c), link(ROOT, c));
         assert_ne!(bytes_digest(b""), 0);
         assert_ne!(bytes_digest(b"ab"), bytes_digest(b"ab\0"));
+    }
+
+    #[test]
+    fn a_chain_keeps_its_shard_for_a_segment_of_about_sixteen_blocks() {
+        let shard = |k: u64| k >> (64 - SHARD_BITS);
+        let (mut starts, mut first_shards) = (0usize, std::collections::HashSet::new());
+        let n = 20_000u64;
+        for chain in 0..40u64 {
+            let mut parent = if chain % 2 == 0 { ROOT } else { root("salt") };
+            assert_eq!(parent & 1, 0, "roots are even");
+            for b in 0..n / 40 {
+                let c = flat(&[chain as i64, b as i64], 0);
+                let key = link(parent, c);
+                assert_eq!(key & 1, 1, "derived keys are odd");
+                let own = mixed(parent, c) | 1;
+                let start = b == 0 || (own >> 1) & ((1 << SEGMENT_BITS) - 1) == 0;
+                if start {
+                    starts += 1;
+                    assert_eq!(key, own, "a segment's first block keeps its own bits");
+                } else {
+                    assert_eq!(shard(key), shard(parent), "block {b} of chain {chain}");
+                    assert_eq!(key & !SHARD_MASK, own & !SHARD_MASK);
+                }
+                if b == 0 {
+                    first_shards.insert(shard(key));
+                }
+                parent = key;
+            }
+        }
+        // 40 chain starts plus about one block in 16.
+        let mean = n as f64 / starts as f64;
+        assert!((12.0..20.0).contains(&mean), "mean segment {mean}");
+        assert!(first_shards.len() > 20, "{} shards", first_shards.len());
+    }
+
+    #[test]
+    fn wide_words_never_stand_for_packed_pairs() {
+        // The same four-word layout, once as 32-bit tokens packed in pairs and once as wide
+        // words equal to those packed pairs.
+        let narrow = flat(&[1, 2, 3, 4], 0);
+        let wide = flat(&[1 | 2 << 32, 3 | 4 << 32, 0, 0], 0);
+        assert_ne!(narrow, wide);
+        assert_ne!(flat(&[0, 0, 0, 0], 0), flat(&[0, 0, 0, 1 << 32], 0));
+        assert_ne!(flat(&[7; 8], 0), flat(&[7; 7], 0), "padding is not a token");
+        assert_ne!(flat(&[0; 8], 0), flat(&[0; 7], 0));
     }
 
     #[test]

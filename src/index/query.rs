@@ -294,15 +294,21 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
         let window = prefetch_window(c, n);
         while ahead < window {
             let at = shared.table.locate(keys.key(ahead).0);
-            located[ahead % LOCATED] = at;
             shared.table.prefetch(&reading, at);
+            located[ahead % LOCATED] = at;
             ahead += 1;
         }
         if c + RECORD_AHEAD < ahead {
-            let later = &mut located[(c + RECORD_AHEAD) % LOCATED];
-            shared.table.locate_record(&reading, later);
+            let i = c + RECORD_AHEAD;
+            let before = located[(i - 1) % LOCATED];
+            let later = &mut located[i % LOCATED];
+            shared.table.locate_record_after(&reading, later, &before);
         }
-        let at = located[c % LOCATED];
+        // The first blocks were never located: their records may follow the block before.
+        let mut at = located[c % LOCATED];
+        if c > 0 {
+            at.after(&located[(c - 1) % LOCATED]);
+        }
         let key = at.key;
         let alt = if with_raw {
             keys.alt_key(c).map(|k| k.0).filter(|&k| k != key)
@@ -310,10 +316,10 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
             None
         };
         let alt_val = alt.map_or(0, |alt| {
-            let alt = shared.table.locate(alt);
+            let mut alt = shared.table.locate(alt);
             shared
                 .table
-                .lookup(&reading, alt, |_, _| true, alt_entries)
+                .lookup(&reading, &mut alt, |_, _| true, alt_entries)
                 .0
         });
         // Same value as the previous block (and no set value reused meanwhile): every holder
@@ -323,10 +329,11 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
         };
         let (val, reused) = shared.table.lookup(
             &reading,
-            at,
+            &mut at,
             |val, reused| val != 0 && !unchanged(val, reused),
             next,
         );
+        located[c % LOCATED] = at;
         if val == 0 && alt_val == 0 {
             break;
         }

@@ -238,16 +238,6 @@ impl Arrays {
         }
     }
 
-    /// The value of `key` (slot hash `h`), 0 when absent (see [`Self::probe`] on reading
-    /// without the lock).
-    #[inline]
-    pub(super) fn value_at(&self, seed: u64, key: u64, h: u64) -> u32 {
-        match self.probe_at(seed, key, h) {
-            Probe::Found(_, idx) => self.rec(idx as usize).val,
-            Probe::Vacant { .. } => 0,
-        }
-    }
-
     /// Bring in the cache line of the home slot of slot hash `h`.
     #[inline]
     pub(super) fn prefetch_slot(&self, h: u64) {
@@ -280,19 +270,36 @@ impl Arrays {
         NO_RECORD
     }
 
-    /// [`Self::value_at`], first trying record `hint` (from [`Self::prefetch_record`]): a
+    /// The key record `r` holds now (0 past the end): a guess's check, validated later.
+    #[inline]
+    pub(super) fn record_key(&self, r: u32) -> u64 {
+        self.rec(r as usize).key()
+    }
+
+    /// The value of `key` (slot hash `h`), 0 when absent (see [`Self::probe`] on reading
+    /// without the lock), first trying record `hint` (from [`Self::prefetch_record`]): a
     /// record that holds `key` with a live value is that block's record, since a block has one
     /// record for life and a free record's value is 0, so the probe over the slots is skipped.
-    /// Any other record, or none, falls back to the probe.
+    /// Any other record, or none, falls back to the probe. `hint` becomes the record that holds
+    /// the key ([`NO_RECORD`] when none does).
     #[inline]
-    pub(super) fn value_at_hinted(&self, seed: u64, key: u64, h: u64, hint: u32) -> u32 {
-        if hint != NO_RECORD {
-            let r = self.rec(hint as usize);
+    pub(super) fn value_at_hinted(&self, seed: u64, key: u64, h: u64, hint: &mut u32) -> u32 {
+        if *hint != NO_RECORD {
+            let r = self.rec(*hint as usize);
             if r.val != 0 && r.key() == key {
                 return r.val;
             }
         }
-        self.value_at(seed, key, h)
+        match self.probe_at(seed, key, h) {
+            Probe::Found(_, idx) => {
+                *hint = idx;
+                self.rec(idx as usize).val
+            }
+            Probe::Vacant { .. } => {
+                *hint = NO_RECORD;
+                0
+            }
+        }
     }
 }
 

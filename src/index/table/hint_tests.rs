@@ -14,7 +14,9 @@ fn add(table: &Table, key: u64, id: u32, bits: u8) {
 
 fn value(table: &Table, at: Located) -> u32 {
     let reading = table.reading();
-    table.lookup(&reading, at, |_, _| false, &mut Vec::new()).0
+    table
+        .lookup(&reading, &mut { at }, |_, _| false, &mut Vec::new())
+        .0
 }
 
 /// `at` with its record hint taken, as the walk takes it a few blocks ahead.
@@ -77,4 +79,68 @@ fn a_stale_or_wrong_hint_falls_back_to_the_probe() {
         value(&table, table.locate(reuser)),
         make_entry(2, CPU_LOCAL)
     );
+}
+
+/// Derived keys of one shard (odd, top bits `shard`), as a chain's segment has them.
+fn segment_keys(shard: u64, n: u64) -> Vec<u64> {
+    (1..=n)
+        .map(|i| (mix64(i) >> 6) | (shard << 58) | 1)
+        .collect()
+}
+
+#[test]
+fn a_chain_stored_in_one_run_is_followed_record_by_record() {
+    let table = Table::new();
+    let keys = segment_keys(9, 40);
+    assert!(keys.iter().all(|&k| table.shard_no(k) == 9));
+    let items: Vec<_> = keys.iter().map(|&k| (k, 1, DEVICE)).collect();
+    table.add_group(&mut table.writer(), 9, &items, |_, _, _| {});
+    let reading = table.reading();
+    let mut before = hinted(&table, keys[0]);
+    assert_ne!(before.record, NO_RECORD);
+    for &k in &keys[1..] {
+        let mut at = table.locate(k);
+        assert!(
+            table.locate_record_after(&reading, &mut at, &before),
+            "{k:#x} follows its predecessor's record"
+        );
+        assert_eq!(at.record, before.record + 1);
+        assert_eq!(value(&table, at), make_entry(1, DEVICE));
+        before = at;
+    }
+}
+
+#[test]
+fn a_guess_that_names_another_block_or_another_shard_falls_back_to_the_slots() {
+    let table = Table::new();
+    let keys = segment_keys(3, 3);
+    for &k in &keys {
+        add(&table, k, 1, DEVICE);
+    }
+    // Stored in the order 0, 1, 2: block 2 does not follow block 0's record.
+    let reading = table.reading();
+    let first = hinted(&table, keys[0]);
+    let mut at = table.locate(keys[2]);
+    assert!(!table.locate_record_after(&reading, &mut at, &first));
+    assert_eq!(
+        at.record,
+        hinted(&table, keys[2]).record,
+        "found by its slot"
+    );
+    assert_eq!(value(&table, at), make_entry(1, DEVICE));
+    // A predecessor in another shard is never followed, even where its record + 1 is ours.
+    let other = segment_keys(4, 1)[0];
+    add(&table, other, 2, DISK);
+    let elsewhere = Located {
+        record: first.record,
+        ..hinted(&table, other)
+    };
+    let mut at = table.locate(keys[1]);
+    assert!(!table.locate_record_after(&reading, &mut at, &elsewhere));
+    assert_eq!(value(&table, at), make_entry(1, DEVICE));
+    // The block after the last record: nothing there, and nothing found.
+    let last = hinted(&table, keys[2]);
+    let mut absent = table.locate(segment_keys(3, 9)[8]);
+    assert!(!table.locate_record_after(&reading, &mut absent, &last));
+    assert_eq!(value(&table, absent), 0);
 }

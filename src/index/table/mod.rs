@@ -70,6 +70,9 @@ pub(crate) const MAX_HOLDERS: usize = 1 << 28;
 pub(crate) const SHARD_BITS: u32 = 6;
 pub(crate) const SHARDS: usize = 1 << SHARD_BITS;
 
+// A derived key names its shard in its top bits (`hashing::derived::link`).
+const _: () = assert!(crate::hashing::derived::SHARD_BITS == SHARD_BITS);
+
 // A block reference is the shard number above the record index, in 32 bits.
 const _: () = assert!(SHARD_BITS + IDX_BITS <= 32);
 
@@ -360,6 +363,19 @@ pub(crate) struct Located {
     pub key: u64,
     hash: u64,
     record: u32,
+    shard: u32,
+}
+
+impl Located {
+    /// Take as the record hint the record after `before`'s, when `before` (the block before in
+    /// a walk) is in the same shard and this block has no hint yet: what a store run makes of a
+    /// segment's blocks. The lookup checks it like any hint.
+    #[inline]
+    pub fn after(&mut self, before: &Located) {
+        if self.record == NO_RECORD && before.shard == self.shard && before.record != NO_RECORD {
+            self.record = before.record + 1;
+        }
+    }
 }
 
 impl Default for Located {
@@ -368,6 +384,7 @@ impl Default for Located {
             key: 0,
             hash: 0,
             record: NO_RECORD,
+            shard: 0,
         }
     }
 }
@@ -378,6 +395,17 @@ impl Default for Located {
 #[inline]
 const fn shard_of_hash(h: u64) -> usize {
     (h >> 3) as usize & (SHARDS - 1)
+}
+
+/// The shard of `key` with slot hash `h`: a derived key (odd) names its own, in its top bits;
+/// a published hash takes bits of its slot hash.
+#[inline]
+const fn shard_of_key(key: u64, h: u64) -> usize {
+    if key & 1 == 1 {
+        (key >> (64 - SHARD_BITS)) as usize
+    } else {
+        shard_of_hash(h)
+    }
 }
 
 /// The shards of one context.
@@ -413,7 +441,7 @@ impl Table {
     /// The shard of `key`, below [`SHARDS`].
     #[inline]
     pub fn shard_no(&self, key: u64) -> usize {
-        shard_of_hash(blocks::slot_hash(key, self.slot_seed))
+        shard_of_key(key, blocks::slot_hash(key, self.slot_seed))
     }
 
     #[inline]
@@ -438,19 +466,24 @@ impl Table {
     /// Without a lock (see [`view`]): the value of block `key` (0 when absent) and the sets'
     /// reuse count read with it, as one consistent read. When `wants(value, reused)` says so,
     /// `out` is cleared and given the value's entries sorted by holder id, in the same read.
+    ///
+    /// `at`'s record becomes the one that held the key ([`NO_RECORD`] when absent), so that
+    /// the walk can guess the next block's record from it ([`Located::after`]).
     #[inline]
     pub fn lookup(
         &self,
         reading: &Reading<'_>,
-        at: Located,
+        at: &mut Located,
         mut wants: impl FnMut(u32, u64) -> bool,
         out: &mut Vec<u32>,
     ) -> (u32, u64) {
-        let Some(view) = self.views.get(shard_of_hash(at.hash)) else {
+        let Some(view) = self.views.get(at.shard as usize) else {
             return (0, 0);
         };
         view.read(reading, |arrays| {
-            let val = arrays.value_at_hinted(self.slot_seed, at.key, at.hash, at.record);
+            let mut record = at.record;
+            let val = arrays.value_at_hinted(self.slot_seed, at.key, at.hash, &mut record);
+            at.record = record;
             let reused = self.sets.reused();
             if wants(val, reused) {
                 out.clear();
@@ -470,7 +503,7 @@ impl Table {
     /// `key` up a few blocks later.
     #[inline]
     pub fn prefetch(&self, reading: &Reading<'_>, at: Located) {
-        if let Some(view) = self.views.get(shard_of_hash(at.hash)) {
+        if let Some(view) = self.views.get(at.shard as usize) {
             view.arrays(reading).prefetch_slot(at.hash);
         }
     }
@@ -490,19 +523,47 @@ impl Table {
     /// lookup takes it when the record holds the key, and probes otherwise.
     #[inline]
     pub fn locate_record(&self, reading: &Reading<'_>, at: &mut Located) {
-        if let Some(view) = self.views.get(shard_of_hash(at.hash)) {
+        if let Some(view) = self.views.get(at.shard as usize) {
             at.record = view.arrays(reading).prefetch_record(at.hash);
         }
+    }
+
+    /// [`Self::locate_record`] for the block a walk looks up after `before`: first the record
+    /// after `before`'s, which is the block's record when the two were stored in one run into
+    /// one shard (a chain's blocks share a shard for a segment, see
+    /// [`crate::hashing::derived::link`], and a run takes records in order), read without
+    /// touching the slots.
+    #[inline]
+    pub fn locate_record_after(
+        &self,
+        reading: &Reading<'_>,
+        at: &mut Located,
+        before: &Located,
+    ) -> bool {
+        if let Some(view) = self.views.get(at.shard as usize) {
+            let arrays = view.arrays(reading);
+            if before.shard == at.shard && before.record != NO_RECORD {
+                let next = before.record + 1;
+                if arrays.record_key(next) == at.key {
+                    at.record = next;
+                    return true;
+                }
+            }
+            at.record = arrays.prefetch_record(at.hash);
+        }
+        false
     }
 
     /// `key` with its slot hash, which picks its shard and its slot: computed once for the
     /// prefetches and the lookup of one block.
     #[inline]
     pub fn locate(&self, key: u64) -> Located {
+        let hash = blocks::slot_hash(key, self.slot_seed);
         Located {
             key,
-            hash: blocks::slot_hash(key, self.slot_seed),
+            hash,
             record: NO_RECORD,
+            shard: shard_of_key(key, hash) as u32,
         }
     }
 

@@ -5,17 +5,4 @@
 //! consecutive blocks overlap instead of adding up: the slot line first, then, once that is in,
 //! the record line its slot names.
 
-/// Ask the CPU to bring the cache line of `p` into its caches. A hint only: nothing is read,
-/// and any address, even a dangling one, is allowed.
-#[inline(always)]
-pub(crate) fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 never faults and has no effect a program can observe except timing;
-    // the pointer is never dereferenced.
-    unsafe {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
+pub(crate) use crate::prefetch::prefetch;

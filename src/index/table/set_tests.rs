@@ -221,14 +221,16 @@ fn freed_set_ids_are_reused_and_counted() {
     assert_eq!(t.sets.live(), 0);
     let reading = t.reading();
     let mut out = Vec::new();
-    let (_, reused) = t.lookup(&reading, t.locate(10), |_, _| false, &mut out);
+    let (_, reused) = t.lookup(&reading, &mut t.locate(10), |_, _| false, &mut out);
     // Other entries on another block take the freed ids again.
     for id in 10..14 {
         add(&t, 11, id, DISK);
     }
     assert_eq!(t.sets.ids(), ids, "no new ids while freed ones exist");
     assert!(
-        t.lookup(&reading, t.locate(11), |_, _| false, &mut out).1 > reused,
+        t.lookup(&reading, &mut t.locate(11), |_, _| false, &mut out)
+            .1
+            > reused,
         "reuse is visible to readers"
     );
     assert_eq!(
@@ -376,14 +378,14 @@ fn lock_free_reads_stay_exact_while_shards_grow_shift_and_reuse_records() {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads < 10_000 {
                     let reading = t.reading();
                     for (i, &k) in stable.iter().enumerate().skip(r).step_by(7) {
-                        t.lookup(&reading, t.locate(k), |_, _| true, &mut out);
+                        t.lookup(&reading, &mut t.locate(k), |_, _| true, &mut out);
                         let got: Vec<(u32, u8)> =
                             out.iter().map(|&e| (entry_id(e), entry_bits(e))).collect();
                         assert_eq!(got, want[i], "stable block {i}");
                         // Keys of this form are never stored.
                         let absent = mix64(k) | 1 << 63;
                         assert_eq!(
-                            t.lookup(&reading, t.locate(absent), |_, _| false, &mut out)
+                            t.lookup(&reading, &mut t.locate(absent), |_, _| false, &mut out)
                                 .0,
                             0
                         );
