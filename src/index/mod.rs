@@ -53,6 +53,10 @@
 //! namespace), and a query from tokens costs one fast multiply chain per block instead of
 //! SHA-256.
 //!
+//! A derived key also names its shard in the table (its top 6 bits), inherited from its parent
+//! within a segment of about 16 blocks (see [`crate::hashing::derived::link`] and "Segments"
+//! below); a raw key's shard comes from its slot hash.
+//!
 //! A block the index cannot derive is kept under its published hash ("raw"): an event whose
 //! parent this context never saw (a subscriber that joined mid-stream; guessing the parent would
 //! risk a false hit), a store object whose hash has no alias yet, and schema 1 data. Those keys
@@ -261,10 +265,43 @@
 //!   the 1M-token query (its table in the caches) 2.3 -> 1.4 ms by keys but the 2,048-token
 //!   queries (their table evicted by the other index's passes) up to 1.5x slower, so it stays.
 //!
-//! So what remains is the probe itself: two dependent random lines per block (slot, record)
-//! where a tree reads one sequential run per edge. The next step is the structural one named
-//! under "Chain hints": records allocated in chain order, so that a walk along a stored chain
-//! reads neighbouring records.
+//! So what remained was the probe itself: two dependent random lines per block (slot, record)
+//! where a tree reads one sequential run per edge. "Segments" below is the structural step
+//! named under "Chain hints".
+//!
+//! # Segments: a prompt's records side by side (schema 5)
+//!
+//! A derived key carries its shard in its top bits and takes them from its parent, except at
+//! the first block of a chain and at about one block in 16 chosen by the key's own bits (so by
+//! content: every chain through a block agrees). A prompt's blocks therefore come in segments
+//! of about 16 in one shard, and since a shard hands out records in order (free records first,
+//! then new ones), the blocks of a segment that one store run brought are neighbouring
+//! records. The walk, locating a block a few steps ahead, first reads the record after the one
+//! of the block before it (`Table::locate_record_after`, and `Located::after` for the first
+//! blocks): a key check on a line that is usually in the caches already, instead of a slot
+//! line and then a record line. Any other record, or a block of another shard, takes the slots
+//! as before, and the lookup still checks the hint by key and live value, so a guess can only
+//! cost time.
+//!
+//! Measured on the side-by-side workload: 94 % of the blocks a walk looked up were in the
+//! shard of the block before, and 78 % were found by the record after their predecessor's (91 %
+//! of the guesses tried; most failures follow evictions, whose freed records later stores
+//! reuse). Profile mode, thread CPU per query, best of 3 alternated runs at load 3-5 (schema 4 ->
+//! schema 5 keys, both with the faster digest only in the second): 1M-token full hit by keys
+//! 1.42 -> 0.80 ms, from tokens 2.10-2.86 -> 1.21-1.55 ms; 2,048-token queries about 10 %
+//! (by keys 4.49-4.90 -> 3.9-4.4 us, from tokens 6.2-7.3 -> 5.6-6.6 us). Apply gains as much
+//! (an engine message's blocks fall into a few shard groups, each one lock and one write
+//! section, instead of one or two blocks in each of ~50): ratio to Dynamo in three alternated
+//! full runs 1.10, 1.08, 1.37 -> 1.29, 1.27, 1.19. Tried and not kept: not prefetching the
+//! slot line of a block expected to follow its predecessor, and prefetching the record line
+//! after a followed record (both within noise).
+//!
+//! Costs: none in memory (no hint is stored), none on exactness (keys stay 64 bits; the shard
+//! bits are the parent's, the other 58 the block's own). A shard takes as many blocks as the
+//! segments that fall in it; segments start at random, so shards stay even. A restart
+//! rebuilds each shard with its records in slot order, not store order, so walks over restored
+//! blocks take the slots as before until new stores bring runs again. The key change needs
+//! schema 5 (`migrations/0005_*`).
 //!
 //! # Apply
 //!
