@@ -7,7 +7,8 @@
 //! - [`error`] the stable result codes; [`hashing`] byte-exact engine hash chains and the
 //!   [`hashing::BlockHash`] they yield; [`storage`] the key-value layer (trait, RocksDB, memory,
 //!   migrations); [`mix`] the splitmix64 finalizer and [`test_rng`] the seeded generator built
-//!   on it (for tests and benchmarks). These use no other module but `mix`.
+//!   on it (for tests and benchmarks); `prefetch` the cache-line hint of the hot loops. These
+//!   use no other module but `mix` and `prefetch`.
 //! - [`model`] domain newtypes (context and subscription keys, tiers, registrations).
 //! - [`events`] normalized events; [`wire`] publisher payload decoders into them.
 //! - [`index`] per-context prefix indexes, their actors and the directory of live contexts.
