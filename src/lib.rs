@@ -7,7 +7,7 @@
 //! - [`error`] the stable result codes; [`hashing`] byte-exact engine hash chains and the
 //!   [`hashing::BlockHash`] they yield; [`storage`] the key-value layer (trait, RocksDB, memory,
 //!   migrations); [`mix`] the splitmix64 finalizer and [`test_rng`] the seeded generator built
-//!   on it (for tests and benchmarks); `prefetch` the cache-line hint of the hot loops. These
+//!   on it (for tests and benchmarks); [`prefetch`] the cache-line hint of the hot loops. These
 //!   use no other module but `mix` and `prefetch`.
 //! - [`model`] domain newtypes (context and subscription keys, tiers, registrations).
 //! - [`events`] normalized events; [`wire`] publisher payload decoders into them.
@@ -35,7 +35,7 @@ pub mod index;
 pub mod metrics;
 pub mod mix;
 pub mod model;
-mod prefetch;
+pub mod prefetch;
 pub mod registry;
 pub mod replica;
 pub mod service;

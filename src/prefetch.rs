@@ -4,7 +4,7 @@
 /// Ask the CPU to bring the cache line of `p` into its caches. A hint only: nothing is read,
 /// and any address, even a dangling one, is allowed.
 #[inline(always)]
-pub(crate) fn prefetch<T>(p: *const T) {
+pub fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: PREFETCHT0 never faults and has no effect a program can observe except timing;
     // the pointer is never dereferenced.
