@@ -56,17 +56,17 @@ fn put(cf: Cf, key: Vec<u8>, value: Vec<u8>) -> KvOp {
     KvOp::Put { cf, key, value }
 }
 
-/// A context's header, holders (id, source, holder, raw_pairs, pairs as (block, bits,
-/// repeats)), listings, watermarks and aliases, as schema 4 wrote them.
+/// A pair as schema 4 wrote it: block, tier bits, (tier bit, announcements beyond the first).
+type Pair = (u64, u8, Vec<(u8, u32)>);
+
+/// A holder record: id, source number, holder, `raw_pairs`, its pairs.
+type HolderRows = (u32, u32, Holder, Option<u64>, Vec<Pair>);
+
+/// A context's header, holders, listings (source numbers), watermarks (source, seq) and aliases,
+/// as schema 4 wrote them.
 struct Context<'a> {
     key: ContextKey,
-    holders: Vec<(
-        u32,
-        u32,
-        Holder,
-        Option<u64>,
-        Vec<(u64, u8, Vec<(u8, u32)>)>,
-    )>,
+    holders: Vec<HolderRows>,
     attached: &'a [u32],
     marks: &'a [(u32, u64)],
     aliases: &'a [(u64, u64)],
