@@ -9,10 +9,10 @@
 //! (`STORAGE_BENCH_RESTARTS` times, default 1): for profiling and A/B runs of recovery, which
 //! otherwise wait most of a minute per 10 M fill. A kept store of an older schema is migrated by
 //! its first restart, whose open+migrate phase then includes the migration.
-//! `STORAGE_BENCH_MIGRATION=1` measures migration 5 instead, per size: a schema 4 store whose
-//! even sources stored published hashes only and whose odd ones stored chains (derived keys and
-//! aliases, all dropped by the step), its restart with the migration, the restart after it, and
-//! the restart of a store holding only the published hashes written directly.
+//! `STORAGE_BENCH_MIGRATION=1` measures migration 5 instead, per size: a schema 4 store of which
+//! half the pairs are one chain (derived keys and aliases, dropped by the step) and half
+//! published hashes, its restart with the migration, the restart after it, and the restart of a
+//! store holding only the published hashes written directly.
 
 use std::time::{Duration, Instant};
 
@@ -80,8 +80,10 @@ fn raw_batch(source: u32, range: std::ops::Range<u64>) -> IndexBatch {
     }
 }
 
-/// A store of `pairs` in 200 k chunks over the 8 sources: even sources publish hashes only,
-/// odd ones chains, or (with `raw_only`) only the even sources' chunks.
+/// A store of `pairs` in 200 k chunks over the 8 sources: the first half of the chunks one
+/// chain published by the odd sources (derived keys and aliases: each chunk's parent is the
+/// last block of the chunk before), the rest by the even sources with published hashes only;
+/// with `raw_only`, only the latter.
 fn fill_mixed(path: &std::path::Path, pairs: u64, raw_only: bool) {
     let store = RocksStore::open(path).expect("open");
     migrations::migrate(&store, "bench").expect("migrate");
@@ -90,20 +92,21 @@ fn fill_mixed(path: &std::path::Path, pairs: u64, raw_only: bool) {
     }
     let mut index = ContextIndex::new(ContextKey::new("", "bench", "", 16), profile());
     let chunk = 200_000;
-    let (mut start, mut seq) = (0, 0u64);
-    while start < pairs {
-        let end = (start + chunk).min(pairs);
-        seq += 1;
-        let source = (seq % SOURCES as u64) as u32;
-        let batch = match source % 2 {
-            0 => Some(raw_batch(source, start..end)),
-            _ => (!raw_only).then(|| store_batch(source, start..end)),
+    let chunks = pairs.div_ceil(chunk);
+    for c in 0..chunks {
+        let range = c * chunk..((c + 1) * chunk).min(pairs);
+        let chained = c < chunks / 2;
+        let source = 2 * (c % 4) as u32 + u32::from(chained);
+        let batch = if chained {
+            (!raw_only).then(|| store_batch(source, range))
+        } else {
+            Some(raw_batch(source, range))
         };
         if let Some(batch) = batch {
+            let seq = c + 1;
             index.apply_sequenced(&batch, Watermark { seq, digest: seq });
             checkpoint(&mut index, &store);
         }
-        start = end;
     }
     store.compact().expect("compact");
 }
