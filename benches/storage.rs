@@ -9,6 +9,10 @@
 //! (`STORAGE_BENCH_RESTARTS` times, default 1): for profiling and A/B runs of recovery, which
 //! otherwise wait most of a minute per 10 M fill. A kept store of an older schema is migrated by
 //! its first restart, whose open+migrate phase then includes the migration.
+//! `STORAGE_BENCH_MIGRATION=1` measures migration 5 instead, per size: a schema 4 store of which
+//! half the pairs are one chain (derived keys and aliases, dropped by the step) and half
+//! published hashes, its restart with the migration, the restart after it, and the restart of a
+//! store holding only the published hashes written directly.
 
 use std::time::{Duration, Instant};
 
@@ -59,6 +63,89 @@ fn store_batch(source: u32, range: std::ops::Range<u64>) -> IndexBatch {
             },
         }],
     }
+}
+
+/// [`store_batch`] with the published hashes only, no contents: keyed by them (raw).
+fn raw_batch(source: u32, range: std::ops::Range<u64>) -> IndexBatch {
+    IndexBatch {
+        source: SubscriptionKey::new(&format!("engine-{source}"), "", 0),
+        ops: vec![IndexOp::Store {
+            holder: Holder::Engine {
+                instance_id: format!("engine-{source}"),
+                dp_rank: 0,
+            },
+            tier: Tier::Device,
+            hashes: range.map(block).collect(),
+        }],
+    }
+}
+
+/// A store of `pairs` in 200 k chunks over the 8 sources: the first half of the chunks one
+/// chain published by the odd sources (derived keys and aliases: each chunk's parent is the
+/// last block of the chunk before), the rest by the even sources with published hashes only;
+/// with `raw_only`, only the latter.
+fn fill_mixed(path: &std::path::Path, pairs: u64, raw_only: bool) {
+    let store = RocksStore::open(path).expect("open");
+    migrations::migrate(&store, "bench").expect("migrate");
+    for i in 0..SOURCES {
+        put_registration(&store, &registration(i)).expect("registration");
+    }
+    let mut index = ContextIndex::new(ContextKey::new("", "bench", "", 16), profile());
+    let chunk = 200_000;
+    let chunks = pairs.div_ceil(chunk);
+    for c in 0..chunks {
+        let range = c * chunk..((c + 1) * chunk).min(pairs);
+        let chained = c < chunks / 2;
+        let source = 2 * (c % 4) as u32 + u32::from(chained);
+        let batch = if chained {
+            (!raw_only).then(|| store_batch(source, range))
+        } else {
+            Some(raw_batch(source, range))
+        };
+        if let Some(batch) = batch {
+            let seq = c + 1;
+            index.apply_sequenced(&batch, Watermark { seq, digest: seq });
+            checkpoint(&mut index, &store);
+        }
+    }
+    store.compact().expect("compact");
+}
+
+fn migration(pairs: u64) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (mixed, raw) = (dir.path().join("mixed"), dir.path().join("raw"));
+    fill_mixed(&mixed, pairs, false);
+    let (before, _, loaded, _) = restart(&mixed);
+    println!("pairs={pairs} schema 5 restart before the migration={before:?} (loaded {loaded})");
+    {
+        let store = RocksStore::open(&mixed).expect("open");
+        store
+            .write(vec![migrations::version_op(4)])
+            .expect("version");
+    }
+    let (migrating, _, kept, _) = restart(&mixed);
+    println!("  restart with migration 5={migrating:?} (kept {kept} pairs)");
+    fill_mixed(&raw, pairs, true);
+    // Alternated, as restarts are load-sensitive.
+    for round in 0..3 {
+        let (after, _, again, _) = restart(&mixed);
+        assert_eq!(again, kept, "a later restart loads what the first kept");
+        let (direct, _, written, _) = restart(&raw);
+        assert_eq!(
+            written, kept,
+            "the migration keeps exactly the published hashes"
+        );
+        println!(
+            "  round {round}: restart after it={after:?}, of the same pairs written \
+             directly={direct:?} (ratio {:.2})",
+            after.as_secs_f64() / direct.as_secs_f64(),
+        );
+    }
+    println!(
+        "  disk {:.1} MiB against {:.1} MiB",
+        dir_bytes(&mixed) as f64 / (1 << 20) as f64,
+        dir_bytes(&raw) as f64 / (1 << 20) as f64,
+    );
 }
 
 fn checkpoint(index: &mut ContextIndex, store: &dyn KvStore) -> usize {
@@ -136,6 +223,10 @@ fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(1);
+    if std::env::var_os("STORAGE_BENCH_MIGRATION").is_some() {
+        sizes.into_iter().for_each(migration);
+        return;
+    }
     for pairs in sizes {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = match &kept {

@@ -59,7 +59,8 @@
 //!
 //! A block the index cannot derive is kept under its published hash ("raw"): an event whose
 //! parent this context never saw (a subscriber that joined mid-stream; guessing the parent would
-//! risk a false hit), a store object whose hash has no alias yet, and schema 1 data. Those keys
+//! risk a false hit), a store object whose hash has no alias yet, schema 1 data, and what
+//! migration 5 kept when the derived-key function changed (`migrations/`). Those keys
 //! are what the registered profile computes when it matches the engine, so while any raw pair
 //! exists (`Shared::raw_pairs`, counted per holder) a query from tokens also walks the
 //! registered profile's chain as each block's second key ([`crate::hashing::PrefixKeys::alt_key`])

@@ -3,13 +3,14 @@
 use super::{Cf, KvOp, KvStore, StorageError};
 
 /// The schema version this binary writes.
-pub const CURRENT_VERSION: u32 = 4;
+pub const CURRENT_VERSION: u32 = 5;
 
 /// The newest schema version that changed how a record (a key and value of the `KvStore`
-/// API) is encoded. Schema 4 changed only how the RocksDB store packs records into its own
-/// values, so a replica's snapshot, which carries records, is still in schema 3's format and
-/// peers of schema 3 and 4 can bootstrap from each other.
-pub const RECORDS_VERSION: u32 = 3;
+/// API) is encoded or what it means. Schema 4 changed only how the RocksDB store packs records
+/// into its own values (peers of schema 3 and 4 bootstrap from each other); schema 5 changed
+/// what a derived block key means, so a replica's snapshot, which carries records, is in schema
+/// 5's format and a schema 4 peer's is refused.
+pub const RECORDS_VERSION: u32 = 5;
 
 const VERSION_KEY: &[u8] = b"schema_version";
 
@@ -49,6 +50,12 @@ pub const MIGRATIONS: &[Migration] = &[
         description: include_str!("../../migrations/0004_packed_pairs_and_aliases.md"),
         apply: |store| store.pack_records().map(|_| Vec::new()),
     },
+    Migration {
+        version: 5,
+        // Deletes in batches and compacts itself (see the file).
+        description: include_str!("../../migrations/0005_derived_keys_rebuilt_from_replay.md"),
+        apply: super::drop_derived::drop_derived_keys,
+    },
 ];
 
 pub fn read_version(store: &dyn KvStore) -> Result<Option<u32>, StorageError> {
@@ -78,6 +85,11 @@ pub fn version_op(version: u32) -> KvOp {
 
 /// Bring the store to [`CURRENT_VERSION`]; returns the version it had (0 for a new store).
 pub fn migrate(store: &dyn KvStore, path: &str) -> Result<u32, StorageError> {
+    migrate_to(store, path, CURRENT_VERSION)
+}
+
+/// Apply the steps up to `target` (tests of one step stop after it); see [`migrate`].
+pub fn migrate_to(store: &dyn KvStore, path: &str, target: u32) -> Result<u32, StorageError> {
     let found = read_version(store)?.unwrap_or(0);
     if found > CURRENT_VERSION {
         return Err(StorageError::TooNew {
@@ -86,7 +98,10 @@ pub fn migrate(store: &dyn KvStore, path: &str) -> Result<u32, StorageError> {
             supported: CURRENT_VERSION,
         });
     }
-    for step in MIGRATIONS.iter().filter(|m| m.version > found) {
+    for step in MIGRATIONS
+        .iter()
+        .filter(|m| m.version > found && m.version <= target)
+    {
         let mut ops = (step.apply)(store)?;
         ops.push(version_op(step.version));
         store.write(ops)?;

@@ -1,12 +1,16 @@
 //! The key-value layer: a small trait ([`KvStore`]) that knows nothing about RocksDB or about
 //! what is stored, its RocksDB implementation ([`rocks`]), an in-memory one with fault injection
-//! for tests ([`memory`]), bulk loading into an empty store ([`bulk`]), the schema migrations over `migrations/` ([`migrations`]), the
+//! for tests ([`memory`]), bulk loading into an empty store ([`bulk`]), the schema migrations over
+//! `migrations/` ([`migrations`], migration 5's step in [`drop_derived`]), the
 //! checkpoint health figures ([`health`]) and the operator's fault switch ([`fault_switch`]).
 //! RocksDB keeps the many small records of `pairs` and `aliases` packed, many to a value
 //! ([`packed`]), behind the same record-at-a-time trait.
 //! What goes into which column family, and how, is [`crate::durability`]'s.
 
 pub mod bulk;
+pub mod drop_derived;
+#[cfg(test)]
+mod drop_derived_tests;
 pub mod fault_switch;
 pub mod health;
 pub mod memory;

@@ -262,7 +262,7 @@ fn schema_3_records_move_into_their_buckets_and_read_the_same() {
         compare(&rocks, &memory, &mut rng, "half moved", true);
     }
     let rocks = RocksStore::open(dir.path()).unwrap();
-    assert_eq!(migrations::migrate(&rocks, "test").unwrap(), 3);
+    assert_eq!(migrations::migrate_to(&rocks, "test", 4).unwrap(), 3);
     assert_eq!(migrations::read_version(&rocks).unwrap(), Some(4));
     same(&rocks, &memory, &mut rng, "migrated");
     for cf in [Cf::Pairs, Cf::Aliases] {

@@ -243,7 +243,9 @@ impl SeqState {
                 self.start_replay(self.stream_start, seq, payload, actions);
             }
             None => self.apply(seq, payload, actions),
-            Some(last) if seq == last.wrapping_add(1) => self.apply(seq, payload, actions),
+            // Nothing follows seq u64::MAX (the position migration 5 gives a source to rebuild):
+            // a batch 0 after it is a new stream, not the next batch.
+            Some(last) if last.checked_add(1) == Some(seq) => self.apply(seq, payload, actions),
             Some(last) if seq == last => self.counters.duplicates += 1,
             Some(last) if seq < last => {
                 // The publisher restarted: its previous process's blocks are gone.

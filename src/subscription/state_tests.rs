@@ -260,6 +260,35 @@ fn a_resume_whose_batch_the_publisher_no_longer_has_is_dropped() {
     assert_eq!(live(&mut s, &[6]), ["R:0"]);
 }
 
+/// Migration 5 sets the position of a source to rebuild past every batch: the source is dropped
+/// and rebuilt from its publisher, whatever the publisher sends.
+#[test]
+fn a_resume_past_every_batch_drops_the_source_and_rebuilds_it_from_the_stream_start() {
+    let past = u64::MAX;
+    // With a replay socket: the replay from there brings nothing, then the whole buffer.
+    let mut s = SeqState::new(0, true, 100);
+    s.resume_verified(past, 0);
+    assert_eq!(trace(&s.begin_catch_up()), [format!("R:{past}")]);
+    assert!(live(&mut s, &[7]).is_empty(), "held while replaying");
+    assert_eq!(trace(&s.on_replay_end()), ["D:replay_incomplete", "R:0"]);
+    let mut t = Vec::new();
+    for q in 0..8 {
+        t.extend(trace(&s.on_replayed(q, p(q), digest(q))));
+    }
+    t.extend(trace(&s.on_replay_end()));
+    assert_eq!(t, ["0", "1", "2", "3", "4", "5", "6", "7"]);
+    // Without one, any batch reads as a restarted publisher, a new stream's first one too.
+    for first in [0, 5] {
+        let mut s = SeqState::new(0, false, 100);
+        s.resume_verified(past, 0);
+        assert!(s.begin_catch_up().is_empty());
+        assert_eq!(
+            live(&mut s, &[first]),
+            ["D:publisher_restarted".to_owned(), first.to_string()]
+        );
+    }
+}
+
 #[test]
 fn a_start_from_the_stream_start_replays_the_whole_buffer_then_goes_live() {
     let mut s = SeqState::new(0, true, 100);

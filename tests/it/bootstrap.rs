@@ -335,6 +335,19 @@ async fn a_newer_format_is_refused_and_the_replica_starts_empty() {
     .await;
 }
 
+/// A peer of an older schema (format 4: its derived keys mean something else) is refused the
+/// same way: the replica starts empty and subscribes from scratch, never mixing keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_format_is_refused_and_the_replica_starts_empty() {
+    let format = mooncake_conductor::replica::format::FORMAT;
+    let peer = scripted_peer(Scripted::one_registration(begin(format - 1, 1, 0))).await;
+    starts_empty_after(
+        &peer,
+        &format!("snapshot format {}, older than", format - 1),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_than_announced_is_refused_and_the_replica_starts_empty() {
     let format = mooncake_conductor::replica::format::FORMAT;

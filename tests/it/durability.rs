@@ -340,6 +340,52 @@ async fn a_schema_version_1_database_opens_with_the_current_binary() {
     assert_eq!(r.hits["fixture-0"].device, 8);
 }
 
+/// A schema 4 database (the records of one, the version set back) migrates: the blocks under
+/// derived keys go, and the source, whose position the migration set past every batch, is
+/// dropped and rebuilt from its publisher's replay buffer once it publishes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_4_database_rebuilds_its_derived_blocks_from_the_publishers_replay() {
+    use mooncake_conductor::storage::KvStore;
+    use mooncake_conductor::storage::migrations::version_op;
+    let mut server = Server::start().await;
+    let mut player = Player::start(true, 0).await;
+    register(&server, "e", &player).await;
+    handshake(&server, &mut player, "e|default|0", store(1, "GPU")).await;
+    player.publish(store(2, "GPU")).await;
+    deliver(&server, &mut player).await;
+    eventually("hits", WAIT, || async {
+        let a = answers(&server).await;
+        (a[1].0 == 8 && a[2].0 == 8).then_some(())
+    })
+    .await;
+    assert_eq!(server.terminate(), Some(0));
+    let dir = server.into_dir();
+    {
+        let store =
+            mooncake_conductor::storage::rocks::RocksStore::open(&dir.path().join("data")).unwrap();
+        store.write(vec![version_op(4)]).unwrap();
+    }
+    let server = Server::start_in(dir, json!({})).await;
+    assert!(
+        server.log().contains("applied schema migration 0005"),
+        "{}",
+        server.log()
+    );
+    let a = answers(&server).await;
+    assert_eq!(
+        (a[1].0, a[2].0),
+        (0, 0),
+        "blocks under derived keys went with the migration"
+    );
+    player.publish(store(3, "GPU")).await;
+    deliver(&server, &mut player).await;
+    eventually("rebuilt from the replay buffer", WAIT, || async {
+        let a = answers(&server).await;
+        (a[1].0 == 8 && a[2].0 == 8 && a[3].0 == 8).then_some(())
+    })
+    .await;
+}
+
 /// Start the binary on `dir` and expect it to refuse; returns its log.
 fn expect_refusal(dir: &std::path::Path, extra: serde_json::Value) -> (Option<i32>, String) {
     let mut config = json!({"http_server_port": crate::support::free_port(), "rpc_server_port": crate::support::free_port(),
