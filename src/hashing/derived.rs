@@ -71,8 +71,9 @@ const fn mixed(parent: u64, content: u64) -> u64 {
 
 /// Chains the content of a block to its parent's key: the block's own key.
 ///
-/// Derived keys are odd: the index stores engine-published hashes it cannot derive with the low
-/// bit clear, so the two kinds never meet in one table (see `index`'s "Keys"). Roots are even.
+/// Derived keys are odd and roots even, so a key knows whether its parent is a root. (The
+/// published hashes the index keeps where it cannot derive a key are stored as published, odd
+/// or even; they meet a derived key only by a 2^-64 chance, see `index`'s "Keys".)
 ///
 /// A key's top [`SHARD_BITS`] pick its shard in the block table, and a key takes them from its
 /// parent unless it starts a segment: the first block of a chain (its parent is a root) and

@@ -55,7 +55,8 @@
 //!
 //! A derived key also names its shard in the table (its top 6 bits), inherited from its parent
 //! within a segment of about 16 blocks (see [`crate::hashing::derived::link`] and "Segments"
-//! below); a raw key's shard comes from its slot hash.
+//! below); a raw key's shard comes from its top bits when it is odd and from its slot hash
+//! when it is even (`table`'s `shard_of_key`).
 //!
 //! A block the index cannot derive is kept under its published hash ("raw"): an event whose
 //! parent this context never saw (a subscriber that joined mid-stream; guessing the parent would

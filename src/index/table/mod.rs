@@ -397,8 +397,12 @@ const fn shard_of_hash(h: u64) -> usize {
     (h >> 3) as usize & (SHARDS - 1)
 }
 
-/// The shard of `key` with slot hash `h`: a derived key (odd) names its own, in its top bits;
-/// a published hash takes bits of its slot hash.
+/// The shard of `key` with slot hash `h`: an odd key names its own, in its top bits (every
+/// derived key, see `hashing::derived::link`, and the odd half of the published hashes kept
+/// raw, which are hashes too); an even key takes bits of its slot hash. A publisher that
+/// chooses odd hashes with equal top bits can crowd its raw blocks into one shard: that shard
+/// then refuses new blocks at its record limit (`blocks::MAX_RECORDS`, 2^25 - 1), as the whole
+/// table otherwise would far later; its other blocks and shards are unaffected.
 #[inline]
 const fn shard_of_key(key: u64, h: u64) -> usize {
     if key & 1 == 1 {
