@@ -10,7 +10,7 @@
 use super::aliases::Aliases;
 use super::holder::HolderState;
 use super::keying::PendingAliases;
-use super::table::{SHARDS, Table};
+use super::table::{Located, SHARDS, Table};
 
 /// What one run added.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,22 +25,27 @@ pub(super) struct Added {
     pub repeats: u64,
 }
 
-/// Stores gathered for [`apply`]: (block, holder id, tier bit), the alias pairs their ops
-/// gave, and scratch.
+/// One gathered store: its block located once, when its slot line was prefetched (the slot
+/// hash picks the shard and the slot, and the record prefetch keeps which record it found, so
+/// nothing is hashed or probed twice), the holder id, its tier bit, and whether the key is a
+/// published hash.
+#[derive(Clone, Copy, Default)]
+pub(super) struct RunItem {
+    pub(super) at: Located,
+    pub(super) id: u32,
+    pub(super) bit: u8,
+    pub(super) raw: bool,
+}
+
+/// Stores gathered for [`apply`], the alias pairs their ops gave, and scratch.
 #[derive(Default)]
 pub(super) struct StoreRun {
-    /// The tier bit carries [`RAW_KEY`] for keys that are published hashes.
-    pub(super) items: Vec<(u64, u32, u8)>,
+    pub(super) items: Vec<RunItem>,
     /// Inserted into the alias map before the items are applied (see [`PendingAliases`]).
     pub(super) aliases: PendingAliases,
     shard: Vec<u8>,
-    sorted: Vec<(u64, u32, u8)>,
-    /// `sorted[i]` is a published hash.
-    raw: Vec<bool>,
+    sorted: Vec<RunItem>,
 }
-
-/// Marks a queued store whose key is a published hash (the tier bits use the low four bits).
-pub(super) const RAW_KEY: u8 = 0x80;
 
 /// Stores applied per grouping pass: enough that each shard gets several (one lock, and their
 /// slot reads overlap), few enough that the scratch stays small.
@@ -75,37 +80,32 @@ pub(super) fn apply(
         run.aliases.flush(aliases, alias_dirty);
         return out;
     }
-    {
-        // Hints only; registered as a reader so the arrays they look at stay while they do.
-        // The slot lines were prefetched as the items were gathered; they tell where the
-        // records are.
-        let reading = table.reading();
-        run.items
-            .iter()
-            .for_each(|it| table.prefetch_record(&reading, table.locate(it.0)));
-    }
-    run.aliases.flush(aliases, alias_dirty);
-    // Counting sort by shard, keeping the order within a shard.
+    // Counting sort by shard, keeping the order within a shard; the same pass prefetches each
+    // record (the slot lines were prefetched as the items were gathered, and tell where the
+    // records are) and keeps it as the item's hint for `add_each`.
     let mut start = [0usize; SHARDS + 1];
     run.shard.clear();
-    run.shard.extend(run.items.iter().map(|it| {
-        let s = table.shard_no(it.0);
-        start[s + 1] += 1;
-        s as u8
-    }));
+    {
+        // Hints only; registered as a reader so the arrays they look at stay while they do.
+        let reading = table.reading();
+        run.shard.extend(run.items.iter_mut().map(|it| {
+            table.locate_record(&reading, &mut it.at);
+            let s = table.shard_at(it.at);
+            start[s + 1] += 1;
+            s as u8
+        }));
+    }
+    run.aliases.flush(aliases, alias_dirty);
     for i in 0..SHARDS {
         start[i + 1] += start[i];
     }
     let mut next = start;
     run.sorted.clear();
-    run.sorted.resize(run.items.len(), (0, 0, 0));
-    run.raw.clear();
-    run.raw.resize(run.items.len(), false);
+    run.sorted.resize(run.items.len(), RunItem::default());
     for (it, &s) in run.items.iter().zip(&run.shard) {
-        let at = next[s as usize];
-        run.sorted[at] = (it.0, it.1, it.2 & !RAW_KEY);
-        run.raw[at] = it.2 & RAW_KEY != 0;
-        next[s as usize] += 1;
+        let at = &mut next[s as usize];
+        run.sorted[*at] = *it;
+        *at += 1;
     }
     // One sets' writer lock for the whole run (see `Table::writer`).
     let mut w = table.writer();
@@ -114,13 +114,9 @@ pub(super) fn apply(
         if group.is_empty() {
             continue;
         }
-        // `add_group` reports the items in order: `at` follows them into `run.raw`.
-        let mut at = start[s];
-        let raw = &run.raw;
-        table.add_group(&mut w, s, group, |(key, id, bit), added, r| {
-            let is_raw = raw.get(at).copied().unwrap_or(false);
-            at += 1;
-            let Some(state) = holders.get_mut(id as usize) else {
+        let store = |it: RunItem| (it.at, it.id, it.bit);
+        table.add_each(&mut w, s, group, store, |it, added, r| {
+            let Some(state) = holders.get_mut(it.id as usize) else {
                 return;
             };
             match r {
@@ -128,17 +124,17 @@ pub(super) fn apply(
                     state.blocks.push(r);
                     state.live += 1;
                     out.pairs += 1;
-                    if is_raw {
+                    if it.raw {
                         state.raw_live += 1;
                         out.raw_pairs += 1;
                     }
                 }
                 None => {
                     if added.repeat {
-                        *state.repeats.entry((key, bit)).or_default() += 1;
+                        *state.repeats.entry((it.at.key, it.bit)).or_default() += 1;
                         out.repeats += 1;
                     }
-                    dirty.push((id, key))
+                    dirty.push((it.id, it.at.key))
                 }
             }
             out.blocks += u64::from(added.new_block);
