@@ -309,6 +309,7 @@ impl ContextIndex {
             repeated += self.store_run(run);
         }
         let table = &self.shared.table;
+        run.find_records(table);
         // Hints only; registered as a reader so the arrays they look at stay while they do.
         let reading = table.reading();
         run.items.extend(keys.iter().map(|&(key, raw)| {
