@@ -210,6 +210,16 @@ impl<'a> WriterSlot<'a> {
     }
 }
 
+impl Drop for WriterSlot<'_> {
+    /// Joins move set references lazily (see `sets`); they are all applied before the writer
+    /// state is let go.
+    fn drop(&mut self) {
+        if let Some(w) = self.guard.as_mut() {
+            self.sets.settle(w);
+        }
+    }
+}
+
 impl Shard {
     fn new(seed: u64) -> Self {
         Shard {
