@@ -10,7 +10,7 @@
 use super::aliases::Aliases;
 use super::holder::HolderState;
 use super::keying::PendingAliases;
-use super::table::{Located, SHARDS, Table};
+use super::table::{Located, Reading, SHARDS, Table};
 
 /// What one run added.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,16 +69,14 @@ impl StoreRun {
     /// keeping it as the item's hint: their slot lines were prefetched when they were gathered,
     /// and one store op later they have arrived (reading them all at the end of the run had the
     /// last op's reads wait for their lines, and issued the run's record prefetches at once).
-    pub(super) fn find_records(&mut self, table: &Table) {
-        let Some(fresh) = self.items.get_mut(self.hinted..) else {
-            return;
-        };
-        if !fresh.is_empty() {
-            // Hints only; registered as a reader so the arrays they look at stay while they do.
-            let reading = table.reading();
+    ///
+    /// Hints only: `reading` registers the caller as a reader so that the arrays they look at
+    /// stay while they do.
+    pub(super) fn find_records(&mut self, table: &Table, reading: &Reading<'_>) {
+        if let Some(fresh) = self.items.get_mut(self.hinted..) {
             fresh
                 .iter_mut()
-                .for_each(|it| table.locate_record(&reading, &mut it.at));
+                .for_each(|it| table.locate_record(reading, &mut it.at));
         }
         self.hinted = self.items.len();
     }
@@ -103,7 +101,7 @@ pub(super) fn apply(
         run.aliases.flush(aliases, alias_dirty);
         return out;
     }
-    run.find_records(table);
+    run.find_records(table, &table.reading());
     // Counting sort by shard, keeping the order within a shard.
     let mut start = [0usize; SHARDS + 1];
     run.shard.clear();

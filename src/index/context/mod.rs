@@ -309,9 +309,9 @@ impl ContextIndex {
             repeated += self.store_run(run);
         }
         let table = &self.shared.table;
-        run.find_records(table);
         // Hints only; registered as a reader so the arrays they look at stay while they do.
         let reading = table.reading();
+        run.find_records(table, &reading);
         run.items.extend(keys.iter().map(|&(key, raw)| {
             // Located once: the slot hash picks the shard and the slot of every later step.
             let at = table.locate(key);

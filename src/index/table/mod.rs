@@ -51,7 +51,8 @@ use blocks::{Blocks, IDX_BITS, NO_RECORD, Probe};
 pub(crate) use prefetch::prefetch as prefetch_line;
 pub(crate) use sets::is_inline;
 use sets::{SetWriter, Sets};
-use view::{Reading, ShardView, ShardWrite};
+pub(crate) use view::Reading;
+use view::{ShardView, ShardWrite};
 
 pub(crate) const DEVICE: u8 = 1;
 pub(crate) const CPU_LOCAL: u8 = 2;
