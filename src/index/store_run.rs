@@ -3,9 +3,12 @@
 //! Stores commute with each other (they only add entries or counts), so consecutive store ops of
 //! a batch are gathered into one [`StoreRun`] and applied together: sorted by shard, each shard's
 //! group under one write lock, with every item's slot line prefetched as it is gathered and its
-//! record line before the run is applied, so that their cache misses overlap (a run's items fall
-//! in many shards, one or two per shard for an engine message, so prefetching per shard group
-//! overlapped almost nothing).
+//! record line one store op later ([`StoreRun::find_records`]), so that their cache misses
+//! overlap (a run's items fall in many shards, one or two per shard for an engine message, so
+//! prefetching per shard group overlapped almost nothing). Each item is located once (its slot
+//! hash and the record its prefetch found travel with it), and the record found is a hint that
+//! spares an existing block the probe over the slots (see "Apply" in the module doc of
+//! [`super`]).
 
 use super::aliases::Aliases;
 use super::holder::HolderState;
