@@ -100,11 +100,19 @@ impl AliasTable {
     }
 
     /// Room for `n` more entries without growing.
+    #[inline]
     pub fn reserve(&mut self, n: usize) {
         let need = self.len + n;
-        if need * LOAD_DEN <= self.slots.len() * LOAD_NUM {
-            return;
+        if need * LOAD_DEN > self.slots.len() * LOAD_NUM {
+            self.grow_for(need);
         }
+    }
+
+    /// Grow to hold `need` entries (not inlined into every insert: it was a call per insert,
+    /// about 1.4 % of apply on the side-by-side benchmark).
+    #[cold]
+    #[inline(never)]
+    fn grow_for(&mut self, need: usize) {
         let mut cap = self.slots.len().max(MIN_SLOTS);
         while need * LOAD_DEN > cap * LOAD_NUM {
             cap *= 2;

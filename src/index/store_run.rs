@@ -3,14 +3,17 @@
 //! Stores commute with each other (they only add entries or counts), so consecutive store ops of
 //! a batch are gathered into one [`StoreRun`] and applied together: sorted by shard, each shard's
 //! group under one write lock, with every item's slot line prefetched as it is gathered and its
-//! record line before the run is applied, so that their cache misses overlap (a run's items fall
-//! in many shards, one or two per shard for an engine message, so prefetching per shard group
-//! overlapped almost nothing).
+//! record line one store op later ([`StoreRun::find_records`]), so that their cache misses
+//! overlap (a run's items fall in many shards, one or two per shard for an engine message, so
+//! prefetching per shard group overlapped almost nothing). Each item is located once (its slot
+//! hash and the record its prefetch found travel with it), and the record found is a hint that
+//! spares an existing block the probe over the slots (see "Apply" in the module doc of
+//! [`super`]).
 
 use super::aliases::Aliases;
 use super::holder::HolderState;
 use super::keying::PendingAliases;
-use super::table::{SHARDS, Table};
+use super::table::{Located, Reading, SHARDS, Table};
 
 /// What one run added.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,22 +28,32 @@ pub(super) struct Added {
     pub repeats: u64,
 }
 
-/// Stores gathered for [`apply`]: (block, holder id, tier bit), the alias pairs their ops
-/// gave, and scratch.
-#[derive(Default)]
-pub(super) struct StoreRun {
-    /// The tier bit carries [`RAW_KEY`] for keys that are published hashes.
-    pub(super) items: Vec<(u64, u32, u8)>,
-    /// Inserted into the alias map before the items are applied (see [`PendingAliases`]).
-    pub(super) aliases: PendingAliases,
-    shard: Vec<u8>,
-    sorted: Vec<(u64, u32, u8)>,
-    /// `sorted[i]` is a published hash.
-    raw: Vec<bool>,
+/// One gathered store: its block located once, when its slot line was prefetched (the slot
+/// hash picks the shard and the slot, and the record prefetch keeps which record it found, so
+/// nothing is hashed or probed twice), the holder id, its tier bit, and whether the key is a
+/// published hash.
+#[derive(Clone, Copy, Default)]
+pub(super) struct RunItem {
+    pub(super) at: Located,
+    pub(super) id: u32,
+    pub(super) bit: u8,
+    pub(super) raw: bool,
 }
 
-/// Marks a queued store whose key is a published hash (the tier bits use the low four bits).
-pub(super) const RAW_KEY: u8 = 0x80;
+/// Stores gathered for [`apply`], the alias pairs their ops gave, and scratch.
+#[derive(Default)]
+pub(super) struct StoreRun {
+    pub(super) items: Vec<RunItem>,
+    /// Inserted into the alias map before the items are applied (see [`PendingAliases`]).
+    pub(super) aliases: PendingAliases,
+    /// `items[..hinted]` have their record hint (see [`StoreRun::find_records`]).
+    hinted: usize,
+    shard: Vec<u8>,
+    /// Positions in `items`, sorted by shard. Why positions: sorting the items themselves
+    /// zeroed and copied 32 bytes per store (the zeroing alone was about 1 % of apply's
+    /// instructions).
+    order: Vec<u32>,
+}
 
 /// Stores applied per grouping pass: enough that each shard gets several (one lock, and their
 /// slot reads overlap), few enough that the scratch stays small.
@@ -51,8 +64,24 @@ impl StoreRun {
     pub(super) fn capacity(&self) -> usize {
         self.items
             .capacity()
-            .max(self.sorted.capacity())
+            .max(self.order.capacity())
             .max(self.aliases.pairs.capacity())
+    }
+
+    /// Find the record of every item gathered since the last call, prefetching its line and
+    /// keeping it as the item's hint: their slot lines were prefetched when they were gathered,
+    /// and one store op later they have arrived (reading them all at the end of the run had the
+    /// last op's reads wait for their lines, and issued the run's record prefetches at once).
+    ///
+    /// Hints only: `reading` registers the caller as a reader so that the arrays they look at
+    /// stay while they do.
+    pub(super) fn find_records(&mut self, table: &Table, reading: &Reading<'_>) {
+        if let Some(fresh) = self.items.get_mut(self.hinted..) {
+            fresh
+                .iter_mut()
+                .for_each(|it| table.locate_record(reading, &mut it.at));
+        }
+        self.hinted = self.items.len();
     }
 }
 
@@ -75,52 +104,43 @@ pub(super) fn apply(
         run.aliases.flush(aliases, alias_dirty);
         return out;
     }
-    {
-        // Hints only; registered as a reader so the arrays they look at stay while they do.
-        // The slot lines were prefetched as the items were gathered; they tell where the
-        // records are.
-        let reading = table.reading();
-        run.items
-            .iter()
-            .for_each(|it| table.prefetch_record(&reading, table.locate(it.0)));
-    }
-    run.aliases.flush(aliases, alias_dirty);
+    run.find_records(table, &table.reading());
     // Counting sort by shard, keeping the order within a shard.
     let mut start = [0usize; SHARDS + 1];
     run.shard.clear();
     run.shard.extend(run.items.iter().map(|it| {
-        let s = table.shard_no(it.0);
+        let s = table.shard_at(it.at);
         start[s + 1] += 1;
         s as u8
     }));
+    run.aliases.flush(aliases, alias_dirty);
     for i in 0..SHARDS {
         start[i + 1] += start[i];
     }
     let mut next = start;
-    run.sorted.clear();
-    run.sorted.resize(run.items.len(), (0, 0, 0));
-    run.raw.clear();
-    run.raw.resize(run.items.len(), false);
-    for (it, &s) in run.items.iter().zip(&run.shard) {
-        let at = next[s as usize];
-        run.sorted[at] = (it.0, it.1, it.2 & !RAW_KEY);
-        run.raw[at] = it.2 & RAW_KEY != 0;
-        next[s as usize] += 1;
+    run.order.clear();
+    run.order.resize(run.items.len(), 0);
+    for (i, &s) in run.shard.iter().enumerate() {
+        let at = &mut next[s as usize];
+        run.order[*at] = i as u32;
+        *at += 1;
     }
     // One sets' writer lock for the whole run (see `Table::writer`).
     let mut w = table.writer();
+    let items = &run.items;
+    let item = |i: u32| items.get(i as usize).copied().unwrap_or_default();
     for s in 0..SHARDS {
-        let group = &run.sorted[start[s]..start[s + 1]];
+        let group = &run.order[start[s]..start[s + 1]];
         if group.is_empty() {
             continue;
         }
-        // `add_group` reports the items in order: `at` follows them into `run.raw`.
-        let mut at = start[s];
-        let raw = &run.raw;
-        table.add_group(&mut w, s, group, |(key, id, bit), added, r| {
-            let is_raw = raw.get(at).copied().unwrap_or(false);
-            at += 1;
-            let Some(state) = holders.get_mut(id as usize) else {
+        let store = |i: u32| {
+            let it = item(i);
+            (it.at, it.id, it.bit)
+        };
+        table.add_each(&mut w, s, group, store, |i, added, r| {
+            let it = item(i);
+            let Some(state) = holders.get_mut(it.id as usize) else {
                 return;
             };
             match r {
@@ -128,22 +148,23 @@ pub(super) fn apply(
                     state.blocks.push(r);
                     state.live += 1;
                     out.pairs += 1;
-                    if is_raw {
+                    if it.raw {
                         state.raw_live += 1;
                         out.raw_pairs += 1;
                     }
                 }
                 None => {
                     if added.repeat {
-                        *state.repeats.entry((key, bit)).or_default() += 1;
+                        *state.repeats.entry((it.at.key, it.bit)).or_default() += 1;
                         out.repeats += 1;
                     }
-                    dirty.push((id, key))
+                    dirty.push((it.id, it.at.key))
                 }
             }
             out.blocks += u64::from(added.new_block);
         });
     }
     run.items.clear();
+    run.hinted = 0;
     out
 }

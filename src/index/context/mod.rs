@@ -23,7 +23,7 @@ use super::plan::MetaLock;
 use super::query;
 use super::records::Attachment;
 use super::shared::Shared;
-use super::store_run::{self, RAW_KEY, RUN_MAX, StoreRun};
+use super::store_run::{self, RUN_MAX, RunItem, StoreRun};
 use super::table::{
     CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, SHARED_TIERS, Table, tier_bit,
 };
@@ -309,15 +309,14 @@ impl ContextIndex {
             repeated += self.store_run(run);
         }
         let table = &self.shared.table;
-        {
-            // Hints only; registered as a reader so the arrays they look at stay while they do.
-            let reading = table.reading();
-            keys.iter()
-                .for_each(|&(key, _)| table.prefetch(&reading, table.locate(key)));
-        }
+        // Hints only; registered as a reader so the arrays they look at stay while they do.
+        let reading = table.reading();
+        run.find_records(table, &reading);
         run.items.extend(keys.iter().map(|&(key, raw)| {
-            let flag = if raw { RAW_KEY } else { 0 };
-            (key, id, bit | flag)
+            // Located once: the slot hash picks the shard and the slot of every later step.
+            let at = table.locate(key);
+            table.prefetch(&reading, at);
+            RunItem { at, id, bit, raw }
         }));
         repeated
     }

@@ -376,9 +376,25 @@ impl Blocks {
     }
 
     /// Look `key` up; the slots must not be empty (see [`Self::reserve_one`]).
-    #[inline]
+    #[cfg(test)]
     pub(super) fn probe(&self, key: u64) -> Probe {
         self.a().probe(self.seed, key)
+    }
+
+    /// [`Self::probe`] of `key` with its slot hash `h` computed already.
+    #[inline]
+    pub(super) fn probe_hashed(&self, key: u64, h: u64) -> Probe {
+        self.a().probe_at(self.seed, key, h)
+    }
+
+    /// Record `hint` when it is live block `key`'s: a block has one record for life and a free
+    /// record's value is 0, so a live record holding the key is the block's (as for the
+    /// readers' [`Arrays::value_at_hinted`]). `None` for any other record, a free one (whose
+    /// key field links the free list and may equal `key`), or [`NO_RECORD`].
+    #[inline]
+    pub(super) fn hinted_record(&self, key: u64, hint: u32) -> Option<u32> {
+        let r = self.a().rec(hint as usize);
+        (hint != NO_RECORD && r.val != 0 && r.key() == key).then_some(hint)
     }
 
     /// Make room for `n` more blocks without growing in between.

@@ -23,6 +23,8 @@
 //! writer ever takes that mutex (a fill takes it before the context is shared), so no other
 //! thread can hold it while waiting for a shard lock.
 
+#[cfg(test)]
+mod add_hint_tests;
 mod arena;
 mod blocks;
 #[cfg(test)]
@@ -49,7 +51,8 @@ use blocks::{Blocks, IDX_BITS, NO_RECORD, Probe};
 pub(crate) use prefetch::prefetch as prefetch_line;
 pub(crate) use sets::is_inline;
 use sets::{SetWriter, Sets};
-use view::{Reading, ShardView, ShardWrite};
+pub(crate) use view::Reading;
+use view::{ShardView, ShardWrite};
 
 pub(crate) const DEVICE: u8 = 1;
 pub(crate) const CPU_LOCAL: u8 = 2;
@@ -211,6 +214,16 @@ impl<'a> WriterSlot<'a> {
     }
 }
 
+impl Drop for WriterSlot<'_> {
+    /// Joins move set references lazily (see `sets`); they are all applied before the writer
+    /// state is let go.
+    fn drop(&mut self) {
+        if let Some(w) = self.guard.as_mut() {
+            self.sets.settle(w);
+        }
+    }
+}
+
 impl Shard {
     fn new(seed: u64) -> Self {
         Shard {
@@ -223,23 +236,41 @@ impl Shard {
         self.blocks.len()
     }
 
-    /// Add tier `bits` (non-zero) for holder `id` on block `key` (idempotent), also returning the
-    /// block's record index when it exists afterwards.
-    fn add_at(&mut self, w: &mut WriterSlot, key: u64, id: u32, bits: u8) -> (Added, Option<u32>) {
+    /// Add tier `bits` (non-zero) for holder `id` on block `at.key` (idempotent), also returning
+    /// the block's record index when it exists afterwards.
+    ///
+    /// `at` comes from the run's record prefetch ([`Table::locate_record`]): when its record is
+    /// the block's, the probe over the slots is skipped (most stores of an engine message join
+    /// a block other holders stored first); any other record, or none, falls back to the probe,
+    /// which reuses the slot hash `at` carries.
+    fn add_at(
+        &mut self,
+        w: &mut WriterSlot,
+        at: Located,
+        id: u32,
+        bits: u8,
+    ) -> (Added, Option<u32>) {
         let new = make_entry(id, bits);
-        // One probe finds the block or where it goes; growing first keeps that place valid.
-        self.blocks.reserve_one();
-        let idx = match self.blocks.probe(key) {
-            Probe::Found(_, idx) => idx,
-            vacant => {
-                // `None` only at the shard's record limit: refuse the entry, stay consistent.
-                let idx = self.blocks.insert(key, new, vacant);
-                let added = Added {
-                    new_holder: idx.is_some(),
-                    new_block: idx.is_some(),
-                    repeat: false,
-                };
-                return (added, idx);
+        let idx = match self.blocks.hinted_record(at.key, at.record) {
+            Some(idx) => idx,
+            None => {
+                // One probe finds the block or where it goes; growing first keeps that place
+                // valid.
+                self.blocks.reserve_one();
+                match self.blocks.probe_hashed(at.key, at.hash) {
+                    Probe::Found(_, idx) => idx,
+                    vacant => {
+                        // `None` only at the shard's record limit: refuse the entry, stay
+                        // consistent.
+                        let idx = self.blocks.insert(at.key, new, vacant);
+                        let added = Added {
+                            new_holder: idx.is_some(),
+                            new_block: idx.is_some(),
+                            repeat: false,
+                        };
+                        return (added, idx);
+                    }
+                }
             }
         };
         let val = self.blocks.val(idx);
@@ -591,7 +622,7 @@ impl Table {
         }
     }
 
-    /// The sets' writer state for a series of [`Self::add_group`] or [`Self::remove_with`]
+    /// The sets' writer state for a series of [`Self::add_each`] or [`Self::remove_with`]
     /// calls: locked on first need and kept until dropped. Why: nearly every store of an engine
     /// message joins a block other holders have, and its items fall one or two per shard, so
     /// locking the mutex per shard group was one lock per store.
@@ -599,16 +630,18 @@ impl Table {
         WriterSlot::new(&self.sets)
     }
 
-    /// Add tier `bits` for holder `id` on block `key` for items (block, holder id, tier bits) of
-    /// shard `shard`, in order, under one lock. `f` sees each item with its outcome and, when the
-    /// holder joined the block, the reference that goes into its reverse list. `w` is from
-    /// [`Self::writer`] of this table.
-    pub fn add_group(
+    /// Add tier `bits` for holder `id` on block `at.key` for each item of shard `shard`, in
+    /// order, under one lock; `store` tells an item's (located block, holder id, tier bits).
+    /// `f` sees each item with its outcome and, when the holder joined the block, the reference
+    /// that goes into its reverse list. `w` is from [`Self::writer`] of this table. A record
+    /// hint in `at` ([`Self::locate_record`]) spares an existing block its probe.
+    pub fn add_each<T: Copy>(
         &self,
         w: &mut WriterSlot<'_>,
         shard: usize,
-        items: &[(u64, u32, u8)],
-        mut f: impl FnMut((u64, u32, u8), Added, Option<BlockRef>),
+        items: &[T],
+        store: impl Fn(T) -> (Located, u32, u8),
+        mut f: impl FnMut(T, Added, Option<BlockRef>),
     ) {
         if shard >= self.shards.len() {
             return;
@@ -618,12 +651,32 @@ impl Table {
             guard.blocks.reserve(items.len());
         }
         for &item in items {
-            let (added, idx) = guard.add_at(w, item.0, item.1, item.2);
+            let (at, id, bits) = store(item);
+            let (added, idx) = guard.add_at(w, at, id, bits);
             let r = idx
                 .filter(|_| added.new_holder)
                 .map(|idx| (shard as u32) << IDX_BITS | idx);
             f(item, added, r);
         }
+    }
+
+    /// [`Self::add_each`] of (block key, holder id, tier bits) items, without record hints.
+    #[cfg(test)]
+    pub fn add_group(
+        &self,
+        w: &mut WriterSlot<'_>,
+        shard: usize,
+        items: &[(u64, u32, u8)],
+        f: impl FnMut((u64, u32, u8), Added, Option<BlockRef>),
+    ) {
+        let store = |(key, id, bits)| (self.locate(key), id, bits);
+        self.add_each(w, shard, items, store, f);
+    }
+
+    /// The shard of a located block, below [`SHARDS`] (as [`Self::shard_no`] of its key).
+    #[inline]
+    pub fn shard_at(&self, at: Located) -> usize {
+        shard_of_hash(at.hash)
     }
 
     /// Whether any holder keeps block `key`.

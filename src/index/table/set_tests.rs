@@ -209,6 +209,53 @@ fn bulk_stores_over_a_chain_move_every_block_to_one_set() {
 }
 
 #[test]
+fn joins_under_one_writer_move_references_exactly_when_a_set_changes_again() {
+    let t = Table::new();
+    let s = 9;
+    let keys: Vec<u64> = (1..)
+        .map(mix64)
+        .filter(|&k| t.shard_no(k) == s)
+        .take(50)
+        .collect();
+    let group = |id: u32, bits: u8, keys: &[u64]| -> Vec<(u64, u32, u8)> {
+        keys.iter().map(|&k| (k, id, bits)).collect()
+    };
+    let mut w = t.writer();
+    t.add_group(&mut w, s, &group(1, DEVICE, &keys), |_, _, _| {});
+    t.add_group(&mut w, s, &group(2, DEVICE, &keys), |_, _, _| {});
+    // Holder 3 moves every block to one new set; then, under the same writer, holder 4 moves
+    // the first block on again, releasing that set once: it must keep the other 49 blocks'
+    // references.
+    let mut items = group(3, DEVICE, &keys);
+    items.push((keys[0], 4, DISK));
+    items.push((keys[1], 3, DEVICE));
+    let mut outcomes = Vec::new();
+    t.add_group(&mut w, s, &items, |_, a, _| outcomes.push(a));
+    assert!(outcomes[..50].iter().all(|&a| a == JOINED));
+    assert_eq!(outcomes[50..], [JOINED, REPEATED]);
+    // Holder 5 joins the last 40 blocks (their moves pending), then holder 1 leaves the last
+    // one under the same writer: the pending moves settle before that set is released.
+    t.add_group(&mut w, s, &group(5, DEVICE, &keys[10..]), |_, _, _| {});
+    assert!(t.remove_with(&mut w, keys[49], 1, DEVICE).holder_gone);
+    drop(w);
+    check_refs(&t);
+    let three = value(&t, keys[1]);
+    assert!(keys[1..10].iter().all(|&k| value(&t, k) == three));
+    let five = value(&t, keys[10]);
+    assert!(keys[10..49].iter().all(|&k| value(&t, k) == five));
+    assert_eq!(entries(&t, keys[0]).len(), 4);
+    assert_eq!(
+        entries(&t, keys[49]),
+        [(2, DEVICE), (3, DEVICE), (5, DEVICE)]
+    );
+    assert_eq!(
+        t.sets.live(),
+        4,
+        "{{1,2,3}}, {{1,2,3,4}}, {{1,2,3,5}}, {{2,3,5}}"
+    );
+}
+
+#[test]
 fn freed_set_ids_are_reused_and_counted() {
     let t = Table::new();
     for id in 0..4 {
