@@ -676,7 +676,7 @@ impl Table {
     /// The shard of a located block, below [`SHARDS`] (as [`Self::shard_no`] of its key).
     #[inline]
     pub fn shard_at(&self, at: Located) -> usize {
-        shard_of_hash(at.hash)
+        at.shard as usize
     }
 
     /// Whether any holder keeps block `key`.
