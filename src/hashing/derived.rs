@@ -22,17 +22,17 @@
 //! # The hash
 //!
 //! Not SHA-256: nothing outside the Conductor reproduces these keys, so they need to be fast and
-//! well spread, not a cryptographic commitment. Each step is a 64x64→128-bit multiply folded to
-//! 64 bits, over two independent lanes so consecutive multiplies overlap; 32-bit token ids go
-//! two to an operand, so 16 tokens cost 4 multiplies in the lanes, 1 to finish the digest and 1
-//! to link it (5.5-5.7 ns a block in a tight loop, against 9-10 ns for the schema-4 keys, which
-//! took one token per operand and finished the link with another multiply). Keys are 64 bits
-//! like the engines' projections, so the collision odds are theirs (about 1 in 10^7 for a
-//! context of 10^6 blocks); the shard bits a key inherits (see [`link`]) are the same for
-//! every block of a segment, which only makes two blocks of one segment meet in a shard, where
-//! the key's other 58 bits still tell them apart. A publisher that crafts colliding blocks only adds its own holder to
-//! blocks it could claim anyway; the block table's slot index is seeded per process, so crafted
-//! keys cannot aim at one probe cluster.
+//! well spread, not a cryptographic commitment. Each step is a 64x64→128-bit multiply folded to 64
+//! bits, over two independent lanes so consecutive multiplies overlap; 32-bit token ids go two to
+//! an operand, so 16 tokens cost 4 multiplies in the lanes, 1 to finish the digest and 1 to link it
+//! (5.5-5.7 ns a block in a tight loop, against 9-10 ns for the schema-4 keys, which took one token
+//! per operand and finished the link with another multiply). Keys are 64 bits like the engines'
+//! projections, so the collision odds are theirs (about 1 in 10^7 for a context of 10^6 blocks);
+//! the shard bits a key inherits (see [`link`]) are the same for every block of a segment, which
+//! only makes two blocks of one segment meet in a shard, where the key's other 58 bits still tell
+//! them apart. A publisher that crafts colliding blocks only adds its own holder to blocks it could
+//! claim anyway; the block table's slot index is seeded per process, so crafted keys cannot aim at
+//! one probe cluster.
 
 use super::BlockHash;
 use super::Token;

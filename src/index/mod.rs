@@ -217,16 +217,17 @@
 //! process (ours / Dynamo's `ConcurrentRadixTreeCompressed`) on the shared 2-core machine, with
 //! the reads under a per-shard `RwLock` (before) and lock-free with prefetching (after):
 //!
-//! | figure | before | after | now (three full runs, machine otherwise idle) |
-//! |---|---|---|---|
-//! | apply, M block ops/s | 0.56-0.75 | 0.75-0.95; 0.90-1.22 after "Apply" below | 1.00, 1.10, 1.26 (per CPU-second 1.05-1.32) |
-//! | 2,048-token query by keys, p50 | 2.1-2.8 | 1.40-1.63 (4.8-5.0 us) | 1.23-1.36 (6.1-6.5 us) |
-//! | 2,048-token query from tokens, p50 / p99 | 2.2-2.7 | 1.29-1.38 (6.1-6.5 us) | 1.20-1.23 / 1.09-1.42 |
-//! | 1M-token full hit from tokens | 3.2-3.9 ms (10x) | 3.2-3.5 ms (9.4x) at load 2.4 | 3.59-4.10 ms (1.6-2.2 ms with the table in the caches) |
-//! | RSS per (block, holder) | 12.2 B (0.35x) | 12.1 B (0.35x) | 12.1 B (0.35x) |
+//! | figure | before | after | schema 4 (three full runs, machine otherwise idle) | schema 5, segments (three full runs alternated with schema 4's) |
+//! |---|---|---|---|---|
+//! | apply, M block ops/s | 0.56-0.75 | 0.75-0.95; 0.90-1.22 after "Apply" below | 1.00, 1.10, 1.26 (per CPU-second 1.05-1.32) | 1.43, 1.62, 1.49 (per CPU-second 1.52-1.70), schema 4 in the same runs 0.99-1.18 |
+//! | 2,048-token query by keys, p50 | 2.1-2.8 | 1.40-1.63 (4.8-5.0 us) | 1.23-1.36 (6.1-6.5 us) | 1.22-1.34 (5.5-6.8 us), schema 4 1.19-1.50 |
+//! | 2,048-token query from tokens, p50 / p99 | 2.2-2.7 | 1.29-1.38 (6.1-6.5 us) | 1.20-1.23 / 1.09-1.42 | 1.04-1.08 / 0.94-1.16, schema 4 1.15-1.23 / 1.26-1.50 |
+//! | 1M-token full hit from tokens | 3.2-3.9 ms (10x) | 3.2-3.5 ms (9.4x) at load 2.4 | 3.59-4.10 ms (1.6-2.2 ms with the table in the caches) | 1.73-2.54 ms, schema 4 3.69-3.90 ms in the same runs |
+//! | RSS per (block, holder) | 12.2 B (0.35x) | 12.1 B (0.35x) | 12.1 B (0.35x) | 12.4 B (0.35x) |
 //!
-//! (The machine ran slower in the last column's runs: Dynamo's own 2,048-token query from
-//! tokens took 6.6-6.9 us there against 4.9-5.4 us earlier the same day.)
+//! (The machine ran slower in the last two columns' runs: Dynamo's own 2,048-token query from
+//! tokens took 6.6-6.9 us (schema 4 column) and 6.3-7.5 us (schema 5) there, against 4.9-5.4
+//! us at other moments.)
 //!
 //! The 1M-token query did not get faster: its table fits in the caches, so neither the
 //! prefetching nor the missing lock pays there. What bounds ours now: a walk step is still a
@@ -285,18 +286,18 @@
 //! as before, and the lookup still checks the hint by key and live value, so a guess can only
 //! cost time.
 //!
-//! Measured on the side-by-side workload: 94 % of the blocks a walk looked up were in the
-//! shard of the block before, and 78 % were found by the record after their predecessor's (91 %
-//! of the guesses tried; most failures follow evictions, whose freed records later stores
-//! reuse). Profile mode, thread CPU per query, best of 3 alternated runs at load 3-5 (schema 4 ->
-//! schema 5 keys, both with the faster digest only in the second): 1M-token full hit by keys
-//! 1.42 -> 0.80 ms, from tokens 2.10-2.86 -> 1.21-1.55 ms; 2,048-token queries about 10 %
-//! (by keys 4.49-4.90 -> 3.9-4.4 us, from tokens 6.2-7.3 -> 5.6-6.6 us). Apply gains as much
-//! (an engine message's blocks fall into a few shard groups, each one lock and one write
-//! section, instead of one or two blocks in each of ~50): ratio to Dynamo in three alternated
-//! full runs 1.10, 1.08, 1.37 -> 1.29, 1.27, 1.19. Tried and not kept: not prefetching the
-//! slot line of a block expected to follow its predecessor, and prefetching the record line
-//! after a followed record (both within noise).
+//! Measured on the side-by-side workload: 94 % of the blocks a walk looked up were in the shard of
+//! the block before, and 78 % were found by the record after their predecessor's (91 % of the
+//! guesses tried; most failures follow evictions, whose freed records later stores reuse). Profile
+//! mode, thread CPU per query, best of 3 alternated runs at load 3-5 (schema 4's keys and digest ->
+//! segments and the packed digest): 1M-token full hit by keys 1.42 -> 0.80 ms, from tokens
+//! 2.10-2.86 -> 1.21-1.55 ms; 2,048-token queries about 10 % (by keys 4.49-4.90 -> 3.9-4.4 us, from
+//! tokens 6.2-7.3 -> 5.6-6.6 us). Apply gains as much (an engine message's blocks fall into a few
+//! shard groups, each one lock and one write section, instead of one or two blocks in each of ~50):
+//! ratio to Dynamo in three alternated full runs 1.10, 1.08, 1.37 -> 1.29, 1.27, 1.19, and
+//! 1.43-1.62 with "Apply" below. Tried and not kept: not prefetching the slot line of a block
+//! expected to follow its predecessor, and prefetching the record line after a followed record
+//! (both within noise).
 //!
 //! Costs: none in memory (no hint is stored), none on exactness (keys stay 64 bits; the shard
 //! bits are the parent's, the other 58 the block's own). A shard takes as many blocks as the
