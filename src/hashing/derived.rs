@@ -327,6 +327,10 @@ impl<T: Token> super::PrefixKeys for DerivedChain<'_, T> {
         self.keys.get(i).copied().unwrap_or(BlockHash(0))
     }
 
+    fn known(&self) -> &[BlockHash] {
+        &self.keys
+    }
+
     fn covered(&self, n: usize) -> u64 {
         let blocks = n.min(self.num_blocks);
         let units = self.rule.units(self.tokens.len());

@@ -111,6 +111,11 @@ pub trait PrefixKeys {
     }
     /// Tokens (for `sglang_bigram`: logical positions) covered by the first `n` blocks.
     fn covered(&self, n: usize) -> u64;
+    /// The keys computed so far, from block 0: a walk may read ahead through them without
+    /// asking for any hashing (none by default).
+    fn known(&self) -> &[BlockHash] {
+        &[]
+    }
 }
 
 /// A token id as the chains read it. Queries carry `i32`, engine events `i64`; both hash

@@ -427,3 +427,51 @@ fn alias_sweeps_stay_amortized_when_many_hashes_name_one_block() {
     assert!(ix.alias_sweeps <= 4, "{} sweeps", ix.alias_sweeps);
     assert!(ix.alias_sweeps >= 1);
 }
+
+#[test]
+fn a_walk_follows_a_stored_run_record_by_record_and_stops_where_a_block_differs() {
+    let mut ix = index();
+    let n = 200;
+    let tokens = prompt(n);
+    // Stored as an engine publishes a long prompt: events of 16 blocks, each chained to the
+    // last, so each segment's blocks are neighbouring records the walk follows in one read.
+    let events = (0..n)
+        .step_by(16)
+        .map(|s| chained(&tokens, s, (s + 16).min(n), "", Tier::Device))
+        .collect();
+    ix.apply(&batch(events));
+    let bs = u64::from(BS);
+    assert_eq!(device(&ix, &tokens, ""), n as u64 * bs);
+    let hashes: Vec<u64> = engine_hashes(0..n as u64).iter().map(|h| h.0).collect();
+    assert_eq!(
+        ix.reader().query_hashes(&hashes, None).hits["i"].device,
+        n as u64 * bs
+    );
+    // Block 100 evicted: its record is free, so following stops there.
+    ix.apply(&batch(vec![IndexOp::Remove {
+        holder: engine(),
+        tier: Tier::Device,
+        hashes: engine_hashes(100..101),
+    }]));
+    assert_eq!(device(&ix, &tokens, ""), 100 * bs);
+    // Stored again in another tier: the same key with another value, which ends the device
+    // phase there while the cpu_local phase goes on to the end.
+    ix.apply(&batch(vec![chained(&tokens, 100, 101, "", Tier::CpuLocal)]));
+    let hits = ix.reader().query_tokens(&tokens, "", None);
+    let t = hits.hits["i"].rank_matches[&0];
+    assert_eq!((t.device, t.cpu_local), (100 * bs, n as u64 * bs));
+    let by_hash = ix.reader().query_hashes(&hashes, None).hits["i"].rank_matches[&0];
+    assert_eq!(by_hash, t, "by hash and from tokens agree");
+    // A prompt that leaves the stored run inside a segment stops at the first other block.
+    let mut other = tokens.clone();
+    other[150 * BS as usize] += 1;
+    let t = ix.reader().query_tokens(&other, "", None).hits["i"].rank_matches[&0];
+    assert_eq!((t.device, t.cpu_local), (100 * bs, 150 * bs));
+    assert_eq!(
+        ix.shared
+            .raw_pairs
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "every block is keyed by its derived key"
+    );
+}

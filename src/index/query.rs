@@ -31,6 +31,9 @@ impl PrefixKeys for HashList {
     fn covered(&self, n: usize) -> u64 {
         (n.min(self.hashes.len()) as u64).saturating_mul(u64::from(self.block_size))
     }
+    fn known(&self) -> &[BlockHash] {
+        &self.hashes
+    }
 }
 
 /// Bits a phase accepts: its own tier and every earlier one (cumulative meaning of the counts).
@@ -213,6 +216,9 @@ impl Cursors {
 /// rather than growing it from 2 a further 3-5 % (most walks there are short).
 const PREFETCH_AHEAD: usize = 8;
 const RECORD_AHEAD: usize = 4;
+/// At most this many blocks are followed record by record in one read of a shard (see
+/// `Table::follow`), so a writer's section waits at most that long to be noticed.
+const FOLLOW_MAX: usize = 64;
 /// Located blocks kept by the walk: the prefetch window and the block looked up.
 const LOCATED: usize = 16;
 const _: () = assert!(PREFETCH_AHEAD < LOCATED);
@@ -339,6 +345,20 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
         }
         if unchanged(val, reused) {
             c += 1;
+            if !with_raw {
+                // Along a segment stored in one run, the next blocks are the next records:
+                // read them in one pass, as a tree reads an edge (see "Segments" in `index`).
+                let known = keys.known();
+                let upto = known.len().min(n).min(c + FOLLOW_MAX);
+                let run = known.get(c..upto).map_or(0, |next| {
+                    shared.table.follow(&reading, &at, (val, reused), next)
+                });
+                if run > 0 {
+                    c += run;
+                    located[(c - 1) % LOCATED] = at.followed(run, known[c - 1].0);
+                    ahead = ahead.max(c);
+                }
+            }
             continue;
         }
         if val == 0 {

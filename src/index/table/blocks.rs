@@ -270,6 +270,19 @@ impl Arrays {
         NO_RECORD
     }
 
+    /// How many of `keys` the records after `r` hold in order, each with value `val` (not 0).
+    #[inline]
+    pub(super) fn follow(&self, r: u32, val: u32, keys: &[crate::model::BlockHash]) -> usize {
+        let first = r as usize + 1;
+        keys.iter()
+            .enumerate()
+            .take_while(|&(k, key)| {
+                let rec = self.rec(first + k);
+                rec.val == val && rec.key() == key.0
+            })
+            .count()
+    }
+
     /// The key record `r` holds now (0 past the end): a guess's check, validated later.
     #[inline]
     pub(super) fn record_key(&self, r: u32) -> u64 {

@@ -398,6 +398,18 @@ pub(crate) struct Located {
 }
 
 impl Located {
+    /// The block `run` records after this one's, whose key is `key`: what a walk that followed
+    /// those records knows of it (its shard and record; no slot hash, which it will not need).
+    #[inline]
+    pub fn followed(&self, run: usize, key: u64) -> Located {
+        Located {
+            key,
+            hash: 0,
+            record: self.record.saturating_add(run as u32),
+            shard: self.shard,
+        }
+    }
+
     /// Take as the record hint the record after `before`'s, when `before` (the block before in
     /// a walk) is in the same shard and this block has no hint yet: what a store run makes of a
     /// segment's blocks. The lookup checks it like any hint.
@@ -587,6 +599,35 @@ impl Table {
             at.record = arrays.prefetch_record(at.hash);
         }
         false
+    }
+
+    /// Without a lock: how many of `keys` (the blocks after `at`'s, in order) are held, with
+    /// the value `at` has (`held`: that value and the sets' reuse count read with it), in the
+    /// records right after `at`'s, in one validated read of its shard. Those blocks are held
+    /// exactly as `at`'s block, as if each were looked up: a record that holds a key with a
+    /// live value is that block's record, and an equal set value means the same entries while
+    /// no set was reused.
+    #[inline]
+    pub fn follow(
+        &self,
+        reading: &Reading<'_>,
+        at: &Located,
+        held: (u32, u64),
+        keys: &[crate::model::BlockHash],
+    ) -> usize {
+        let (val, reused) = held;
+        let Some(view) = self.views.get(at.shard as usize) else {
+            return 0;
+        };
+        if at.record == NO_RECORD || val == 0 {
+            return 0;
+        }
+        view.read(reading, |arrays| {
+            if !is_inline(val) && self.sets.reused() != reused {
+                return 0;
+            }
+            arrays.follow(at.record, val, keys)
+        })
     }
 
     /// `key` with its slot hash, which picks its shard and its slot: computed once for the
