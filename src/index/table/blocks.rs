@@ -283,25 +283,26 @@ impl Arrays {
             .count()
     }
 
-    /// The key record `r` holds now (0 past the end): a guess's check, validated later.
+    /// The value of record `r` when it is live block `key`'s, else 0 (also for [`NO_RECORD`]
+    /// and past the end). A block has one record for life and a free record's value is 0 (its
+    /// key field links the free list and may equal `key`), so a live record holding the key is
+    /// the block's: the rule every record hint, the readers' and the writer's, is checked by.
     #[inline]
-    pub(super) fn record_key(&self, r: u32) -> u64 {
-        self.rec(r as usize).key()
+    pub(super) fn live_val(&self, r: u32, key: u64) -> u32 {
+        let rec = self.rec(r as usize);
+        if rec.key() == key { rec.val } else { 0 }
     }
 
     /// The value of `key` (slot hash `h`), 0 when absent (see [`Self::probe`] on reading
-    /// without the lock), first trying record `hint` (from [`Self::prefetch_record`]): a
-    /// record that holds `key` with a live value is that block's record, since a block has one
-    /// record for life and a free record's value is 0, so the probe over the slots is skipped.
-    /// Any other record, or none, falls back to the probe. `hint` becomes the record that holds
-    /// the key ([`NO_RECORD`] when none does).
+    /// without the lock), first trying record `hint` (from [`Self::prefetch_record`]): when
+    /// it is the block's ([`Self::live_val`]) the probe over the slots is skipped. Any other
+    /// record, or none, falls back to the probe. `hint` becomes the record that holds the key
+    /// ([`NO_RECORD`] when none does).
     #[inline]
     pub(super) fn value_at_hinted(&self, seed: u64, key: u64, h: u64, hint: &mut u32) -> u32 {
-        if *hint != NO_RECORD {
-            let r = self.rec(*hint as usize);
-            if r.val != 0 && r.key() == key {
-                return r.val;
-            }
+        let val = self.live_val(*hint, key);
+        if val != 0 {
+            return val;
         }
         match self.probe_at(seed, key, h) {
             Probe::Found(_, idx) => {
@@ -400,14 +401,11 @@ impl Blocks {
         self.a().probe_at(self.seed, key, h)
     }
 
-    /// Record `hint` when it is live block `key`'s: a block has one record for life and a free
-    /// record's value is 0, so a live record holding the key is the block's (as for the
-    /// readers' [`Arrays::value_at_hinted`]). `None` for any other record, a free one (whose
-    /// key field links the free list and may equal `key`), or [`NO_RECORD`].
+    /// Record `hint` when it is live block `key`'s ([`Arrays::live_val`]); `None` for any
+    /// other record, a free one, or [`NO_RECORD`].
     #[inline]
     pub(super) fn hinted_record(&self, key: u64, hint: u32) -> Option<u32> {
-        let r = self.a().rec(hint as usize);
-        (hint != NO_RECORD && r.val != 0 && r.key() == key).then_some(hint)
+        (self.a().live_val(hint, key) != 0).then_some(hint)
     }
 
     /// Make room for `n` more blocks without growing in between.

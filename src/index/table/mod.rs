@@ -410,13 +410,23 @@ impl Located {
         }
     }
 
-    /// Take as the record hint the record after `before`'s, when `before` (the block before in
-    /// a walk) is in the same shard and this block has no hint yet: what a store run makes of a
-    /// segment's blocks. The lookup checks it like any hint.
+    /// The record after `before`'s when `before` (the block before in a walk) is in the same
+    /// shard: what a store run makes of a segment's blocks. [`NO_RECORD`] otherwise.
+    #[inline]
+    fn record_after(&self, before: &Located) -> u32 {
+        if before.shard == self.shard && before.record != NO_RECORD {
+            before.record + 1
+        } else {
+            NO_RECORD
+        }
+    }
+
+    /// Take [`Self::record_after`] `before` as the record hint when this block has none yet.
+    /// The lookup checks it like any hint.
     #[inline]
     pub fn after(&mut self, before: &Located) {
-        if self.record == NO_RECORD && before.shard == self.shard && before.record != NO_RECORD {
-            self.record = before.record + 1;
+        if self.record == NO_RECORD {
+            self.record = self.record_after(before);
         }
     }
 }
@@ -579,7 +589,7 @@ impl Table {
     /// after `before`'s, which is the block's record when the two were stored in one run into
     /// one shard (a chain's blocks share a shard for a segment, see
     /// [`crate::hashing::derived::link`], and a run takes records in order), read without
-    /// touching the slots.
+    /// touching the slots. True when that record was the block's.
     #[inline]
     pub fn locate_record_after(
         &self,
@@ -589,12 +599,10 @@ impl Table {
     ) -> bool {
         if let Some(view) = self.views.get(at.shard as usize) {
             let arrays = view.arrays(reading);
-            if before.shard == at.shard && before.record != NO_RECORD {
-                let next = before.record + 1;
-                if arrays.record_key(next) == at.key {
-                    at.record = next;
-                    return true;
-                }
+            let next = at.record_after(before);
+            if arrays.live_val(next, at.key) != 0 {
+                at.record = next;
+                return true;
             }
             at.record = arrays.prefetch_record(at.hash);
         }
