@@ -252,9 +252,16 @@ fn sources() -> Vec<SubscriptionKey> {
     s
 }
 
-fn random_holder(rng: &mut Rng, source: &SubscriptionKey) -> Holder {
+/// A holder for a batch of `source`; in a `fleet` context (no store backend, every source
+/// storing for its own rank) always the source's own rank, so its queries walk the direct way.
+fn random_holder(rng: &mut Rng, source: &SubscriptionKey, fleet: bool) -> Holder {
     let is_store = source.instance_id.starts_with("store");
-    if is_store || rng.below(20) == 0 {
+    if fleet {
+        Holder::Engine {
+            instance_id: source.instance_id.clone(),
+            dp_rank: source.dp_rank,
+        }
+    } else if is_store || rng.below(20) == 0 {
         Holder::Shared {
             backend_id: rng.pick(&BACKENDS).to_string(),
         }
@@ -300,13 +307,21 @@ fn random_prompt(rng: &mut Rng) -> TestKeys {
     TestKeys::with_tokens(&hashes, tokens)
 }
 
-/// How often each tier boundary was seen moving in checked answers, so a run that never
-/// exercised a tier cannot pass silently.
-type Coverage = [u64; 4];
+/// How often each tier boundary was seen moving in checked answers, and how many checked
+/// queries walked their cursors each way (direct, counted: see `cursors`), so a run that never
+/// exercised a tier or a way cannot pass silently.
+#[derive(Debug, Default)]
+struct Coverage {
+    tiers: [u64; 4],
+    walks: [u64; 2],
+}
+
+/// The context whose holders are always their source's own rank (see [`random_holder`]).
+const FLEET_CONTEXT: usize = 2;
 
 /// Run `steps` random steps from `seed`, comparing after each; `Err` names seed, step and diff.
 fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
-    let mut coverage = [0u64; 4];
+    let mut coverage = Coverage::default();
     let mut rng = Rng(seed);
     let sources = sources();
     let keys = ["ctx-a", "ctx-b", "ctx-c"].map(|m| ContextKey::new("", m, "", BS as u32));
@@ -324,13 +339,14 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
         .collect();
     for step in 0..steps {
         let ctx = rng.below(indexes.len());
+        let fleet = ctx == FLEET_CONTEXT;
         let (ix, model) = &mut indexes[ctx];
         let source = rng.pick(&sources).clone();
         // What the step applies besides its batch's ops (rank attach, source drop or detach)
         // happens in the arm; every arm yields the batch's ops.
         let ops = match rng.below(100) {
             0..=44 => {
-                let holder = random_holder(&mut rng, &source);
+                let holder = random_holder(&mut rng, &source, fleet);
                 vec![IndexOp::Store {
                     holder,
                     tier: *rng.pick(&Tier::ALL),
@@ -338,7 +354,7 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
                 }]
             }
             45..=69 => {
-                let holder = random_holder(&mut rng, &source);
+                let holder = random_holder(&mut rng, &source, fleet);
                 vec![IndexOp::Remove {
                     holder,
                     tier: *rng.pick(&Tier::ALL),
@@ -346,7 +362,7 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
                 }]
             }
             70..=74 => vec![IndexOp::ClearHolder {
-                holder: random_holder(&mut rng, &source),
+                holder: random_holder(&mut rng, &source, fleet),
             }],
             75..=86 => {
                 let (i, r) = (rng.pick(&INSTANCES).to_string(), rng.below(3) as u32);
@@ -372,7 +388,7 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
             ops,
         };
         if !action.ops.is_empty() && rng.below(3) == 0 {
-            let holder = random_holder(&mut rng, &source);
+            let holder = random_holder(&mut rng, &source, fleet);
             let tier = *rng.pick(&Tier::ALL);
             let hashes = random_hashes(&mut rng);
             action.ops.push(match rng.below(3) {
@@ -423,6 +439,7 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
                     prompt.tokens,
                 );
                 let got = ix.query(&mut keys, filter);
+                coverage.walks[usize::from(!ix.shared.meta.plan().direct)] += 1;
                 let (want, needed) = model.query(&keys, filter, walk);
                 if got != want {
                     return Err(fail(format!(
@@ -438,6 +455,7 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
                         t.disk > t.cpu_share,
                     ];
                     coverage
+                        .tiers
                         .iter_mut()
                         .zip(grew)
                         .for_each(|(n, g)| *n += u64::from(g));
@@ -496,8 +514,12 @@ fn index_matches_the_naive_model() {
             Err(e) => panic!("differential test failed (rerun with this seed): {e}"),
             Ok(coverage) => {
                 assert!(
-                    coverage.iter().all(|&n| n > 100),
-                    "seed {seed:#x} barely exercised a tier: {coverage:?}"
+                    coverage
+                        .tiers
+                        .iter()
+                        .chain(&coverage.walks)
+                        .all(|&n| n > 100),
+                    "seed {seed:#x} barely exercised a tier or a walk: {coverage:?}"
                 )
             }
         }

@@ -142,6 +142,9 @@ pub(crate) struct Plan {
     /// Holder id → the cursor its entries feed, [`SHARED_HOLDER`] or [`NOT_SELECTED`].
     pub(crate) route: Vec<u32>,
     pub(crate) cursors: usize,
+    /// No store backend and at most one holder per cursor: the walk keeps its cursors the
+    /// direct way (see `cursors`).
+    pub(crate) direct: bool,
     /// The whole answer with zero counts, in the same order.
     template: QueryHits,
 }
@@ -155,10 +158,12 @@ impl Plan {
             .collect();
         let (mut rows, mut template) = (Vec::new(), Vec::new());
         let mut cursor = 0u32;
+        let mut direct = !meta.shared.iter().any(|&s| s);
         for (instance, ranks) in &meta.ranks {
             let first = cursor;
             let mut row = InstanceHits::default();
             for (&rank, entry) in ranks.iter().filter(|(_, e)| e.listed()) {
+                direct &= entry.holders.len() <= 1;
                 for &id in &entry.holders {
                     if let Some(r) = route.get_mut(id as usize) {
                         *r = cursor;
@@ -178,6 +183,7 @@ impl Plan {
             rows,
             route,
             cursors: cursor as usize,
+            direct,
             // `meta.ranks` iterates in instance order, so this is already sorted.
             template: QueryHits::new(template.into_iter().collect()),
         }

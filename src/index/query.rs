@@ -8,9 +8,10 @@ use crate::hashing::PrefixKeys;
 use crate::model::BlockHash;
 
 use super::answer::QueryHits;
-use super::plan::{NOT_SELECTED, Plan, SHARED_HOLDER};
+use super::cursors::Cursors;
+use super::plan::Plan;
 use super::shared::Shared;
-use super::table::{CPU_LOCAL, CPU_SHARE, DEVICE, DISK, Located, entry_bits, entry_id, is_inline};
+use super::table::{Located, entry_id, is_inline};
 
 /// Query by hash: the already-projected keys of a prompt's blocks. Every block is complete, so
 /// `covered(n) = n * block_size`.
@@ -36,66 +37,6 @@ impl PrefixKeys for HashList {
     }
 }
 
-/// Bits a phase accepts: its own tier and every earlier one (cumulative meaning of the counts).
-pub(crate) const PHASE_MASK: [u8; 4] = [
-    DEVICE,
-    DEVICE | CPU_LOCAL,
-    DEVICE | CPU_LOCAL | CPU_SHARE,
-    DEVICE | CPU_LOCAL | CPU_SHARE | DISK,
-];
-
-/// What the current block holds for one cursor (or for all: the store backends).
-#[derive(Clone, Copy, Default)]
-struct Held {
-    /// Per tier: how many of the cursor's holders hold the block in that tier.
-    count: [u32; 4],
-    /// The tiers whose count is not 0.
-    mask: u8,
-}
-
-impl Held {
-    /// One holder's tiers go from `old` to `new`; true when a tier's count dropped to 0.
-    #[inline]
-    fn change(&mut self, old: u8, new: u8) -> bool {
-        let (mut lost, mut gained) = (old & !new, new & !old);
-        while gained != 0 {
-            let t = gained.trailing_zeros() as usize;
-            self.count[t] += 1;
-            self.mask |= 1 << t;
-            gained &= gained - 1;
-        }
-        let mut emptied = false;
-        while lost != 0 {
-            let t = lost.trailing_zeros() as usize;
-            self.count[t] -= 1;
-            if self.count[t] == 0 {
-                self.mask &= !(1 << t);
-                emptied = true;
-            }
-            lost &= lost - 1;
-        }
-        emptied
-    }
-}
-
-/// The walk's cursors and what the current block holds for each, kept up to date from the
-/// differences between consecutive blocks' entries.
-#[derive(Default)]
-struct Cursors {
-    /// Per cursor: first phase not yet finished (4 = all finished, or not selected).
-    phase: Vec<u8>,
-    counts: Vec<[u64; 4]>,
-    held: Vec<Held>,
-    /// What the store backends hold, which counts for every cursor.
-    shared: Held,
-    shared_lost: bool,
-    /// Cursors that lost a tier on the current block: the only ones whose phase may end there.
-    check: Vec<u32>,
-    /// The selected cursors, finished ones dropped from time to time.
-    alive: Vec<u32>,
-    live: usize,
-}
-
 /// A walk's buffers, kept per thread between queries: a query over 64 x 2 ranks would
 /// otherwise allocate and zero its cursors' arrays (about 7 KiB) and entry lists every time.
 #[derive(Default)]
@@ -108,102 +49,6 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
-}
-
-impl Cursors {
-    /// Reset for a walk over `n` cursors of which `selected` are walked.
-    fn reset(&mut self, n: usize, selected: std::ops::Range<u32>) {
-        self.phase.clear();
-        self.phase.resize(n, 4);
-        for j in selected.clone() {
-            self.phase[j as usize] = 0;
-        }
-        self.counts.clear();
-        self.counts.resize(n, [0; 4]);
-        self.held.clear();
-        self.held.resize(n, Held::default());
-        self.shared = Held::default();
-        self.shared_lost = false;
-        self.check.clear();
-        self.live = selected.len();
-        self.alive.clear();
-        self.alive.extend(selected);
-    }
-
-    /// Holder `id`'s tiers go from `old` to `new` between two blocks.
-    #[inline]
-    fn change(&mut self, route: &[u32], id: u32, old: u8, new: u8) {
-        match route.get(id as usize) {
-            Some(&SHARED_HOLDER) => self.shared_lost |= self.shared.change(old, new),
-            Some(&j) if j != NOT_SELECTED => {
-                let emptied = self
-                    .held
-                    .get_mut(j as usize)
-                    .is_some_and(|h| h.change(old, new));
-                if emptied && self.phase[j as usize] < 4 {
-                    self.check.push(j);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Move cursor `j` on to the first phase that accepts the current block (`covered` tokens
-    /// before it); true when it finished.
-    fn settle(&mut self, j: usize, covered: u64) -> bool {
-        let bits = self.held[j].mask | self.shared.mask;
-        let p = &mut self.phase[j];
-        let was = *p;
-        if bits == 0 {
-            // Nothing holds the block for this cursor (a holder that stopped matching): every
-            // phase left ends here, without testing them one by one.
-            if let Some(rest) = self.counts[j].get_mut(was as usize..) {
-                rest.fill(covered);
-            }
-            *p = 4;
-            return was < 4;
-        }
-        while *p < 4 && bits & PHASE_MASK[*p as usize] == 0 {
-            self.counts[j][*p as usize] = covered;
-            *p += 1;
-        }
-        *p == 4 && was < 4
-    }
-
-    /// After the holders' changes for block `c`: settle the cursors whose tiers shrank (all of
-    /// them on the first block or when a backend's tiers shrank).
-    fn step(&mut self, all: bool, covered: u64) {
-        let mut finished = 0;
-        if all || self.shared_lost {
-            for i in 0..self.alive.len() {
-                let j = self.alive[i] as usize;
-                finished += usize::from(self.settle(j, covered));
-            }
-            let phase = &self.phase;
-            self.alive.retain(|&j| phase[j as usize] < 4);
-        } else {
-            for i in 0..self.check.len() {
-                let j = self.check[i] as usize;
-                finished += usize::from(self.settle(j, covered));
-            }
-        }
-        self.check.clear();
-        self.shared_lost = false;
-        self.live -= finished;
-    }
-
-    /// Every live cursor ends all its phases from the current one at `covered`.
-    fn finish(&mut self, covered: u64) {
-        for &j in &self.alive {
-            let j = j as usize;
-            if let Some(p) = self.phase.get(j).map(|&p| p as usize)
-                && p < 4
-            {
-                self.counts[j][p..].iter_mut().for_each(|x| *x = covered);
-            }
-        }
-        self.live = 0;
-    }
 }
 
 /// How many blocks ahead of the one it looks up the walk prefetches a block's slot line, and
@@ -278,7 +123,7 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
         next,
         alt_entries,
     } = scratch;
-    cur.reset(plan.cursors, plan.selected(filter));
+    cur.reset(plan.cursors, plan.selected(filter), plan.direct);
     // Entries of the previous and the current block.
     prev.clear();
     next.clear();
@@ -294,7 +139,7 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
     let mut located = [Located::default(); LOCATED];
     // Registered for the whole walk: table reads take no lock (see `table::view`).
     let reading = shared.table.reading();
-    while c < n && cur.live > 0 {
+    while c < n && cur.any_live() {
         // Hash outside any lock: this is where the lazy chain pays for the blocks up to
         // `c + PREFETCH_AHEAD` (see `PREFETCH_AHEAD` for the waste past a miss).
         let window = prefetch_window(c, n);
@@ -371,18 +216,17 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
             last_val = 0;
             union_into(next, alt_entries);
         }
-        merge(prev, next, |id, old, new| cur.change(route, id, old, new));
-        cur.step(c == 0, keys.covered(c));
+        cur.block(route, prev, next, c == 0, keys.covered(c));
         std::mem::swap(prev, next);
         c += 1;
     }
-    if cur.live > 0 {
+    if cur.any_live() {
         // A miss at c, or the end: every live cursor accepted all blocks of its current phase
         // before c.
         cur.finish(keys.covered(c));
     }
     drop(reading);
-    answer(plan, &cur.counts)
+    answer(plan, cur.counts())
 }
 
 /// `entries` (sorted by holder) with `more` (sorted by holder) merged in, tier bits of a holder
@@ -411,36 +255,6 @@ fn union_into(entries: &mut Vec<u32>, more: &[u32]) {
             }
             (_, Some(&b)) => {
                 entries.push(b);
-                k += 1;
-            }
-            (None, None) => return,
-        }
-    }
-}
-
-/// Call `f(holder, old bits, new bits)` for every holder whose tiers differ between the sorted
-/// entry lists `old` and `new`.
-fn merge(old: &[u32], new: &[u32], mut f: impl FnMut(u32, u8, u8)) {
-    let (mut i, mut k) = (0, 0);
-    loop {
-        match (old.get(i), new.get(k)) {
-            (Some(&a), Some(&b)) if entry_id(a) == entry_id(b) => {
-                if a != b {
-                    f(entry_id(a), entry_bits(a), entry_bits(b));
-                }
-                i += 1;
-                k += 1;
-            }
-            (Some(&a), Some(&b)) if entry_id(a) < entry_id(b) => {
-                f(entry_id(a), entry_bits(a), 0);
-                i += 1;
-            }
-            (Some(&a), None) => {
-                f(entry_id(a), entry_bits(a), 0);
-                i += 1;
-            }
-            (_, Some(&b)) => {
-                f(entry_id(b), 0, entry_bits(b));
                 k += 1;
             }
             (None, None) => return,
