@@ -6,8 +6,10 @@
 //! Two ways of keeping them, chosen per plan:
 //! - **Direct**, when no store backend is in the context and every cursor is fed by at most one
 //!   holder (one source per rank, the usual fleet): a cursor's tiers on a block are its holder's
-//!   entry bits, so a changed entry settles its cursor right there in the merge, and a walk
-//!   pays only for the cursors whose holder appears in a changed entry.
+//!   entry bits, so the new block's entries alone say which cursors stay in their phase. They
+//!   are kept as bit sets, one per phase: a changed block costs its own entries plus a few word
+//!   operations per 64 cursors, and a write per cursor whose phase ends there, with no merge
+//!   against the previous block's entries.
 //! - **Counted**, otherwise: per cursor and tier, how many of its holders hold the block, plus
 //!   what the backends hold for every cursor; a cursor is settled once all of a block's
 //!   changes are in, and only if one of its tiers (or a backend's) emptied.
@@ -22,13 +24,17 @@ pub(crate) const PHASE_MASK: [u8; 4] = [
     DEVICE | CPU_LOCAL | CPU_SHARE,
     DEVICE | CPU_LOCAL | CPU_SHARE | DISK,
 ];
+// Phase `q` accepts exactly the tiers `0..=q`: what `PhaseSets::accept` computes with.
+const _: () = {
+    let mut q = 0;
+    while q < 4 {
+        assert!(PHASE_MASK[q] == (2u8 << q) - 1);
+        q += 1;
+    }
+};
 
 /// Phase of a cursor whose phases all ended, or that is not selected.
 const DONE: u8 = 4;
-/// Phase of a selected cursor in a direct walk before block 0: it starts at phase 0 if block 0
-/// lists its holder, else it ends there with zero counts (which `reset` wrote already).
-const WAITING: u8 = 5;
-
 /// What the current block holds for one cursor (or for all: the store backends).
 #[derive(Clone, Copy, Default)]
 struct Held {
@@ -67,21 +73,23 @@ impl Held {
 #[derive(Default)]
 pub(super) struct Cursors {
     direct: bool,
-    /// Per cursor: first phase not yet finished ([`DONE`]: all finished, or not selected).
-    phase: Vec<u8>,
     counts: Vec<[u64; 4]>,
-    /// Counted walks only: what the current block holds per cursor.
+    live: usize,
+    /// Direct walks: the cursors in each phase.
+    sets: PhaseSets,
+    /// Counted walks: per cursor, first phase not yet finished ([`DONE`]: all finished, or not
+    /// selected).
+    phase: Vec<u8>,
+    /// Counted walks: what the current block holds per cursor.
     held: Vec<Held>,
-    /// Counted walks only: what the store backends hold, which counts for every cursor.
+    /// Counted walks: what the store backends hold, which counts for every cursor.
     shared: Held,
     shared_lost: bool,
-    /// Counted walks only: cursors that lost a tier on the current block, the only ones whose
-    /// phase may end there.
+    /// Counted walks: cursors that lost a tier on the current block, the only ones whose phase
+    /// may end there.
     check: Vec<u32>,
-    /// Cursors that may be live (counted: the selected ones, finished ones dropped from time to
-    /// time; direct: those block 0 started).
+    /// Counted walks: the selected cursors, finished ones dropped from time to time.
     alive: Vec<u32>,
-    live: usize,
 }
 
 impl Cursors {
@@ -89,27 +97,29 @@ impl Cursors {
     /// (see the module doc; the plan says which).
     pub fn reset(&mut self, n: usize, selected: std::ops::Range<u32>, direct: bool) {
         self.direct = direct;
-        let start = if direct { WAITING } else { 0 };
+        // Every selected cursor's four counts are written before the walk ends; the others stay
+        // 0.
+        self.counts.clear();
+        self.counts.resize(n, [0; 4]);
+        self.live = selected.len();
+        if direct {
+            self.sets.reset(n, selected);
+            return;
+        }
         self.phase.clear();
         self.phase.resize(n, DONE);
         if let Some(sel) = self
             .phase
             .get_mut(selected.start as usize..selected.end as usize)
         {
-            sel.fill(start);
-        }
-        self.counts.clear();
-        self.counts.resize(n, [0; 4]);
-        self.alive.clear();
-        self.live = selected.len();
-        if direct {
-            return;
+            sel.fill(0);
         }
         self.held.clear();
         self.held.resize(n, Held::default());
         self.shared = Held::default();
         self.shared_lost = false;
         self.check.clear();
+        self.alive.clear();
         self.alive.extend(selected);
     }
 
@@ -129,43 +139,15 @@ impl Cursors {
     /// block: every cursor that no longer accepts it in its phase moves on.
     pub fn block(&mut self, route: &[u32], old: &[u32], new: &[u32], first: bool, covered: u64) {
         if self.direct {
+            self.sets.accept(route, new);
             if first {
-                // Only block 0 starts cursors: one whose holder it does not list never does.
-                self.live = 0;
+                self.live = self.sets.start();
+            } else {
+                self.live -= self.sets.step(covered, &mut self.counts);
             }
-            merge(old, new, |id, _, bits| {
-                if let Some(&j) = route.get(id as usize) {
-                    self.direct_change(j, bits, first, covered);
-                }
-            });
         } else {
             merge(old, new, |id, was, bits| self.change(route, id, was, bits));
             self.step(first, covered);
-        }
-    }
-
-    /// Direct walks: cursor `j`'s only holder holds the new block in tiers `bits`.
-    #[inline]
-    fn direct_change(&mut self, j: u32, bits: u8, first: bool, covered: u64) {
-        let Some(p) = self.phase.get_mut(j as usize) else {
-            return;
-        };
-        if first && *p == WAITING {
-            *p = 0;
-            self.alive.push(j);
-            self.live += 1;
-        }
-        let was = *p;
-        if was >= DONE || bits & PHASE_MASK[was as usize] != 0 {
-            return;
-        }
-        let counts = &mut self.counts[j as usize];
-        while *p < DONE && bits & PHASE_MASK[*p as usize] == 0 {
-            counts[*p as usize] = covered;
-            *p += 1;
-        }
-        if *p == DONE {
-            self.live -= 1;
         }
     }
 
@@ -233,15 +215,150 @@ impl Cursors {
 
     /// Every live cursor ends all its phases from the current one at `covered`.
     pub fn finish(&mut self, covered: u64) {
-        for &j in &self.alive {
-            let j = j as usize;
-            if let Some(p) = self.phase.get(j).map(|&p| p as usize)
-                && p < DONE as usize
-            {
-                self.counts[j][p..].iter_mut().for_each(|x| *x = covered);
+        if self.direct {
+            self.sets.finish(covered, &mut self.counts);
+        } else {
+            for &j in &self.alive {
+                let j = j as usize;
+                if let Some(p) = self.phase.get(j).map(|&p| p as usize)
+                    && p < DONE as usize
+                {
+                    self.counts[j][p..].iter_mut().for_each(|x| *x = covered);
+                }
             }
         }
         self.live = 0;
+    }
+}
+
+/// A direct walk's cursors as bit sets (bit `j % 64` of word `j / 64` is cursor `j`).
+#[derive(Default)]
+struct PhaseSets {
+    /// The selected cursors (block 0 starts those its entries list).
+    selected: Vec<u64>,
+    /// Per phase, the live cursors in it.
+    in_phase: [Vec<u64>; 4],
+    /// Per phase, the cursors the current block's entries keep in it: those whose holder holds
+    /// the block in that phase's tier or an earlier one.
+    accepts: [Vec<u64>; 4],
+}
+
+impl PhaseSets {
+    fn reset(&mut self, n: usize, selected: std::ops::Range<u32>) {
+        let words = n.div_ceil(64);
+        for set in self.in_phase.iter_mut().chain(&mut self.accepts) {
+            set.clear();
+            set.resize(words, 0);
+        }
+        self.selected.clear();
+        self.selected.resize(words, 0);
+        let (start, end) = (selected.start as usize, (selected.end as usize).min(n));
+        for (w, word) in self.selected.iter_mut().enumerate() {
+            // The bits of `start..end` within word `w`.
+            let (lo, hi) = (
+                start.clamp(w * 64, w * 64 + 64),
+                end.clamp(w * 64, w * 64 + 64),
+            );
+            if lo < hi {
+                let width = hi - lo;
+                let ones = if width == 64 { !0 } else { (1u64 << width) - 1 };
+                *word = ones << (lo - w * 64);
+            }
+        }
+    }
+
+    /// Fill `accepts` from a block's entries.
+    fn accept(&mut self, route: &[u32], entries: &[u32]) {
+        for set in &mut self.accepts {
+            set.fill(0);
+        }
+        let words = self.selected.len();
+        for &e in entries {
+            let (Some(&j), bits) = (route.get(entry_id(e) as usize), entry_bits(e)) else {
+                continue;
+            };
+            let (w, tier) = (j as usize / 64, bits.trailing_zeros() as usize);
+            // Not a cursor (not selected, or not listed), or no tier at all.
+            if w < words && tier < 4 {
+                self.accepts[tier][w] |= 1 << (j % 64);
+            }
+        }
+        // Phase `q` accepts tiers `0..=q` (see `PHASE_MASK`).
+        for q in 1..4 {
+            let (done, rest) = self.accepts.split_at_mut(q);
+            for (to, from) in rest[0].iter_mut().zip(&done[q - 1]) {
+                *to |= from;
+            }
+        }
+    }
+
+    /// Block 0, its entries accepted: each selected cursor it lists starts in the first phase
+    /// that accepts it (the phases before end at 0 tokens, as the counts already say), every
+    /// other cursor ends there. Returns how many started.
+    fn start(&mut self) -> usize {
+        let mut live = 0;
+        for w in 0..self.selected.len() {
+            let mut earlier = 0u64;
+            for q in 0..4 {
+                let starts = self.selected[w] & self.accepts[q][w] & !earlier;
+                self.in_phase[q][w] = starts;
+                earlier |= starts;
+            }
+            live += earlier.count_ones() as usize;
+        }
+        live
+    }
+
+    /// A later block whose value changed, its entries accepted: every cursor its phase no
+    /// longer accepts ends that phase at `covered` and moves on. Returns how many ended their
+    /// last phase.
+    fn step(&mut self, covered: u64, counts: &mut [[u64; 4]]) -> usize {
+        let mut finished = 0;
+        for w in 0..self.selected.len() {
+            // Cursors whose holder does not hold the block at all end every phase left here,
+            // in one write each (a prompt leaving a shared system prompt ends most cursors).
+            let held = self.accepts[3][w];
+            let mut moving = 0u64;
+            for q in 0..4 {
+                let here = self.in_phase[q][w] | moving;
+                let ending = here & !self.accepts[q][w];
+                self.in_phase[q][w] = here & self.accepts[q][w];
+                moving = ending & held;
+                let mut gone = ending & !held;
+                finished += gone.count_ones() as usize;
+                while gone != 0 {
+                    let j = w * 64 + gone.trailing_zeros() as usize;
+                    if let Some(rest) = counts.get_mut(j).and_then(|c| c.get_mut(q..)) {
+                        rest.fill(covered);
+                    }
+                    gone &= gone - 1;
+                }
+                let mut next = moving;
+                while next != 0 {
+                    let j = w * 64 + next.trailing_zeros() as usize;
+                    if let Some(c) = counts.get_mut(j) {
+                        c[q] = covered;
+                    }
+                    next &= next - 1;
+                }
+            }
+        }
+        finished
+    }
+
+    /// Every live cursor ends its phase and the later ones at `covered`.
+    fn finish(&mut self, covered: u64, counts: &mut [[u64; 4]]) {
+        for q in 0..4 {
+            for (w, set) in self.in_phase[q].iter_mut().enumerate() {
+                while *set != 0 {
+                    let j = w * 64 + set.trailing_zeros() as usize;
+                    if let Some(rest) = counts.get_mut(j).and_then(|c| c.get_mut(q..)) {
+                        rest.fill(covered);
+                    }
+                    *set &= *set - 1;
+                }
+            }
+        }
     }
 }
 
@@ -250,28 +367,119 @@ impl Cursors {
 #[inline]
 fn merge(old: &[u32], new: &[u32], mut f: impl FnMut(u32, u8, u8)) {
     let (mut i, mut k) = (0, 0);
-    loop {
-        match (old.get(i), new.get(k)) {
-            (Some(&a), Some(&b)) if entry_id(a) == entry_id(b) => {
-                if a != b {
-                    f(entry_id(a), entry_bits(a), entry_bits(b));
-                }
-                i += 1;
-                k += 1;
+    while let (Some(&a), Some(&b)) = (old.get(i), new.get(k)) {
+        let (ia, ib) = (entry_id(a), entry_id(b));
+        if ia == ib {
+            if a != b {
+                f(ia, entry_bits(a), entry_bits(b));
             }
-            (Some(&a), Some(&b)) if entry_id(a) < entry_id(b) => {
-                f(entry_id(a), entry_bits(a), 0);
-                i += 1;
-            }
-            (Some(&a), None) => {
-                f(entry_id(a), entry_bits(a), 0);
-                i += 1;
-            }
-            (_, Some(&b)) => {
-                f(entry_id(b), 0, entry_bits(b));
-                k += 1;
-            }
-            (None, None) => return,
+            i += 1;
+            k += 1;
+        } else if ia < ib {
+            f(ia, entry_bits(a), 0);
+            i += 1;
+        } else {
+            f(ib, 0, entry_bits(b));
+            k += 1;
         }
+    }
+    for &a in old.get(i..).unwrap_or(&[]) {
+        f(entry_id(a), entry_bits(a), 0);
+    }
+    for &b in new.get(k..).unwrap_or(&[]) {
+        f(entry_id(b), 0, entry_bits(b));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// splitmix64, so a failure names a reproducible case.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let z = (self.0 ^ (self.0 >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// A block's sorted entries: each holder present with probability 3/4, with random tiers
+    /// (sometimes none, which a walk must read as not held).
+    fn entries(rng: &mut Rng, holders: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        for id in 0..holders {
+            if rng.below(4) != 0 {
+                out.push(id << 4 | rng.below(16) as u32);
+            }
+        }
+        out
+    }
+
+    fn walk(
+        direct: bool,
+        n: usize,
+        selected: std::ops::Range<u32>,
+        blocks: &[Vec<u32>],
+    ) -> Vec<[u64; 4]> {
+        // Holder i feeds cursor i; a few holders past the cursors feed none.
+        let route: Vec<u32> = (0..n as u32 + 3)
+            .map(|i| if (i as usize) < n { i } else { NOT_SELECTED })
+            .collect();
+        let mut cur = Cursors::default();
+        cur.reset(n, selected, direct);
+        let mut prev: &[u32] = &[];
+        for (c, block) in blocks.iter().enumerate() {
+            if !cur.any_live() {
+                break;
+            }
+            cur.block(&route, prev, block, c == 0, 16 * c as u64);
+            prev = block;
+        }
+        if cur.any_live() {
+            cur.finish(16 * blocks.len() as u64);
+        }
+        cur.counts().to_vec()
+    }
+
+    /// The direct way (bit sets) against the counted way, which makes no assumption about
+    /// holders per cursor, over cursor counts and selections that cross 64-bit words.
+    #[test]
+    fn direct_walks_count_as_counted_walks_do() {
+        let mut rng = Rng(0x00c0_ffee);
+        // Counts that moved past 0 in some tier, so a run of empty walks cannot pass.
+        let mut moved = 0;
+        for case in 0..400 {
+            let n = 1 + rng.below(200) as usize;
+            let a = rng.below(n as u64 + 1) as u32;
+            let b = rng.below(n as u64 + 1) as u32;
+            let selected = a.min(b)..a.max(b);
+            let holders = n as u32 + 3;
+            // Blocks repeat their predecessor's entries now and then, as a walk sees them
+            // only where the value changed.
+            let mut blocks: Vec<Vec<u32>> = Vec::new();
+            for _ in 0..rng.below(12) {
+                let next = match blocks.last() {
+                    Some(last) if rng.below(3) == 0 => last.clone(),
+                    _ => entries(&mut rng, holders),
+                };
+                blocks.push(next);
+            }
+            let counted = walk(false, n, selected.clone(), &blocks);
+            let direct = walk(true, n, selected.clone(), &blocks);
+            assert_eq!(direct, counted, "case {case}: n {n}, selected {selected:?}");
+            assert!(
+                counted
+                    .iter()
+                    .all(|c| c[0] <= c[1] && c[1] <= c[2] && c[2] <= c[3])
+            );
+            moved += counted.iter().filter(|c| c[3] > 0).count();
+        }
+        assert!(moved > 1000, "only {moved} cursors matched anything");
     }
 }
