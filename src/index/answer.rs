@@ -21,15 +21,6 @@ impl TierCounts {
             disk: c[3],
         }
     }
-
-    pub(crate) fn max(self, o: TierCounts) -> Self {
-        TierCounts {
-            device: self.device.max(o.device),
-            cpu_local: self.cpu_local.max(o.cpu_local),
-            cpu_share: self.cpu_share.max(o.cpu_share),
-            disk: self.disk.max(o.disk),
-        }
-    }
 }
 
 /// One instance's row of a query answer (`docs/python-api.md`, query()). Rank keys are `u32`

@@ -231,29 +231,38 @@ impl Cursors {
     }
 }
 
-/// A direct walk's cursors as bit sets (bit `j % 64` of word `j / 64` is cursor `j`).
+/// A direct walk's cursors as bit sets: cursor `j` is bit `j % 64` of word `j / 64`.
 #[derive(Default)]
 struct PhaseSets {
+    words: Vec<SetWord>,
+}
+
+/// 64 cursors' sets.
+#[derive(Clone, Copy, Default)]
+struct SetWord {
     /// The selected cursors (block 0 starts those its entries list).
-    selected: Vec<u64>,
+    selected: u64,
     /// Per phase, the live cursors in it.
-    in_phase: [Vec<u64>; 4],
+    in_phase: [u64; 4],
     /// Per phase, the cursors the current block's entries keep in it: those whose holder holds
     /// the block in that phase's tier or an earlier one.
-    accepts: [Vec<u64>; 4],
+    accepts: [u64; 4],
+}
+
+/// `counts` with every count from phase `q` on set to `covered` (the earlier ones kept).
+#[inline]
+fn ended_from(counts: &mut [u64; 4], q: usize, covered: u64) {
+    for (i, c) in counts.iter_mut().enumerate() {
+        *c = if i >= q { covered } else { *c };
+    }
 }
 
 impl PhaseSets {
     fn reset(&mut self, n: usize, selected: std::ops::Range<u32>) {
-        let words = n.div_ceil(64);
-        for set in self.in_phase.iter_mut().chain(&mut self.accepts) {
-            set.clear();
-            set.resize(words, 0);
-        }
-        self.selected.clear();
-        self.selected.resize(words, 0);
+        self.words.clear();
+        self.words.resize(n.div_ceil(64), SetWord::default());
         let (start, end) = (selected.start as usize, (selected.end as usize).min(n));
-        for (w, word) in self.selected.iter_mut().enumerate() {
+        for (w, word) in self.words.iter_mut().enumerate() {
             // The bits of `start..end` within word `w`.
             let (lo, hi) = (
                 start.clamp(w * 64, w * 64 + 64),
@@ -262,33 +271,34 @@ impl PhaseSets {
             if lo < hi {
                 let width = hi - lo;
                 let ones = if width == 64 { !0 } else { (1u64 << width) - 1 };
-                *word = ones << (lo - w * 64);
+                word.selected = ones << (lo - w * 64);
             }
         }
     }
 
     /// Fill `accepts` from a block's entries.
     fn accept(&mut self, route: &[u32], entries: &[u32]) {
-        for set in &mut self.accepts {
-            set.fill(0);
+        for word in &mut self.words {
+            word.accepts = [0; 4];
         }
-        let words = self.selected.len();
         for &e in entries {
-            let (Some(&j), bits) = (route.get(entry_id(e) as usize), entry_bits(e)) else {
+            let Some(&j) = route.get(entry_id(e) as usize) else {
                 continue;
             };
-            let (w, tier) = (j as usize / 64, bits.trailing_zeros() as usize);
+            let tier = entry_bits(e).trailing_zeros() as usize;
             // Not a cursor (not selected, or not listed), or no tier at all.
-            if w < words && tier < 4 {
-                self.accepts[tier][w] |= 1 << (j % 64);
+            if let Some(word) = self.words.get_mut(j as usize / 64)
+                && tier < 4
+            {
+                word.accepts[tier] |= 1 << (j % 64);
             }
         }
         // Phase `q` accepts tiers `0..=q` (see `PHASE_MASK`).
-        for q in 1..4 {
-            let (done, rest) = self.accepts.split_at_mut(q);
-            for (to, from) in rest[0].iter_mut().zip(&done[q - 1]) {
-                *to |= from;
-            }
+        for word in &mut self.words {
+            let a = &mut word.accepts;
+            a[1] |= a[0];
+            a[2] |= a[1];
+            a[3] |= a[2];
         }
     }
 
@@ -297,11 +307,11 @@ impl PhaseSets {
     /// other cursor ends there. Returns how many started.
     fn start(&mut self) -> usize {
         let mut live = 0;
-        for w in 0..self.selected.len() {
+        for word in &mut self.words {
             let mut earlier = 0u64;
             for q in 0..4 {
-                let starts = self.selected[w] & self.accepts[q][w] & !earlier;
-                self.in_phase[q][w] = starts;
+                let starts = word.selected & word.accepts[q] & !earlier;
+                word.in_phase[q] = starts;
                 earlier |= starts;
             }
             live += earlier.count_ones() as usize;
@@ -314,29 +324,28 @@ impl PhaseSets {
     /// last phase.
     fn step(&mut self, covered: u64, counts: &mut [[u64; 4]]) -> usize {
         let mut finished = 0;
-        for w in 0..self.selected.len() {
+        for (w, word) in self.words.iter_mut().enumerate() {
+            let base = w * 64;
             // Cursors whose holder does not hold the block at all end every phase left here,
             // in one write each (a prompt leaving a shared system prompt ends most cursors).
-            let held = self.accepts[3][w];
+            let held = word.accepts[3];
             let mut moving = 0u64;
             for q in 0..4 {
-                let here = self.in_phase[q][w] | moving;
-                let ending = here & !self.accepts[q][w];
-                self.in_phase[q][w] = here & self.accepts[q][w];
+                let here = word.in_phase[q] | moving;
+                let ending = here & !word.accepts[q];
+                word.in_phase[q] = here & word.accepts[q];
                 moving = ending & held;
                 let mut gone = ending & !held;
                 finished += gone.count_ones() as usize;
                 while gone != 0 {
-                    let j = w * 64 + gone.trailing_zeros() as usize;
-                    if let Some(rest) = counts.get_mut(j).and_then(|c| c.get_mut(q..)) {
-                        rest.fill(covered);
+                    if let Some(c) = counts.get_mut(base + gone.trailing_zeros() as usize) {
+                        ended_from(c, q, covered);
                     }
                     gone &= gone - 1;
                 }
                 let mut next = moving;
                 while next != 0 {
-                    let j = w * 64 + next.trailing_zeros() as usize;
-                    if let Some(c) = counts.get_mut(j) {
+                    if let Some(c) = counts.get_mut(base + next.trailing_zeros() as usize) {
                         c[q] = covered;
                     }
                     next &= next - 1;
@@ -348,12 +357,12 @@ impl PhaseSets {
 
     /// Every live cursor ends its phase and the later ones at `covered`.
     fn finish(&mut self, covered: u64, counts: &mut [[u64; 4]]) {
-        for q in 0..4 {
-            for (w, set) in self.in_phase[q].iter_mut().enumerate() {
+        for (w, word) in self.words.iter_mut().enumerate() {
+            for q in 0..4 {
+                let set = &mut word.in_phase[q];
                 while *set != 0 {
-                    let j = w * 64 + set.trailing_zeros() as usize;
-                    if let Some(rest) = counts.get_mut(j).and_then(|c| c.get_mut(q..)) {
-                        rest.fill(covered);
+                    if let Some(c) = counts.get_mut(w * 64 + set.trailing_zeros() as usize) {
+                        ended_from(c, q, covered);
                     }
                     *set &= *set - 1;
                 }

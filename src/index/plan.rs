@@ -241,48 +241,73 @@ impl Plan {
         counts: &[[u64; 4]],
         out: &mut QueryHits,
     ) {
-        if out.shape != self.shape(filter) || !self.same_lengths(filter, out) {
+        if out.shape != self.shape(filter) || !self.fill_checked(filter, counts, out) {
             *out = self.answer(filter, counts);
-            return;
         }
-        self.fill(filter, counts, out);
     }
 
-    /// Rows and ranks per row as this plan would build them: the check that the caller did not
-    /// change the answer's layout (the stamp says the rest).
-    fn same_lengths(&self, filter: Option<&str>, out: &QueryHits) -> bool {
+    /// Rows this plan gives an answer for `filter`.
+    fn rows_for(&self, filter: Option<&str>, sel: &std::ops::Range<u32>) -> usize {
+        if filter.is_some() {
+            usize::from(!sel.is_empty())
+        } else {
+            self.rows.len()
+        }
+    }
+
+    /// Write the counts into `out`, which this plan shaped: false, with `out` partly written,
+    /// when a caller changed its rows or ranks since (the stamp says the rest).
+    fn fill_checked(&self, filter: Option<&str>, counts: &[[u64; 4]], out: &mut QueryHits) -> bool {
         let sel = self.selected(filter);
-        let ranks: usize = out.hits.values().map(|r| r.rank_matches.len()).sum();
-        ranks == sel.len()
-            && out
-                .hits
-                .values()
-                .all(|r| r.dp.len() == r.rank_matches.len())
-            && out.hits.len()
-                == if filter.is_some() {
-                    usize::from(!sel.is_empty())
-                } else {
-                    self.rows.len()
-                }
+        if out.hits.len() != self.rows_for(filter, &sel) {
+            return false;
+        }
+        let mut rest = counts
+            .get(sel.start as usize..sel.end as usize)
+            .unwrap_or(&[]);
+        for row in out.hits.values_mut() {
+            let ranks = row.rank_matches.len();
+            if row.dp.len() != ranks || rest.len() < ranks {
+                return false;
+            }
+            let (mine, after) = rest.split_at(ranks);
+            rest = after;
+            fill_row(row, mine);
+        }
+        rest.is_empty()
     }
 
     /// Write the counts into `out`, which has this answer's shape.
     fn fill(&self, filter: Option<&str>, counts: &[[u64; 4]], out: &mut QueryHits) {
         let first = self.selected(filter).start as usize;
-        let mut next = counts.get(first..).unwrap_or(&[]).iter();
+        let mut rest = counts.get(first..).unwrap_or(&[]);
         for row in out.hits.values_mut() {
-            let mut best = TierCounts::default();
-            for (dp, tiers) in row.dp.values_mut().zip(row.rank_matches.values_mut()) {
-                let c = next.next().copied().unwrap_or_default();
-                *tiers = TierCounts::from_array(c);
-                *dp = tiers.device;
-                best = best.max(*tiers);
-            }
-            row.device = best.device;
-            row.cpu_local = best.cpu_local;
-            row.cpu_share = best.cpu_share;
-            row.disk = best.disk;
-            row.longest_matched = best.disk;
+            let (mine, after) = rest.split_at(row.rank_matches.len().min(rest.len()));
+            rest = after;
+            fill_row(row, mine);
         }
     }
+}
+
+/// One row's ranks from their cursors' counts (in rank order), and the row's maxima.
+#[inline]
+fn fill_row(row: &mut InstanceHits, counts: &[[u64; 4]]) {
+    let mut best = [0u64; 4];
+    for ((dp, tiers), c) in row
+        .dp
+        .values_mut()
+        .zip(row.rank_matches.values_mut())
+        .zip(counts)
+    {
+        *tiers = TierCounts::from_array(*c);
+        *dp = c[0];
+        for (b, &v) in best.iter_mut().zip(c) {
+            *b = (*b).max(v);
+        }
+    }
+    row.device = best[0];
+    row.cpu_local = best[1];
+    row.cpu_share = best[2];
+    row.disk = best[3];
+    row.longest_matched = best[3];
 }

@@ -216,6 +216,48 @@ fn answers_written_in_place_equal_fresh_answers() {
     assert_eq!(out.hits["a"].rank_matches[&7], counts(0, 0, 0, 0));
 }
 
+/// A caller may add to a reused answer's maps between queries (its fields are public): the next
+/// `query_into` then rebuilds it rather than write counts into the wrong ranks.
+#[test]
+fn an_answer_a_caller_reshaped_is_rebuilt() {
+    let mut ix = new_index();
+    let keys: Vec<u64> = (1..=6).collect();
+    put(&mut ix, "a", 0, Tier::Device, &keys[..3]);
+    put(&mut ix, "a", 1, Tier::CpuLocal, &keys);
+    put(&mut ix, "b", 0, Tier::Device, &keys);
+    let reader = ix.reader();
+    let fresh = reader.query(&mut TestKeys::full(&keys), None);
+    let reshapes: [fn(&mut QueryHits); 4] = [
+        |out| {
+            if let Some(row) = out.hits.get_mut("a") {
+                row.dp.insert(9, 5);
+            }
+        },
+        |out| {
+            if let Some(row) = out.hits.get_mut("a") {
+                row.rank_matches.insert(9, TierCounts::default());
+            }
+        },
+        |out| {
+            if let Some(row) = out.hits.get_mut("a") {
+                row.dp.insert(9, 5);
+                row.rank_matches.insert(9, TierCounts::default());
+            }
+        },
+        |out| {
+            out.hits.insert("c".into(), InstanceHits::default());
+        },
+    ];
+    for (i, reshape) in reshapes.iter().enumerate() {
+        let mut out = QueryHits::default();
+        reader.query_into(&mut TestKeys::full(&keys), None, &mut out);
+        reshape(&mut out);
+        assert_ne!(out, fresh, "reshape {i} changed nothing");
+        reader.query_into(&mut TestKeys::full(&keys), None, &mut out);
+        assert_eq!(out, fresh, "reshape {i}");
+    }
+}
+
 #[test]
 fn a_rank_fed_by_two_sources_keeps_a_tier_while_either_holds_it() {
     let mut ix = new_index();
