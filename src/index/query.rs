@@ -145,7 +145,12 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
         let window = prefetch_window(c, n);
         while ahead < window {
             let at = shared.table.locate(keys.key(ahead).0);
-            shared.table.prefetch(&reading, at);
+            // A block in its predecessor's shard is most likely in the record after its
+            // predecessor's (see "Segments" in `index`): its slot line waits for that guess.
+            let in_segment = ahead > 0 && at.same_shard(&located[(ahead - 1) % LOCATED]);
+            if !in_segment {
+                shared.table.prefetch(&reading, at);
+            }
             located[ahead % LOCATED] = at;
             ahead += 1;
         }
@@ -153,7 +158,11 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
             let i = c + RECORD_AHEAD;
             let before = located[(i - 1) % LOCATED];
             let later = &mut located[i % LOCATED];
-            shared.table.locate_record_after(&reading, later, &before);
+            if later.same_shard(&before) {
+                shared.table.guess_record_after(&reading, later, &before);
+            } else {
+                shared.table.locate_record_after(&reading, later, &before);
+            }
         }
         // The first blocks were never located: their records may follow the block before.
         let mut at = located[c % LOCATED];

@@ -398,6 +398,12 @@ pub(crate) struct Located {
 }
 
 impl Located {
+    /// Whether this block is in `other`'s shard.
+    #[inline]
+    pub fn same_shard(&self, other: &Located) -> bool {
+        self.shard == other.shard
+    }
+
     /// The block `run` records after this one's, whose key is `key`: what a walk that followed
     /// those records knows of it (its shard and record; no slot hash, which it will not need).
     #[inline]
@@ -605,6 +611,28 @@ impl Table {
                 return true;
             }
             at.record = arrays.prefetch_record(at.hash);
+        }
+        false
+    }
+
+    /// For a block in its predecessor's shard, whose slot line the walk did not prefetch (see
+    /// "Segments" in `index`): take the record after `before`'s when it holds the block, else
+    /// bring the slot line in for the lookup a few steps on. True when the record was taken.
+    #[inline]
+    pub fn guess_record_after(
+        &self,
+        reading: &Reading<'_>,
+        at: &mut Located,
+        before: &Located,
+    ) -> bool {
+        if let Some(view) = self.views.get(at.shard as usize) {
+            let arrays = view.arrays(reading);
+            let next = at.record_after(before);
+            if arrays.live_val(next, at.key) != 0 {
+                at.record = next;
+                return true;
+            }
+            arrays.prefetch_slot(at.hash);
         }
         false
     }
