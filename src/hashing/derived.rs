@@ -38,6 +38,9 @@ use super::BlockHash;
 use super::Token;
 use crate::prefetch::prefetch;
 
+/// Keys a query chain makes room for up front (2 KiB).
+const KEYS_RESERVED: usize = 256;
+
 /// How many blocks ahead of the one it hashes a chain asks for its tokens' cache line.
 const TOKENS_AHEAD: usize = 4;
 
@@ -253,13 +256,16 @@ impl<'a, T: Token> DerivedChain<'a, T> {
         for i in (0..first).step_by((64 / std::mem::size_of::<T>()).max(1)) {
             prefetch(tokens.as_ptr().wrapping_add(i));
         }
+        let num_blocks = rule.num_blocks(block_size, tokens.len());
         DerivedChain {
             rule,
             tokens,
             block_size: block_size as usize,
-            num_blocks: rule.num_blocks(block_size, tokens.len()),
+            num_blocks,
             root: root(cache_salt),
-            keys: Vec::new(),
+            // Room for the bursts of a usual prompt at once, rather than a reallocation per
+            // burst (16, 32, 64, ...); a long prompt grows past it only if the walk gets there.
+            keys: Vec::with_capacity(num_blocks.min(KEYS_RESERVED)),
         }
     }
 
