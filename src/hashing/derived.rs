@@ -231,13 +231,9 @@ impl BlockRule {
     }
 }
 
-/// Link complete blocks of `N` tokens onto `parent`, pushing each key; returns the last.
+/// Link complete blocks of `N` tokens onto `parent`, pushing each key.
 #[inline(always)]
-fn link_blocks<T: Token, const N: usize>(
-    mut parent: u64,
-    tokens: &[T],
-    keys: &mut Vec<BlockHash>,
-) -> u64 {
+fn link_blocks<T: Token, const N: usize>(mut parent: u64, tokens: &[T], keys: &mut Vec<BlockHash>) {
     let (blocks, _) = tokens.as_chunks::<N>();
     for block in blocks {
         // A query's tokens are read once, so they come from memory: the walk's misses leave
@@ -247,22 +243,15 @@ fn link_blocks<T: Token, const N: usize>(
         parent = link(parent, content_of(block, 0));
         keys.push(BlockHash(parent));
     }
-    parent
 }
 
 /// [`link_blocks`] for any block size `n`.
-fn link_blocks_of<T: Token>(
-    mut parent: u64,
-    tokens: &[T],
-    n: usize,
-    keys: &mut Vec<BlockHash>,
-) -> u64 {
+fn link_blocks_of<T: Token>(mut parent: u64, tokens: &[T], n: usize, keys: &mut Vec<BlockHash>) {
     for block in tokens.chunks_exact(n.max(1)) {
         prefetch(block.as_ptr().wrapping_add(TOKENS_AHEAD * n));
         parent = link(parent, content_of(block, 0));
         keys.push(BlockHash(parent));
     }
-    parent
 }
 
 /// The derived keys of a query prompt, computed on demand like the engine chains, in bursts: a
@@ -353,7 +342,7 @@ impl<T: Token> super::PrefixKeys for DerivedChain<'_, T> {
                 // The engines' usual block sizes get a loop whose block length is a constant,
                 // so a block's digest unrolls into straight-line multiplies (the side-by-side
                 // workload's query hashing: 7.8 -> 6.6 k instructions per query).
-                parent = match self.block_size {
+                match self.block_size {
                     16 => link_blocks::<T, 16>(parent, tokens, &mut self.keys),
                     32 => link_blocks::<T, 32>(parent, tokens, &mut self.keys),
                     n => link_blocks_of(parent, tokens, n, &mut self.keys),
