@@ -4,6 +4,7 @@
 //! Layout: `workload` generates prompts, engine events and queries; `ours` and `dynamo` adapt
 //! them to each index; this file checks that both answer the same and prints the figures.
 //! `--rss-child ours|dynamo` is the memory measurement, run by the parent in a fresh process.
+//! `--profile <way>` runs one way of asking alone, for a profiler (see README, "Profiling").
 
 mod dynamo;
 mod measure;
@@ -124,12 +125,27 @@ fn profile(way: &str) {
         }
         dynamo.flush();
     }
+    let mut w = w;
+    if std::env::var_os("PROFILE_DEEP").is_some() {
+        // Only the queries some holder matches to block 96 or further: the long walks that
+        // make the latency tail.
+        let deep =
+            |q: &Vec<u32>| ours::overlap(&ours.query_tokens(q)).into_iter().max() >= Some(96);
+        w.queries.retain(deep);
+        eprintln!("{} queries matched to block 96 or further", w.queries.len());
+    }
     let mut keys: Vec<ours::QueryKeys> = w.queries.iter().map(|t| ours.query_keys(t)).collect();
     let dyn_keys: Vec<_> = w.queries.iter().map(|t| dynamo::local_hashes(t)).collect();
     let mut answer = QueryHits::default();
     let (start, cpu) = (Instant::now(), thread_cpu_secs());
     let mut asked = 0u64;
-    while start.elapsed() < Duration::from_secs(8) {
+    // A fixed number of passes for instruction-level tools (cachegrind), else 8 seconds.
+    let passes: Option<u64> = std::env::var("PROFILE_PASSES")
+        .ok()
+        .and_then(|p| p.parse().ok());
+    while passes.map_or(start.elapsed() < Duration::from_secs(8), |p| {
+        asked < p * w.queries.len() as u64
+    }) {
         asked += w.queries.len() as u64;
         for (q, tokens) in w.queries.iter().enumerate() {
             match way {
