@@ -47,7 +47,7 @@ use std::sync::{MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGua
 
 use crate::model::Tier;
 
-use blocks::{Blocks, IDX_BITS, NO_RECORD, Probe};
+use blocks::{Arrays, Blocks, IDX_BITS, NO_RECORD, Probe};
 pub(crate) use prefetch::prefetch as prefetch_line;
 pub(crate) use sets::is_inline;
 use sets::{SetWriter, Sets};
@@ -603,16 +603,9 @@ impl Table {
         at: &mut Located,
         before: &Located,
     ) -> bool {
-        if let Some(view) = self.views.get(at.shard as usize) {
-            let arrays = view.arrays(reading);
-            let next = at.record_after(before);
-            if arrays.live_val(next, at.key) != 0 {
-                at.record = next;
-                return true;
-            }
+        self.record_after_or(reading, at, before, |arrays, at| {
             at.record = arrays.prefetch_record(at.hash);
-        }
-        false
+        })
     }
 
     /// For a block in its predecessor's shard, whose slot line the walk did not prefetch (see
@@ -625,15 +618,31 @@ impl Table {
         at: &mut Located,
         before: &Located,
     ) -> bool {
-        if let Some(view) = self.views.get(at.shard as usize) {
-            let arrays = view.arrays(reading);
-            let next = at.record_after(before);
-            if arrays.live_val(next, at.key) != 0 {
-                at.record = next;
-                return true;
-            }
-            arrays.prefetch_slot(at.hash);
+        self.record_after_or(reading, at, before, |arrays, at| {
+            arrays.prefetch_slot(at.hash)
+        })
+    }
+
+    /// Take the record after `before`'s as `at`'s when it holds the block, else call
+    /// `otherwise`. True when the record was taken.
+    #[inline(always)]
+    fn record_after_or(
+        &self,
+        reading: &Reading<'_>,
+        at: &mut Located,
+        before: &Located,
+        otherwise: impl FnOnce(&Arrays, &mut Located),
+    ) -> bool {
+        let Some(view) = self.views.get(at.shard as usize) else {
+            return false;
+        };
+        let arrays = view.arrays(reading);
+        let next = at.record_after(before);
+        if arrays.live_val(next, at.key) != 0 {
+            at.record = next;
+            return true;
         }
+        otherwise(arrays, at);
         false
     }
 

@@ -179,13 +179,20 @@ fn the_plan_follows_every_metadata_change() {
     assert_eq!(listed(&reader), vec![("a".to_owned(), vec![0])]);
 }
 
-#[test]
-fn answers_written_in_place_equal_fresh_answers() {
+/// Instance "a" with rank 0 on the first 3 of 6 blocks (device) and rank 1 on all (cpu_local),
+/// instance "b" with rank 0 on all (device).
+fn two_instances() -> (ContextIndex, Vec<u64>) {
     let mut ix = new_index();
     let keys: Vec<u64> = (1..=6).collect();
     put(&mut ix, "a", 0, Tier::Device, &keys[..3]);
     put(&mut ix, "a", 1, Tier::CpuLocal, &keys);
     put(&mut ix, "b", 0, Tier::Device, &keys);
+    (ix, keys)
+}
+
+#[test]
+fn answers_written_in_place_equal_fresh_answers() {
+    let (mut ix, keys) = two_instances();
     let reader = ix.reader();
     let mut out = QueryHits::default();
     for filter in [
@@ -220,11 +227,7 @@ fn answers_written_in_place_equal_fresh_answers() {
 /// `query_into` then rebuilds it rather than write counts into the wrong ranks.
 #[test]
 fn an_answer_a_caller_reshaped_is_rebuilt() {
-    let mut ix = new_index();
-    let keys: Vec<u64> = (1..=6).collect();
-    put(&mut ix, "a", 0, Tier::Device, &keys[..3]);
-    put(&mut ix, "a", 1, Tier::CpuLocal, &keys);
-    put(&mut ix, "b", 0, Tier::Device, &keys);
+    let (ix, keys) = two_instances();
     let reader = ix.reader();
     let fresh = reader.query(&mut TestKeys::full(&keys), None);
     let reshapes: [fn(&mut QueryHits); 4] = [
