@@ -234,13 +234,34 @@
 //! tokens took 6.6-6.9 us (schema 4 column) and 6.3-7.5 us (schema 5) there, against 4.9-5.4
 //! us at other moments.)
 //!
+//! **Then the cursors' bookkeeping** (bit sets in direct walks, one-pass answer fill, no slot
+//! prefetch inside a segment, constant-size digests; see "Interned holder sets", "Segments" and
+//! `cursors`). Three full runs, load 1.2-1.3, ours / Dynamo:
+//!
+//! | figure | run 1 | run 2 | run 3 |
+//! |---|---|---|---|
+//! | apply, M block ops/s | 1.37 | 1.73 | 1.47 |
+//! | 2,048-token query by keys, p50 | 0.63 (3.1 us) | 0.64 (3.4 us) | 0.66 (3.2 us) |
+//! | 2,048-token query from tokens, p50 / p99 | 0.64 / 0.80 | 0.62 / 0.91 | 0.63 / 0.86 |
+//! | same, best of 3 rounds, p99 | 0.90 | 1.00 | 1.00 |
+//! | 1M-token full hit from tokens | 1.31 ms | 1.37 ms | 1.16 ms |
+//!
+//! Cachegrind, per 2,048-token query from tokens (all 3,000 queries): ours 34.3 -> 25.2 k
+//! instructions and 100 -> 98 misses of a 1 MiB last level; Dynamo 34.3 k and 160. What bounds
+//! the p99 now: the latency passes alternate between the indexes, and the first ~30 queries of
+//! each of our passes (1 % of them) run on caches Dynamo's pass filled; they warm the 32 system
+//! prompts' records and the answer again. Fully cold (96 MiB written between queries) ours takes
+//! 36 us against Dynamo's 55 us; the queries that match 96 blocks or more are about even
+//! (thread CPU 4.5-5.5 against 6.6-6.7 us, best of 3 wall time 0.9-1.0x), their time spent
+//! reading 8 KiB of tokens and about 20 slot or record lines.
+//!
 //! The 1M-token query did not get faster: its table fits in the caches, so neither the
 //! prefetching nor the missing lock pays there. What bounds ours now: a walk step is still a
 //! hash probe per block (the tree follows an edge
 //! it already holds and compares the blocks along it in order), about 35-40 ns per block on a
 //! 1M-token prompt whose table fits in the caches, spread over locating, prefetching and
-//! probing; the 64 x 2 answer and the cursors' bookkeeping are about a quarter of a 2,048-token
-//! query. On apply, the table's stores and the alias inserts (one random access each per
+//! probing; the 64 x 2 answer and the cursors' bookkeeping were about a quarter of a 2,048-token
+//! query (before the bit sets above). On apply, the table's stores and the alias inserts (one random access each per
 //! stored block, both now with their lines prefetched per run or per event) are most of the
 //! time. Closing the rest needs blocks that carry their successors, so that a walk along a
 //! stored chain reads records in order, without probes.
