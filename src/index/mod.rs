@@ -246,8 +246,9 @@
 //! | same, best of 3 rounds, p99 | 0.90 | 1.00 | 1.00 |
 //! | 1M-token full hit from tokens | 1.31 ms | 1.37 ms | 1.16 ms |
 //!
-//! Cachegrind, per 2,048-token query from tokens (all 3,000 queries): ours 34.3 -> 25.2 k
-//! instructions and 100 -> 98 misses of a 1 MiB last level; Dynamo 34.3 k and 160. What bounds
+//! Cachegrind, per 2,048-token query from tokens (all 3,000 queries): ours 34.3 k instructions
+//! (with the first, merging version of direct walks) -> 25.2 k, and about 100 misses of a 1 MiB
+//! last level throughout; Dynamo 34.3 k and 160. What bounds
 //! the p99 now: the latency passes alternate between the indexes, and the first ~30 queries of
 //! each of our passes (1 % of them) run on caches Dynamo's pass filled; they warm the 32 system
 //! prompts' records and the answer again. Fully cold (96 MiB written between queries) ours takes
