@@ -231,23 +231,14 @@ impl BlockRule {
     }
 }
 
-/// Link complete blocks of `N` tokens onto `parent`, pushing each key.
+/// Link the complete blocks of `n` tokens in `tokens` onto `parent`, pushing each key. Inlined
+/// so that a constant `n` at the call makes the block length a constant in the loop.
 #[inline(always)]
-fn link_blocks<T: Token, const N: usize>(mut parent: u64, tokens: &[T], keys: &mut Vec<BlockHash>) {
-    let (blocks, _) = tokens.as_chunks::<N>();
-    for block in blocks {
+fn link_blocks<T: Token>(mut parent: u64, tokens: &[T], n: usize, keys: &mut Vec<BlockHash>) {
+    for block in tokens.chunks_exact(n.max(1)) {
         // A query's tokens are read once, so they come from memory: the walk's misses leave
         // the hardware prefetcher behind (the token loads were half of hashing's time in the
         // side-by-side benchmark).
-        prefetch(block.as_ptr().wrapping_add(TOKENS_AHEAD * N));
-        parent = link(parent, content_of(block, 0));
-        keys.push(BlockHash(parent));
-    }
-}
-
-/// [`link_blocks`] for any block size `n`.
-fn link_blocks_of<T: Token>(mut parent: u64, tokens: &[T], n: usize, keys: &mut Vec<BlockHash>) {
-    for block in tokens.chunks_exact(n.max(1)) {
         prefetch(block.as_ptr().wrapping_add(TOKENS_AHEAD * n));
         parent = link(parent, content_of(block, 0));
         keys.push(BlockHash(parent));
@@ -343,9 +334,9 @@ impl<T: Token> super::PrefixKeys for DerivedChain<'_, T> {
                 // so a block's digest unrolls into straight-line multiplies (the side-by-side
                 // workload's query hashing: 7.8 -> 6.6 k instructions per query).
                 match self.block_size {
-                    16 => link_blocks::<T, 16>(parent, tokens, &mut self.keys),
-                    32 => link_blocks::<T, 32>(parent, tokens, &mut self.keys),
-                    n => link_blocks_of(parent, tokens, n, &mut self.keys),
+                    16 => link_blocks(parent, tokens, 16, &mut self.keys),
+                    32 => link_blocks(parent, tokens, 32, &mut self.keys),
+                    n => link_blocks(parent, tokens, n, &mut self.keys),
                 };
             } else {
                 for b in from..upto {

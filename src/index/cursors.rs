@@ -257,6 +257,22 @@ fn ended_from(counts: &mut [u64; 4], q: usize, covered: u64) {
     }
 }
 
+/// Call `f` on the counts of every cursor in `set`, the word of cursors from `base`.
+#[inline]
+fn each_cursor(
+    mut set: u64,
+    base: usize,
+    counts: &mut [[u64; 4]],
+    mut f: impl FnMut(&mut [u64; 4]),
+) {
+    while set != 0 {
+        if let Some(c) = counts.get_mut(base + set.trailing_zeros() as usize) {
+            f(c);
+        }
+        set &= set - 1;
+    }
+}
+
 impl PhaseSets {
     fn reset(&mut self, n: usize, selected: std::ops::Range<u32>) {
         self.words.clear();
@@ -335,21 +351,10 @@ impl PhaseSets {
                 let ending = here & !word.accepts[q];
                 word.in_phase[q] = here & word.accepts[q];
                 moving = ending & held;
-                let mut gone = ending & !held;
+                let gone = ending & !held;
                 finished += gone.count_ones() as usize;
-                while gone != 0 {
-                    if let Some(c) = counts.get_mut(base + gone.trailing_zeros() as usize) {
-                        ended_from(c, q, covered);
-                    }
-                    gone &= gone - 1;
-                }
-                let mut next = moving;
-                while next != 0 {
-                    if let Some(c) = counts.get_mut(base + next.trailing_zeros() as usize) {
-                        c[q] = covered;
-                    }
-                    next &= next - 1;
-                }
+                each_cursor(gone, base, counts, |c| ended_from(c, q, covered));
+                each_cursor(moving, base, counts, |c| c[q] = covered);
             }
         }
         finished
@@ -359,13 +364,8 @@ impl PhaseSets {
     fn finish(&mut self, covered: u64, counts: &mut [[u64; 4]]) {
         for (w, word) in self.words.iter_mut().enumerate() {
             for q in 0..4 {
-                let set = &mut word.in_phase[q];
-                while *set != 0 {
-                    if let Some(c) = counts.get_mut(w * 64 + set.trailing_zeros() as usize) {
-                        ended_from(c, q, covered);
-                    }
-                    *set &= *set - 1;
-                }
+                let live = std::mem::take(&mut word.in_phase[q]);
+                each_cursor(live, w * 64, counts, |c| ended_from(c, q, covered));
             }
         }
     }

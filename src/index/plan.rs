@@ -220,7 +220,9 @@ impl Plan {
             ),
         };
         out.shape = self.shape(filter);
-        self.fill(filter, counts, &mut out);
+        // The template is this plan's shape, so the checks cannot fail here.
+        let filled = self.fill_checked(filter, counts, &mut out);
+        debug_assert!(filled, "a plan's own template has its shape");
         out
     }
 
@@ -275,17 +277,6 @@ impl Plan {
             fill_row(row, mine);
         }
         rest.is_empty()
-    }
-
-    /// Write the counts into `out`, which has this answer's shape.
-    fn fill(&self, filter: Option<&str>, counts: &[[u64; 4]], out: &mut QueryHits) {
-        let first = self.selected(filter).start as usize;
-        let mut rest = counts.get(first..).unwrap_or(&[]);
-        for row in out.hits.values_mut() {
-            let (mine, after) = rest.split_at(row.rank_matches.len().min(rest.len()));
-            rest = after;
-            fill_row(row, mine);
-        }
     }
 }
 
