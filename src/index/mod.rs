@@ -256,6 +256,32 @@
 //! (thread CPU 4.5-5.5 against 6.6-6.7 us, best of 3 wall time 0.9-1.0x), their time spent
 //! reading 8 KiB of tokens and about 20 slot or record lines.
 //!
+//! **Then the tail itself.** A full run can dump every sample (`DUMP_SAMPLES`, see the
+//! benchmark's README). The 1 % of our from-token samples above the p99 were, in one run, 34
+//! from the first 60 queries of a pass, 24 from queries matching 96 blocks or more and 32 from
+//! those matching 60-95 (or machine spikes); Dynamo's, 45, 7 and 38. By depth, p50 of the
+//! from-token samples, ours / Dynamo: 0.39 for walks of 8-32 blocks, 0.60 for 33-63, 0.80 for
+//! 64-95 and 0.91 for 96+ (6.0 against 6.65 us), where Dynamo's hashing of all 128 blocks is
+//! its floor for every depth. So the deep walks decide the ratio. Timing them in passes that
+//! follow the other index's pass, with the query's tokens read just before the clock starts,
+//! took ours 1-2 us off, far more than Dynamo (whose tight XXH3 loop streams them): the token
+//! lines, asked for 4 blocks ahead, were still on the way. Asked for 16 blocks ahead
+//! (`hashing::derived::TOKENS_AHEAD`), means of 5-6 alternated full runs: 2,048-token query
+//! from tokens p99 0.82-0.85 -> 0.74-0.78 (single runs 0.64-0.86), the 96+ walks 0.97-0.99 ->
+//! 0.93-0.95, p50 0.63-0.65 -> 0.61.
+//!
+//! Measured, not kept: 8 and 32 blocks ahead (p99 0.80 and 0.85), prefetching a whole prompt's
+//! tokens when the chain is made (0.99 on the 96+ walks; it crowds the walk's own misses), and
+//! looking ahead among the linked keys for the next segments' first blocks to bring their slot
+//! and record lines in early (a walk that follows a segment reaches the next one at once, and
+//! a profile shows the walk waiting there on the slot and then the record line): the walk's
+//! samples fell by a sixth, but the from-token p99 stayed within noise (0.79 against 0.78 in six
+//! alternated runs) and a 1M-token full hit cost 24 more instructions a block. Longer segments
+//! would remove those waits at the source: with one block in 64 starting a segment instead of
+//! one in 16, the walk's new-shard steps per query fell from 3.2 to 0.8 and the 96+ walks went
+//! 0.99 -> 0.86 (p99 0.82 -> 0.73, six alternated runs); that changes every derived key, so it
+//! needs a schema step that drops the derived keys and rebuilds them from replay, as 0005 did.
+//!
 //! The 1M-token query did not get faster: its table fits in the caches, so neither the
 //! prefetching nor the missing lock pays there. What bounds ours now: a walk step is still a
 //! hash probe per block (the tree follows an edge

@@ -2,11 +2,13 @@
 //! `ConcurrentRadixTreeCompressed`, in one process, on one deterministic workload (see README).
 //!
 //! Layout: `workload` generates prompts, engine events and queries; `ours` and `dynamo` adapt
-//! them to each index; this file checks that both answer the same and prints the figures.
+//! them to each index; `latency` times the queries; this file checks that both answer the same
+//! and prints the figures.
 //! `--rss-child ours|dynamo` is the memory measurement, run by the parent in a fresh process.
 //! `--profile <way>` runs one way of asking alone, for a profiler (see README, "Profiling").
 
 mod dynamo;
+mod latency;
 mod measure;
 mod ours;
 mod workload;
@@ -15,7 +17,8 @@ use std::hint::black_box;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use measure::{micros, percentiles, proc_status_bytes};
+use latency::{DEEP, latencies, timed};
+use measure::{percentiles, proc_status_bytes};
 use mooncake_conductor::index::QueryHits;
 use workload::{BLOCK_SIZE, Event, PublisherBatch, Workload};
 
@@ -130,7 +133,7 @@ fn profile(way: &str) {
         // Only the queries some holder matches to block 96 or further: the long walks that
         // make the latency tail.
         let deep =
-            |q: &Vec<u32>| ours::overlap(&ours.query_tokens(q)).into_iter().max() >= Some(96);
+            |q: &Vec<u32>| ours::overlap(&ours.query_tokens(q)).into_iter().max() >= Some(DEEP);
         w.queries.retain(deep);
         eprintln!("{} queries matched to block 96 or further", w.queries.len());
     }
@@ -265,12 +268,15 @@ fn run() -> ExitCode {
     let dyn_apply = t.elapsed();
     let dyn_apply_cpu = process_cpu_secs() - cpu;
 
-    if let Err(msg) = check(&w, &ours, &dynamo) {
-        eprintln!("FAIL: {msg}");
-        return ExitCode::FAILURE;
-    }
+    let depths = match check(&w, &ours, &dynamo) {
+        Ok(d) => d,
+        Err(msg) => {
+            eprintln!("FAIL: {msg}");
+            return ExitCode::FAILURE;
+        }
+    };
 
-    let lat = latencies(&w, &ours, &dynamo);
+    let lat = latencies(&w, &ours, &dynamo, &depths);
     let long = match long_query() {
         Ok(l) => l,
         Err(msg) => {
@@ -324,6 +330,12 @@ fn run() -> ExitCode {
         );
     }
     row(
+        &format!("query from 2,048 tokens, {DEEP}+ blocks matched, p50 us"),
+        lat.deep_tokens[0],
+        lat.deep_tokens[1],
+        1,
+    );
+    row(
         "query from 1M tokens, full hit, p50 ms",
         long.from_tokens.0 * 1e3,
         long.from_tokens.1 * 1e3,
@@ -365,8 +377,9 @@ fn row(name: &str, ours: f64, dynamo: f64, decimals: usize) {
 
 /// Every query, asked four ways (each index by keys and from tokens): the per-holder matched
 /// blocks must agree exactly.
-fn check(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Result<(), String> {
+fn check(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Result<Vec<u32>, String> {
     let mut mismatches = Vec::new();
+    let mut depths = Vec::with_capacity(w.queries.len());
     let (mut any_hit, mut partial, mut total_blocks) = (0usize, 0usize, 0u64);
     for (q, tokens) in w.queries.iter().enumerate() {
         let a = ours::overlap(&ours.query(&mut ours.query_keys(tokens)));
@@ -390,6 +403,7 @@ fn check(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Result<(),
             }
         }
         let max = a.iter().copied().max().unwrap_or(0);
+        depths.push(max);
         any_hit += usize::from(max > 0);
         partial += usize::from(max > 0 && max < (workload::QUERY_TOKENS / BLOCK_SIZE) as u32);
         total_blocks += a.iter().map(|&x| u64::from(x)).sum::<u64>();
@@ -407,83 +421,13 @@ fn check(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Result<(),
          (block, holder) pairs in all)",
         w.queries.len()
     );
-    Ok(())
-}
-
-/// Query latency figures in microseconds, per way of asking: `[by keys, from tokens]` of
-/// `[ours, dynamo]`.
-struct Latencies {
-    /// p50 and p99 over every timed sample.
-    all: [[(f64, f64); 2]; 2],
-    /// p50 and p99 over queries of each query's fastest round: scheduler preemptions on a
-    /// loaded machine hit longer queries more often and dominate a plain p99; the best of
-    /// several rounds keeps the spread between queries and drops most of that noise.
-    best: [[(f64, f64); 2]; 2],
-}
-
-fn latencies(w: &Workload, ours: &ours::Ours, dynamo: &dynamo::Dynamo) -> Latencies {
-    let mut ours_keys: Vec<ours::QueryKeys> =
-        w.queries.iter().map(|t| ours.query_keys(t)).collect();
-    let dyn_keys: Vec<_> = w.queries.iter().map(|t| dynamo::local_hashes(t)).collect();
-    let nq = w.queries.len();
-    // Per way (ours keys, dynamo keys, ours tokens, dynamo tokens): sample of round r, query q
-    // at `r * nq + q`.
-    let mut s: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(nq * QUERY_ROUNDS));
-    // Ours writes into one reused answer (`query_into`); Dynamo's `find_matches` has no such
-    // form and returns a new map per query.
-    let mut answer = QueryHits::default();
-    for round in 0..=QUERY_ROUNDS {
-        // One pass over every query per way of asking, never the same query twice in a row:
-        // a query right after another on the same prompt would find its blocks in the CPU
-        // caches and look faster than it is. The passes alternate within a round, so machine
-        // noise hits both indexes alike.
-        for (way, samples) in s.iter_mut().enumerate() {
-            for (q, tokens) in w.queries.iter().enumerate() {
-                // Time until the answer exists; freeing it is left out of the sample.
-                let d = match way {
-                    0 => timed(|| ours.query_into(&mut ours_keys[q], &mut answer)),
-                    1 => timed(|| dynamo.find_matches(&dyn_keys[q])),
-                    2 => timed(|| ours.query_tokens_into(tokens, &mut answer)),
-                    _ => timed(|| dynamo.query_tokens(tokens)),
-                };
-                if round > 0 {
-                    samples.push(d);
-                }
-            }
-        }
-    }
-    let us = |(a, b): (Duration, Duration)| (micros(a), micros(b));
-    let best = |v: &[Duration]| {
-        let mut m: Vec<Duration> = (0..nq)
-            .map(|q| {
-                (0..QUERY_ROUNDS)
-                    .map(|r| v[r * nq + q])
-                    .min()
-                    .unwrap_or_default()
-            })
-            .collect();
-        us(percentiles(&mut m))
-    };
-    let bests = s.each_ref().map(|v| best(v));
-    let alls = s.map(|mut v| us(percentiles(&mut v)));
-    Latencies {
-        all: [[alls[0], alls[1]], [alls[2], alls[3]]],
-        best: [[bests[0], bests[1]], [bests[2], bests[3]]],
-    }
+    Ok(depths)
 }
 
 /// p50 seconds, (ours, dynamo).
 struct LongQuery {
     from_tokens: (f64, f64),
     by_keys: (f64, f64),
-}
-
-fn timed<R>(f: impl FnOnce() -> R) -> Duration {
-    let t = Instant::now();
-    let r = f();
-    let d = t.elapsed();
-    black_box(r);
-    d
 }
 
 /// The 1M-token prompt and the one publisher message of 16-block store events that stores it.
