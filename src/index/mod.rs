@@ -54,14 +54,14 @@
 //! SHA-256.
 //!
 //! A derived key also names its shard in the table (its top 6 bits), inherited from its parent
-//! within a segment of about 16 blocks (see [`crate::hashing::derived::link`] and "Segments"
+//! within a segment of about 64 blocks (see [`crate::hashing::derived::link`] and "Segments"
 //! below); a raw key's shard comes from its top bits when it is odd and from its slot hash
 //! when it is even (`table`'s `shard_of_key`).
 //!
 //! A block the index cannot derive is kept under its published hash ("raw"): an event whose
 //! parent this context never saw (a subscriber that joined mid-stream; guessing the parent would
 //! risk a false hit), a store object whose hash has no alias yet, schema 1 data, and what
-//! migration 5 kept when the derived-key function changed (`migrations/`). Those keys
+//! migrations 5 and 6 kept when the derived-key function changed (`migrations/`). Those keys
 //! are what the registered profile computes when it matches the engine, so while any raw pair
 //! exists (`Shared::raw_pairs`, counted per holder) a query from tokens also walks the
 //! registered profile's chain as each block's second key ([`crate::hashing::PrefixKeys::alt_key`])
@@ -276,11 +276,16 @@
 //! and record lines in early (a walk that follows a segment reaches the next one at once, and
 //! a profile shows the walk waiting there on the slot and then the record line): the walk's
 //! samples fell by a sixth, but the from-token p99 stayed within noise (0.79 against 0.78 in six
-//! alternated runs) and a 1M-token full hit cost 24 more instructions a block. Longer segments
-//! would remove those waits at the source: with one block in 64 starting a segment instead of
-//! one in 16, the walk's new-shard steps per query fell from 3.2 to 0.8 and the 96+ walks went
-//! 0.99 -> 0.86 (p99 0.82 -> 0.73, six alternated runs); that changes every derived key, so it
-//! needs a schema step that drops the derived keys and rebuilds them from replay, as 0005 did.
+//! alternated runs) and a 1M-token full hit cost 24 more instructions a block.
+//!
+//! **Longer segments (schema 6)** remove those waits at the source: with one block in 64
+//! starting a segment instead of one in 16, the walk's steps into a new shard per query fell
+//! from 3.2 to 0.8 (all steps from 10.4 to 8.6). Six alternated full runs, ours / Dynamo, with
+//! the tokens asked for 16 ahead in both: 2,048-token query from tokens p99 0.82 -> 0.68 (single
+//! runs 0.76-0.86 -> 0.61-0.73), the 96+ walks 0.94 -> 0.79, p50 0.61 -> 0.58. One block in 256
+//! measured the same as one in 64 (p99 0.66-0.73 against 0.61-0.68 in the same runs). The key
+//! change needs schema 6, whose step drops the derived keys and lets replay rebuild them
+//! (`migrations/0006_*`), as schema 5's did.
 //!
 //! The 1M-token query did not get faster: its table fits in the caches, so neither the
 //! prefetching nor the missing lock pays there. What bounds ours now: a walk step is still a
@@ -325,12 +330,12 @@
 //! where a tree reads one sequential run per edge. "Segments" below is the structural step
 //! named under "Chain hints".
 //!
-//! # Segments: a prompt's records side by side (schema 5)
+//! # Segments: a prompt's records side by side (schema 5; longer in schema 6)
 //!
 //! A derived key carries its shard in its top bits and takes them from its parent, except at
-//! the first block of a chain and at about one block in 16 chosen by the key's own bits (so by
+//! the first block of a chain and at about one block in 64 chosen by the key's own bits (so by
 //! content: every chain through a block agrees). A prompt's blocks therefore come in segments
-//! of about 16 in one shard, and since a shard hands out records in order (free records first,
+//! of about 64 in one shard, and since a shard hands out records in order (free records first,
 //! then new ones), the blocks of a segment that one store run brought are neighbouring
 //! records. The walk, locating a block a few steps ahead, first reads the record after the one
 //! of the block before it (`Table::locate_record_after`, and `Located::after` for the first

@@ -1,9 +1,10 @@
-//! Migration 5's step: drop the pairs keyed by derived block keys and every alias, keep the pairs
-//! keyed by published hashes, and make the sources that lost pairs rebuild from their
-//! publishers' replay (see `migrations/0005_derived_keys_rebuilt_from_replay.md`).
+//! Migration 5's step, and 6's (the derived keys changed again): drop the pairs keyed by derived
+//! block keys and every alias, keep the pairs keyed by published hashes, and make the sources
+//! that lost pairs rebuild from their publishers' replay (see
+//! `migrations/0005_derived_keys_rebuilt_from_replay.md`).
 //!
 //! A migration reads the records of the schema it converts as that schema wrote them, so this
-//! step names schema 4's layout itself (`crate::durability::codec` writes the current one and
+//! step names schema 4's layout (which schema 5 kept) itself (`crate::durability::codec` writes the current one and
 //! may move on): a pair key is context id (8 B) + holder id (u32 BE) + block (u64 BE); a holder
 //! record is JSON with `source` (`instance_id`, `tenant_id`, `dp_rank`) and, from schema 2 on,
 //! `raw_pairs`; a watermark key is context id + `instance|tenant|rank`, its value seq (u64 BE)
@@ -41,14 +42,16 @@ pub struct Dropped {
     pub positions: u64,
 }
 
-/// The step as the migration runner calls it.
-pub fn drop_derived_keys(store: &dyn KvStore) -> Result<Vec<KvOp>, StorageError> {
+/// The step as the migration runner calls it, for the step to schema `version` (5, and 6,
+/// which changed the derived keys again; see `migrations/0006_*`).
+pub fn drop_derived_keys(store: &dyn KvStore, version: u32) -> Result<Vec<KvOp>, StorageError> {
     let dropped = drop_in_batches(store, DROP_BATCH)?;
     tracing::info!(
+        version,
         pairs = dropped.pairs,
         holders = dropped.holders,
         positions = dropped.positions,
-        "schema 5: pairs under derived keys and all aliases dropped; their sources rebuild from replay"
+        "pairs under derived keys and all aliases dropped; their sources rebuild from replay"
     );
     Ok(Vec::new())
 }

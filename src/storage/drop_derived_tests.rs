@@ -1,4 +1,5 @@
-//! Migration 5 on a schema 4 store (memory and RocksDB): what it drops, keeps and resets, that a
+//! Migration 5 on a schema 4 store (memory and RocksDB), and 6 on a schema 5 store (the same
+//! step: schema 5 kept schema 4's layout): what it drops, keeps and resets, that a
 //! run killed after any of its writes is finished by the next start, and what a restart of the
 //! migrated store answers.
 
@@ -128,6 +129,11 @@ fn write_context(store: &dyn KvStore, c: Context<'_>) {
 /// counts all its pairs as published (one of them odd), its store holder is a schema 1 record
 /// (an odd published hash). Context B: source e2 mixes, and e0 has a position but no holder.
 fn schema_4_store(store: &dyn KvStore) {
+    store_of_schema(store, 4);
+}
+
+/// [`schema_4_store`]'s records, stamped with schema `version` (4 or 5: the same layout).
+fn store_of_schema(store: &dyn KvStore, version: u32) {
     for s in 0..3 {
         let config = PublisherConfig::test_vllm(&format!("e{s}"), "tcp://127.0.0.1:1");
         put_registration(store, &config).unwrap();
@@ -186,7 +192,7 @@ fn schema_4_store(store: &dyn KvStore) {
             aliases: &[(0x2000, 0xa1)],
         },
     );
-    store.write(vec![migrations::version_op(4)]).unwrap();
+    store.write(vec![migrations::version_op(version)]).unwrap();
 }
 
 type Dump = Vec<(Cf, Vec<u8>, Vec<u8>)>;
@@ -215,7 +221,10 @@ fn records(store: &dyn KvStore, cf: Cf) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// What a migrated store holds, checked record by record.
 fn check_migrated(store: &dyn KvStore) {
     let (a, b) = (codec::context_id(&ctx_a()), codec::context_id(&ctx_b()));
-    assert_eq!(migrations::read_version(store).unwrap(), Some(5));
+    assert_eq!(
+        migrations::read_version(store).unwrap(),
+        Some(migrations::CURRENT_VERSION)
+    );
     let pair = |ctx: &[u8; 8], id, block, bits, repeats: Vec<(u8, u32)>| {
         (
             codec::pair_key(ctx, id, block),
@@ -352,8 +361,42 @@ fn a_schema_4_memory_store_keeps_its_published_hashes_and_rebuilds_the_rest() {
     check_migrated(&store);
     check_restart(&store);
     let again = dump(&store);
-    assert_eq!(migrations::migrate(&store, "test").unwrap(), 5);
+    assert_eq!(
+        migrations::migrate(&store, "test").unwrap(),
+        migrations::CURRENT_VERSION
+    );
     assert_eq!(dump(&store), again, "a migrated store is left as it is");
+}
+
+/// Schema 6 changed the derived keys again: a schema 5 store loses its derived keys and aliases
+/// as a schema 4 one did, and keeps its published hashes.
+#[test]
+fn a_schema_5_memory_store_drops_its_derived_keys_and_keeps_its_published_hashes() {
+    let store = MemoryStore::new();
+    store_of_schema(&store, 5);
+    assert_eq!(migrations::migrate(&store, "test").unwrap(), 5);
+    check_migrated(&store);
+    check_restart(&store);
+}
+
+/// A store migrated to schema 5 (its derived keys already dropped) takes step 6 without losing
+/// anything more: what 5 kept is all published hashes, counted as such.
+#[test]
+fn step_6_after_step_5_drops_nothing_more() {
+    let store = MemoryStore::new();
+    schema_4_store(&store);
+    assert_eq!(migrations::migrate_to(&store, "test", 5).unwrap(), 4);
+    let after_5 = dump(&store);
+    assert_eq!(migrations::migrate(&store, "test").unwrap(), 5);
+    let after_6 = dump(&store);
+    let without_version = |d: &Dump| -> Dump {
+        d.iter()
+            .filter(|(cf, _, _)| *cf != Cf::Meta)
+            .cloned()
+            .collect()
+    };
+    assert_eq!(without_version(&after_6), without_version(&after_5));
+    check_migrated(&store);
 }
 
 /// Fails every write after the first `writes`, writing nothing: a process killed there.

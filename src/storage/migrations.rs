@@ -3,14 +3,14 @@
 use super::{Cf, KvOp, KvStore, StorageError};
 
 /// The schema version this binary writes.
-pub const CURRENT_VERSION: u32 = 5;
+pub const CURRENT_VERSION: u32 = 6;
 
 /// The newest schema version that changed how a record (a key and value of the `KvStore`
 /// API) is encoded or what it means. Schema 4 changed only how the RocksDB store packs records
-/// into its own values (peers of schema 3 and 4 bootstrap from each other); schema 5 changed
-/// what a derived block key means, so a replica's snapshot, which carries records, is in schema
-/// 5's format and a schema 4 peer's is refused.
-pub const RECORDS_VERSION: u32 = 5;
+/// into its own values (peers of schema 3 and 4 bootstrap from each other); schemas 5 and 6
+/// changed what a derived block key means, so a replica's snapshot, which carries records, is in
+/// schema 6's format and an older peer's is refused.
+pub const RECORDS_VERSION: u32 = 6;
 
 const VERSION_KEY: &[u8] = b"schema_version";
 
@@ -54,7 +54,13 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 5,
         // Deletes in batches and compacts itself (see the file).
         description: include_str!("../../migrations/0005_derived_keys_rebuilt_from_replay.md"),
-        apply: super::drop_derived::drop_derived_keys,
+        apply: |store| super::drop_derived::drop_derived_keys(store, 5),
+    },
+    Migration {
+        version: 6,
+        // Step 5's procedure again: the derived keys changed once more (see the file).
+        description: include_str!("../../migrations/0006_longer_segments_rebuilt_from_replay.md"),
+        apply: |store| super::drop_derived::drop_derived_keys(store, 6),
     },
 ];
 
