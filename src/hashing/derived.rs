@@ -68,8 +68,8 @@ const SHARD_MASK: u64 = !0 << (64 - SHARD_BITS);
 /// slot line and then a record line; with segments four times longer, the p99 of the
 /// side-by-side benchmark's 2,048-token queries from tokens went from 0.82 x Dynamo's to 0.68
 /// (means of 6 alternated runs; single runs 0.76-0.86 -> 0.61-0.73, see `index`, "Segments").
-/// One in 256 measured the same. Shards stay even: segments
-/// still start at random, a few hundred per shard in a context of a few million blocks.
+/// One in 256 measured the same. Shards stay even: segments still start at random, a few
+/// hundred per shard in a context of a few million blocks.
 const SEGMENT_BITS: u32 = 6;
 
 #[inline(always)]
