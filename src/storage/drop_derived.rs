@@ -7,8 +7,8 @@
 //! step names schema 4's layout, which schema 5 kept, itself (`crate::durability::codec` writes
 //! the current one and may move on): a pair key is context id (8 B) + holder id (u32 BE) + block
 //! (u64 BE); a holder record is JSON with `source` (`instance_id`, `tenant_id`, `dp_rank`) and,
-//! from schema 2 on, `raw_pairs`; a watermark key is context id + `instance|tenant|rank`, its value seq (u64 BE)
-//! + payload digest (u64 BE).
+//! from schema 2 on, `raw_pairs`; a watermark key is context id + `instance|tenant|rank`, its
+//! value seq (u64 BE) + payload digest (u64 BE).
 //!
 //! Which pairs are derived: a derived key is always odd, so an even key is a published hash.
 //! An odd key is a published hash too when its holder's pairs all are: a record without
