@@ -46,8 +46,8 @@ const KEYS_RESERVED: usize = 256;
 /// Why 16 (a whole first burst, 1 KiB of 32-bit tokens at block size 16): a query's tokens come
 /// from memory, and a line asked for 4 blocks ahead (about 25 ns of hashing) had not arrived
 /// when the loop got there. On the side-by-side benchmark's 2,048-token queries from tokens,
-/// means of 5-6 alternated full runs, ours / Dynamo: 4 ahead p99 0.82-0.86, 8 ahead 0.80,
-/// 16 ahead 0.74-0.80 (the queries matching 96+ blocks 0.97-0.99 -> 0.93-0.95), 32 ahead 0.85.
+/// means of 5-6 alternated full runs, ours / Dynamo: 4 ahead p99 0.82-0.87, 8 ahead 0.80,
+/// 16 ahead 0.74-0.82 (the queries matching 96+ blocks 0.97-1.03 -> 0.93-0.98), 32 ahead 0.85.
 const TOKENS_AHEAD: usize = 16;
 
 const K0: u64 = 0xa076_1d64_78bd_642f;

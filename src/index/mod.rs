@@ -267,8 +267,8 @@
 //! took ours 1-2 us off, far more than Dynamo (whose tight XXH3 loop streams them): the token
 //! lines, asked for 4 blocks ahead, were still on the way. Asked for 16 blocks ahead
 //! (`hashing::derived::TOKENS_AHEAD`), means of 5-6 alternated full runs: 2,048-token query
-//! from tokens p99 0.82-0.85 -> 0.74-0.78 (single runs 0.64-0.86), the 96+ walks 0.97-0.99 ->
-//! 0.93-0.95, p50 0.63-0.65 -> 0.61.
+//! from tokens p99 0.82-0.87 -> 0.74-0.82 (single runs 0.64-0.86), the 96+ walks 0.97-1.03 ->
+//! 0.93-0.98, p50 0.63-0.65 -> 0.61.
 //!
 //! Measured, not kept: 8 and 32 blocks ahead (p99 0.80 and 0.85), prefetching a whole prompt's
 //! tokens when the chain is made (0.99 on the 96+ walks; it crowds the walk's own misses), and
