@@ -124,6 +124,14 @@ impl SubscriptionKey {
             dp_rank,
         }
     }
+
+    /// The key its text (`instance|tenant|rank`, [`fmt::Display`]) names; the instance may
+    /// itself contain `|`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.rsplitn(3, '|');
+        let (rank, tenant, instance) = (parts.next()?, parts.next()?, parts.next()?);
+        Some(SubscriptionKey::new(instance, tenant, rank.parse().ok()?))
+    }
 }
 
 impl fmt::Display for SubscriptionKey {

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::durability::checkpoint::Checkpointer;
+use crate::durability::recovery::RestoredRegistration;
 use crate::gateway::grpc::GrpcService;
 use crate::gateway::ops::Ops;
 use crate::gateway::pb;
@@ -125,6 +126,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     }
     let registry = registry.start();
     let mut registrations = loaded.recovered.registrations;
+    let mut source_records = loaded.recovered.sources;
+    let dropped_at_recovery = loaded.recovered.dropped;
     let readiness = Arc::new(Readiness::starting(format!(
         "restoring {} subscriptions",
         registrations.len()
@@ -197,20 +200,24 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
                 contexts.insert(contexts.start(index));
             }
             registrations = recovered.registrations;
+            source_records = recovered.sources;
             bootstrapped = true;
         }
     }
-    let restored: Vec<_> = registrations.iter().map(|(c, _)| c.clone()).collect();
+    let restored: Vec<_> = registrations.iter().map(|r| r.config.clone()).collect();
+    for (source, why) in &dropped_at_recovery {
+        tracing::warn!(service = %source, reason = why, "no consistent position for this source: its blocks were dropped and it rebuilds from its publisher's stream start");
+    }
 
     // Each subscription is its own actor and socket tasks: one that fails to register is logged
     // and skipped, one whose publisher misbehaves only affects itself.
-    for (config, resume_after) in registrations {
+    for RestoredRegistration { config, restored } in registrations {
         let key = config.subscription_key();
         match registry
             .send(Register {
                 config,
                 names: crate::gateway::registration::PYTHON_NAMES,
-                resume_after,
+                restored: Some(restored),
                 origin: Origin::Restore,
             })
             .await
@@ -262,6 +269,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         contexts.clone(),
         subscriptions,
         persisted,
+        source_records,
     )
     .with_health(storage_health);
     let checkpoints = tokio::spawn(checkpointer.run(

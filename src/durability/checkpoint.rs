@@ -8,7 +8,7 @@
 //! context the source no longer stores into records the same position as the busy ones, and a
 //! restart resumes the source from a batch its publisher still buffers.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,11 +16,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::index::ContextDirectory;
 use crate::index::actor::{MarkDirty, TakeChanges};
-use crate::index::{ContextChanges, PairBits};
-use crate::model::ContextKey;
+use crate::index::{ContextChanges, PairBits, Watermark};
+use crate::model::{ContextKey, SubscriptionKey};
 use crate::subscription::directory::SubscriptionDirectory;
 
 use super::codec::{self, context_id};
+use super::sources::{SourcePosition, SourceRecords, SourceUpdate};
 use crate::storage::health::StorageHealth;
 use crate::storage::{Cf, KvOp, KvStore, StorageError, prefix_end};
 
@@ -180,88 +181,138 @@ pub struct CheckpointReport {
     pub forgotten: usize,
     /// Contexts with nothing to write.
     pub idle: usize,
+    /// Source records written or deleted.
+    pub sources: usize,
 }
 
-/// The synchronous part of checkpointing, without any actor: which contexts have data on disk,
-/// and what one round writes, retries and forgets. [`Checkpointer`] feeds it each live context's
-/// changes and sends back what it returns.
+/// The synchronous part of checkpointing, without any actor: what one round writes, and what
+/// goes back to the contexts when its write fails. [`Checkpointer`] feeds it each live
+/// context's changes and the sources' positions, and sends back what it returns.
+///
+/// A round is one atomic write: every context's changes, the source records
+/// ([`super::sources`]) and the deletes of contexts that are gone. So whatever instruction a
+/// crash interrupts, the store holds the last round that landed, whole
+/// (`docs/durability.md`, "One consistent cut").
 #[derive(Debug, Default)]
 pub struct CheckpointState {
     /// Contexts that have data on disk (so a removed one is deleted there too).
     persisted: HashSet<ContextKey>,
+    sources: SourceRecords,
 }
 
-/// What a round did so far, and the first failure's text (for [`StorageHealth`]).
+/// One round being assembled: its writes, and what each context must take back if they fail.
 #[derive(Debug, Default)]
 pub struct Round {
     pub report: CheckpointReport,
     pub first_error: Option<String>,
+    ops: Vec<KvOp>,
+    /// Per context written: its key and what to mark dirty again on failure.
+    written: Vec<(ContextKey, MarkDirty)>,
+    forgotten: Vec<ContextKey>,
+    sources: SourceUpdate,
 }
 
 impl CheckpointState {
-    /// `persisted`: the contexts recovery found on disk.
-    pub fn new(persisted: HashSet<ContextKey>) -> Self {
-        CheckpointState { persisted }
+    /// `persisted`: the contexts recovery found on disk; `sources`: the source records it read.
+    pub fn new(
+        persisted: HashSet<ContextKey>,
+        sources: HashMap<SubscriptionKey, (u64, Watermark)>,
+    ) -> Self {
+        CheckpointState {
+            persisted,
+            sources: SourceRecords::new(sources),
+        }
     }
 
-    /// Write one context's changes. On a failed write, the returned [`MarkDirty`] must go back to
-    /// the context, so that the next round writes them again.
-    pub fn write_context(
-        &mut self,
-        store: &dyn KvStore,
-        changes: ContextChanges,
-        round: &mut Round,
-    ) -> Option<MarkDirty> {
-        let pairs = changes.pairs.len();
+    /// Add one context's changes to the round.
+    pub fn add_context(&self, changes: ContextChanges, round: &mut Round) {
         let ops = context_ops(&changes);
         if ops.is_empty() {
             // Idle: nothing to write (its key is already in `persisted`).
             round.report.idle += 1;
-            return None;
+            return;
         }
-        match store.write(ops) {
-            Ok(()) => {
-                round.report.contexts += 1;
-                round.report.pairs += pairs;
-                self.persisted.insert(changes.key);
-                None
-            }
-            Err(e) => {
-                round.report.failed += 1;
-                tracing::warn!(context = %changes.key, "checkpoint write failed, retried next round: {e}");
-                round.first_error.get_or_insert_with(|| e.to_string());
-                Some(MarkDirty {
-                    pairs: changes.pairs.iter().map(|p| (p.holder, p.block)).collect(),
-                    aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
-                    fresh: changes.fresh,
-                })
-            }
+        round.report.contexts += 1;
+        round.report.pairs += changes.pairs.len();
+        round.ops.extend(ops);
+        let retry = MarkDirty {
+            pairs: changes.pairs.iter().map(|p| (p.holder, p.block)).collect(),
+            aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
+            fresh: changes.fresh,
+        };
+        round.written.push((changes.key, retry));
+    }
+
+    /// Add the deletes of every persisted context that is no longer `live`.
+    pub fn add_gone(&self, live: &HashSet<ContextKey>, round: &mut Round) {
+        for key in self.persisted.difference(live) {
+            round.ops.extend(forget_context_ops(key));
+            round.forgotten.push(key.clone());
         }
     }
 
-    /// Delete what the store holds of every persisted context that is no longer `live`; a failed
-    /// delete is tried again next round.
-    pub fn forget_gone(
-        &mut self,
-        store: &dyn KvStore,
-        live: &HashSet<ContextKey>,
+    /// Add the source records (see [`SourceRecords::round_ops`]).
+    pub fn add_sources(
+        &self,
+        began: &[(SubscriptionKey, SourcePosition)],
+        ended: &HashMap<SubscriptionKey, (u64, u64)>,
+        complete: bool,
         round: &mut Round,
     ) {
-        let gone: Vec<ContextKey> = self.persisted.difference(live).cloned().collect();
-        for key in gone {
-            match store.write(forget_context_ops(&key)) {
-                Ok(()) => {
-                    round.report.forgotten += 1;
+        round.sources = self.sources.round_ops(began, ended, complete);
+        round.report.sources = round.sources.put.len() + round.sources.delete.len();
+        round.ops.extend(round.sources.ops());
+    }
+
+    /// Write the round in one atomic write. On failure nothing of it landed: the returned
+    /// retries must go back to their contexts, so that the next round writes them again, and
+    /// the sources keep their last records.
+    pub fn commit(
+        &mut self,
+        store: &dyn KvStore,
+        mut round: Round,
+    ) -> (Round, Vec<(ContextKey, MarkDirty)>) {
+        if round.ops.is_empty() {
+            return (round, Vec::new());
+        }
+        let ops = std::mem::take(&mut round.ops);
+        match write_round(store, ops) {
+            Ok(()) => {
+                for (key, _) in round.written.drain(..) {
+                    self.persisted.insert(key);
+                }
+                round.report.forgotten = round.forgotten.len();
+                for key in round.forgotten.drain(..) {
                     self.persisted.remove(&key);
                 }
-                Err(e) => {
-                    round.report.failed += 1;
-                    tracing::warn!(context = %key, "could not delete a removed context: {e}");
-                    round.first_error.get_or_insert_with(|| e.to_string());
-                }
+                self.sources.written(std::mem::take(&mut round.sources));
+                (round, Vec::new())
+            }
+            Err(e) => {
+                let failed = round.written.len() + round.forgotten.len();
+                round.report.failed += failed.max(1);
+                round.report.contexts = 0;
+                round.report.pairs = 0;
+                round.report.sources = 0;
+                tracing::warn!(
+                    contexts = round.written.len(),
+                    "checkpoint write failed, retried next round: {e}"
+                );
+                round.first_error.get_or_insert_with(|| e.to_string());
+                let retries = std::mem::take(&mut round.written);
+                (round, retries)
             }
         }
     }
+}
+
+/// The round's write; with the `failpoints` feature, a test may stop the process right after
+/// it ([`crate::storage::failpoint`]).
+fn write_round(store: &dyn KvStore, ops: Vec<KvOp>) -> Result<(), StorageError> {
+    crate::storage::failpoint::hit("checkpoint_before_write");
+    store.write(ops)?;
+    crate::storage::failpoint::hit("checkpoint_after_write");
+    Ok(())
 }
 
 /// Writes checkpoints of every live context: asks the actors, and lets [`CheckpointState`] decide.
@@ -274,18 +325,19 @@ pub struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// `persisted`: the contexts recovery found on disk.
+    /// `persisted`: the contexts recovery found on disk; `sources`: the source records it read.
     pub fn new(
         store: Arc<dyn KvStore>,
         contexts: ContextDirectory,
         subscriptions: SubscriptionDirectory,
         persisted: HashSet<ContextKey>,
+        sources: HashMap<SubscriptionKey, (u64, Watermark)>,
     ) -> Self {
         Checkpointer {
             store,
             contexts,
             subscriptions,
-            state: CheckpointState::new(persisted),
+            state: CheckpointState::new(persisted, sources),
             health: Arc::default(),
         }
     }
@@ -297,24 +349,31 @@ impl Checkpointer {
     }
 
     pub async fn checkpoint(&mut self) -> CheckpointReport {
-        // Before any context is asked for its changes (see the module doc).
-        self.subscriptions.push_marks().await;
+        // Before any context is asked for its changes (see the module doc): every context a
+        // source created up to its position is listed below, and holds that position.
+        let began = self.subscriptions.push_marks().await;
         let mut round = Round::default();
         let live = self.contexts.all();
         let live_keys: HashSet<ContextKey> = live.iter().map(|h| h.key().clone()).collect();
+        let mut complete = true;
+        let mut handles = HashMap::new();
         for handle in live {
             let Ok(changes) = handle.send(TakeChanges).await else {
+                complete = false;
                 continue;
             };
-            if let Some(retry) = self
-                .state
-                .write_context(self.store.as_ref(), changes, &mut round)
-            {
+            self.state.add_context(changes, &mut round);
+            handles.insert(handle.key().clone(), handle);
+        }
+        let ended = self.subscriptions.identities().await;
+        self.state.add_sources(&began, &ended, complete, &mut round);
+        self.state.add_gone(&live_keys, &mut round);
+        let (round, retries) = self.state.commit(self.store.as_ref(), round);
+        for (key, retry) in retries {
+            if let Some(handle) = handles.get(&key) {
                 handle.notify(retry);
             }
         }
-        self.state
-            .forget_gone(self.store.as_ref(), &live_keys, &mut round);
         self.health
             .record_round(round.report.failed, round.first_error);
         round.report
@@ -340,28 +399,7 @@ impl Checkpointer {
     }
 }
 
-/// Persist one registration (synchronously, before the caller is told it succeeded).
-pub fn put_registration(
-    store: &dyn KvStore,
-    config: &crate::model::PublisherConfig,
-) -> Result<(), StorageError> {
-    let key = config.subscription_key().to_string().into_bytes();
-    store.write_synced(vec![KvOp::Put {
-        cf: Cf::Registrations,
-        key,
-        value: codec::registration_value(config),
-    }])
-}
-
-pub fn delete_registration(
-    store: &dyn KvStore,
-    key: &crate::model::SubscriptionKey,
-) -> Result<(), StorageError> {
-    store.write_synced(vec![KvOp::Delete {
-        cf: Cf::Registrations,
-        key: key.to_string().into_bytes(),
-    }])
-}
+pub use super::sources::{delete_registration, put_registration};
 
 #[cfg(test)]
 mod tests {
@@ -391,7 +429,8 @@ mod tests {
         index.apply_sequenced(&batch, Watermark { seq, digest: seq });
     }
 
-    /// What the checkpointer does for one context: write, and on failure hand the retry back.
+    /// What the checkpointer does: one round over the contexts, and on failure the retries
+    /// handed back.
     fn round_of(
         state: &mut CheckpointState,
         store: &dyn KvStore,
@@ -399,12 +438,18 @@ mod tests {
     ) -> Round {
         let mut round = Round::default();
         for index in indexes.iter_mut() {
-            if let Some(retry) = state.write_context(store, index.take_changes(), &mut round) {
-                index.mark_dirty(retry.pairs, retry.aliases, retry.fresh);
-            }
+            state.add_context(index.take_changes(), &mut round);
         }
         let live = indexes.iter().map(|i| i.reader().key().clone()).collect();
-        state.forget_gone(store, &live, &mut round);
+        state.add_gone(&live, &mut round);
+        let (round, retries) = state.commit(store, round);
+        for (key, retry) in retries {
+            let index = indexes
+                .iter_mut()
+                .find(|i| *i.reader().key() == key)
+                .expect("a retry for a context of the round");
+            index.mark_dirty(retry.pairs, retry.aliases, retry.fresh);
+        }
         round
     }
 
@@ -468,7 +513,8 @@ mod tests {
         assert_eq!(store.len(Cf::Contexts), 1);
 
         // Recovered from disk but no longer live: its delete fails once, then lands.
-        let mut recovered = CheckpointState::new(HashSet::from([ctx.reader().key().clone()]));
+        let mut recovered =
+            CheckpointState::new(HashSet::from([ctx.reader().key().clone()]), HashMap::new());
         store.inject(Fault::Before);
         let round = round_of(&mut recovered, &store, &mut []);
         assert_eq!((round.report.failed, round.report.forgotten), (1, 0));

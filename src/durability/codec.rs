@@ -193,23 +193,60 @@ pub fn decode_watermark(bytes: &[u8]) -> Result<Watermark, StorageError> {
 pub fn decode_watermark_source(key: &[u8]) -> Result<SubscriptionKey, StorageError> {
     let text = std::str::from_utf8(key.get(8..).unwrap_or_default())
         .map_err(|_| corrupt("watermarks", "key is not UTF-8"))?;
-    let mut parts = text.rsplitn(3, '|');
-    let (rank, tenant, instance) = (parts.next(), parts.next(), parts.next());
-    match (instance, tenant, rank.and_then(|r| r.parse::<u32>().ok())) {
-        (Some(i), Some(t), Some(r)) => Ok(SubscriptionKey::new(i, t, r)),
-        _ => Err(corrupt("watermarks", format!("bad source key {text:?}"))),
-    }
+    SubscriptionKey::parse(text)
+        .ok_or_else(|| corrupt("watermarks", format!("bad source key {text:?}")))
 }
 
 pub fn registration_value(c: &PublisherConfig) -> Vec<u8> {
+    registration_json(c).to_string().into_bytes()
+}
+
+fn registration_json(c: &PublisherConfig) -> Value {
     json!({
         "instance_id": c.instance_id, "endpoint": c.endpoint, "replay_endpoint": c.replay_endpoint,
         "publisher_type": c.publisher_type.as_str(), "model_name": c.model_name, "lora_name": c.lora_name,
         "tenant_id": c.tenant_id, "block_size": c.block_size, "dp_rank": c.dp_rank, "cache_group": c.cache_group,
         "hash_profile": profile_json(&c.hash_profile),
     })
-    .to_string()
-    .into_bytes()
+}
+
+/// A registration as this replica stores it: the shared fields of [`registration_value`] and
+/// the incarnation of this registration here (see [`crate::durability::sources`]).
+pub fn local_registration_value(c: &PublisherConfig, incarnation: u64) -> Vec<u8> {
+    let mut v = registration_json(c);
+    if let Some(fields) = v.as_object_mut() {
+        fields.insert("incarnation".into(), json!(incarnation));
+    }
+    v.to_string().into_bytes()
+}
+
+/// The incarnation a stored registration carries: 0 for a record written before incarnations
+/// existed (migration 7 gives its source the same).
+pub fn decode_incarnation(bytes: &[u8]) -> Result<u64, StorageError> {
+    let v = parse("registrations", bytes)?;
+    match v.get("incarnation") {
+        None => Ok(0),
+        Some(n) => n
+            .as_u64()
+            .ok_or_else(|| corrupt("registrations", "`incarnation` is not an integer")),
+    }
+}
+
+/// A source record: the incarnation of the registration it belongs to, then the position
+/// (seq and payload digest) every context of the checkpoint it was written with covers.
+pub fn source_value(incarnation: u64, mark: Watermark) -> Vec<u8> {
+    let mut v = incarnation.to_be_bytes().to_vec();
+    v.extend_from_slice(&watermark_value(mark));
+    v
+}
+
+pub fn decode_source(bytes: &[u8]) -> Result<(u64, Watermark), StorageError> {
+    let bytes: &[u8; 24] = bytes
+        .try_into()
+        .map_err(|_| corrupt("sources", "value is not 24 bytes"))?;
+    let (incarnation, mark) = bytes.split_at(8);
+    let incarnation = u64::from_be_bytes(incarnation.try_into().unwrap_or_default());
+    Ok((incarnation, decode_watermark(mark)?))
 }
 
 pub fn decode_registration(bytes: &[u8]) -> Result<PublisherConfig, StorageError> {

@@ -1,26 +1,42 @@
-//! Recovery at start: rebuild every context and the registrations from the last checkpoints.
+//! Recovery at start: rebuild every context and the registrations from the last checkpoint round.
 //!
-//! Sources present in a context but no longer registered (an unregistration the last checkpoint
-//! did not see) are dropped: their blocks cannot be vouched for. Each registration resumes from
-//! the lowest watermark its contexts hold (every context it fed records the source's position at
-//! its last checkpoint, not its own last batch: see `checkpoint`); contexts skip what they
-//! already have.
+//! Each registration resumes from its source record, when the record belongs to the same
+//! incarnation of the registration (see `sources`); contexts skip what they already have (a
+//! context may be ahead of the record: it holds its own position). A source present in a
+//! context but not registered, or registered without a source record of its incarnation (an
+//! unregistration or re-registration the last round did not see, a drop during that round, a
+//! registration no round covered yet), is dropped from every context: its blocks cannot be
+//! vouched for, and it starts again from its publisher's stream start.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::index::{AliasLoader, ContextIndex, PairBatch, Restorer, Watermark};
+
+use super::sources::Restored;
 use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
 
 use super::codec;
 use crate::storage::{Cf, KvStore, StorageError};
 
+/// A registration as recovery loads it.
+#[derive(Debug, Clone)]
+pub struct RestoredRegistration {
+    pub config: PublisherConfig,
+    pub restored: Restored,
+}
+
 /// What recovery loaded.
 pub struct Recovered {
     pub contexts: Vec<ContextIndex>,
-    /// Registrations with the watermark to resume from (none when no context has one).
-    pub registrations: Vec<(PublisherConfig, Option<Watermark>)>,
+    /// Registrations with their incarnation and the position to resume from.
+    pub registrations: Vec<RestoredRegistration>,
+    /// Every source record on disk, valid or not: what the first checkpoint round compares with
+    /// (so it deletes a record recovery did not resume from, once its source has no position).
+    pub sources: HashMap<SubscriptionKey, (u64, Watermark)>,
+    /// Sources dropped from the contexts because no valid position vouches for them, with why.
+    pub dropped: Vec<(SubscriptionKey, &'static str)>,
     /// (block, holder) pairs loaded.
     pub pairs: u64,
     /// Where the time went (zero where the contexts were not read from a store).
@@ -40,12 +56,17 @@ pub struct Phases {
 }
 
 pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
-    let mut registrations: BTreeMap<String, PublisherConfig> = BTreeMap::new();
+    let mut registrations: BTreeMap<String, (PublisherConfig, u64)> = BTreeMap::new();
     store.scan_prefix(Cf::Registrations, b"", &mut |key, value| {
         let config = codec::decode_registration(value)?;
-        registrations.insert(String::from_utf8_lossy(key).into_owned(), config);
+        let incarnation = codec::decode_incarnation(value)?;
+        registrations.insert(
+            String::from_utf8_lossy(key).into_owned(),
+            (config, incarnation),
+        );
         Ok(())
     })?;
+    let sources = super::sources::read_sources(store)?;
     let mut headers: Vec<([u8; 8], ContextKey, crate::hashing::HashProfile)> = Vec::new();
     store.scan_prefix(Cf::Contexts, b"", &mut |key, value| {
         let ctx: [u8; 8] = key.try_into().map_err(|_| StorageError::Corrupt {
@@ -58,7 +79,6 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
     })?;
 
     let mut contexts = Vec::with_capacity(headers.len());
-    let mut resume: HashMap<SubscriptionKey, Watermark> = HashMap::new();
     let mut pairs = 0u64;
     let mut phases = Phases::default();
     for (ctx, key, profile) in headers {
@@ -85,7 +105,6 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
         store.scan_prefix(Cf::Watermarks, &ctx, &mut |k, v| {
             let source = codec::decode_watermark_source(k)?;
             let mark = codec::decode_watermark(v)?;
-            lowest_mark(&mut resume, &source, mark);
             restorer.watermark(source, mark);
             Ok(())
         })?;
@@ -141,45 +160,65 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
         phases.build += building.elapsed();
     }
     let settling = Instant::now();
-    let mut recovered = settle(registrations, contexts, &resume, pairs);
+    let mut recovered = settle(registrations, contexts, sources, pairs);
     phases.settle = settling.elapsed();
     recovered.phases = phases;
     Ok(recovered)
 }
 
-/// The lowest of the watermarks a context holds for its source go into `resume`: a registration
-/// resumes from the lowest of its contexts' positions.
-pub fn lowest_mark(
-    resume: &mut HashMap<SubscriptionKey, Watermark>,
-    source: &SubscriptionKey,
-    mark: Watermark,
-) {
-    let lowest = resume.entry(source.clone()).or_insert(mark);
-    if mark.seq < lowest.seq {
-        *lowest = mark;
-    }
-}
-
-/// What rebuilt contexts and decoded registrations load as: sources present in a context but
-/// no longer registered are dropped (their blocks cannot be vouched for), contexts left empty
-/// go, and each registration resumes from the lowest watermark of its contexts (`resume`).
+/// What rebuilt contexts and decoded registrations load as. A registration resumes from its
+/// source record when the record has the registration's incarnation and no context holds an
+/// older position of the source than the record (a round writes the position the source had
+/// before any context was asked, so every context it covers is at or past it). Every other
+/// source present in a context is dropped from all of them (see the module doc), and contexts
+/// left empty go.
 pub fn settle(
-    registrations: BTreeMap<String, PublisherConfig>,
+    registrations: BTreeMap<String, (PublisherConfig, u64)>,
     rebuilt: Vec<ContextIndex>,
-    resume: &HashMap<SubscriptionKey, Watermark>,
+    mut sources: HashMap<SubscriptionKey, (u64, Watermark)>,
     pairs: u64,
 ) -> Recovered {
-    let registered: Vec<SubscriptionKey> = registrations
+    let mut dropped: Vec<(SubscriptionKey, &'static str)> = Vec::new();
+    let on_disk = sources.clone();
+    let incarnations: HashMap<SubscriptionKey, u64> = registrations
         .values()
-        .map(|c| c.subscription_key())
+        .map(|(c, incarnation)| (c.subscription_key(), *incarnation))
         .collect();
+    sources.retain(|key, (incarnation, _)| {
+        let valid = incarnations.get(key) == Some(incarnation);
+        if !valid && incarnations.contains_key(key) {
+            dropped.push((key.clone(), "other_incarnation"));
+        }
+        valid
+    });
+    for index in &rebuilt {
+        for source in index.sources_present() {
+            let Some((_, resume)) = sources.get(&source) else {
+                continue;
+            };
+            if index.watermark(&source).is_some_and(|m| m.seq < resume.seq) {
+                dropped.push((source.clone(), "behind_its_position"));
+                sources.remove(&source);
+            }
+        }
+    }
     let mut contexts = Vec::with_capacity(rebuilt.len());
     for mut index in rebuilt {
-        let stale = index
-            .sources_present()
-            .into_iter()
-            .filter(|s| !registered.contains(s));
-        for source in stale {
+        for source in index.sources_present() {
+            let registered = incarnations.contains_key(&source);
+            // A registered source with no position here holds nothing here (a batch sets the
+            // position): only its rank listing, which stays.
+            if sources.contains_key(&source) || registered && index.watermark(&source).is_none() {
+                continue;
+            }
+            let why = if registered {
+                "no_position"
+            } else {
+                "unregistered"
+            };
+            if !dropped.iter().any(|(k, _)| *k == source) {
+                dropped.push((source.clone(), why));
+            }
             index.detach_source(&source);
         }
         if !index.is_empty_and_detached() {
@@ -188,14 +227,25 @@ pub fn settle(
     }
     let registrations = registrations
         .into_values()
-        .map(|c| {
-            let mark = resume.get(&c.subscription_key()).copied();
-            (c, mark)
+        .map(|(config, incarnation)| {
+            let key = config.subscription_key();
+            let resume = sources.get(&key).map(|&(_, m)| m);
+            let dropped = dropped.iter().any(|(k, _)| *k == key);
+            RestoredRegistration {
+                config,
+                restored: Restored {
+                    incarnation,
+                    resume,
+                    dropped,
+                },
+            }
         })
         .collect();
     Recovered {
         contexts,
         registrations,
+        sources: on_disk,
+        dropped,
         pairs,
         phases: Phases::default(),
     }

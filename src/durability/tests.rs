@@ -77,12 +77,16 @@ fn random_batch(rng: &mut Rng, s: u32) -> IndexBatch {
     }
 }
 
+/// A round over one context, as the checkpointer writes it: the context's changes and, in the
+/// same write, the source record of every registered source at the context's position.
 fn checkpoint(
     index: &mut ContextIndex,
     store: &dyn KvStore,
 ) -> Result<(), crate::storage::StorageError> {
     let changes = index.take_changes();
-    let result = store.write(context_ops(&changes));
+    let mut ops = context_ops(&changes);
+    ops.extend(source_ops(index, store));
+    let result = store.write(ops);
     if result.is_err() {
         index.mark_dirty(
             changes.pairs.iter().map(|p| (p.holder, p.block)),
@@ -91,6 +95,27 @@ fn checkpoint(
         );
     }
     result
+}
+
+fn source_ops(index: &ContextIndex, store: &dyn KvStore) -> Vec<KvOp> {
+    (0..3)
+        .filter_map(|s| {
+            let key = source(s).to_string().into_bytes();
+            let registration = store.get(Cf::Registrations, &key).unwrap()?;
+            let incarnation = codec::decode_incarnation(&registration).unwrap();
+            Some(match index.watermark(&source(s)) {
+                Some(mark) => KvOp::Put {
+                    cf: Cf::Sources,
+                    key,
+                    value: codec::source_value(incarnation, mark),
+                },
+                None => KvOp::Delete {
+                    cf: Cf::Sources,
+                    key,
+                },
+            })
+        })
+        .collect()
 }
 
 fn recovered_context(store: &MemoryStore) -> Option<ContextIndex> {
@@ -240,7 +265,7 @@ fn sources_without_a_registration_are_not_recovered() {
     let regs = recover(&store).unwrap().registrations;
     assert_eq!(regs.len(), 1);
     assert_eq!(
-        regs[0].1.map(|w| w.seq),
+        regs[0].restored.resume.map(|w| w.seq),
         Some(20),
         "resume after the last applied batch"
     );
@@ -345,7 +370,7 @@ fn a_context_the_source_moved_past_resumes_it_where_it_stands() {
     checkpoint(&mut busy, &store).unwrap();
     checkpoint(&mut idle, &store).unwrap();
     let regs = recover(&store).unwrap().registrations;
-    assert_eq!(regs[0].1, Some(mark(49)));
+    assert_eq!(regs[0].restored.resume, Some(mark(49)));
     // A context with only a position is still one the source feeds: it keeps being advanced.
     let mut fresh = ContextIndex::new(ContextKey::new("", "m", "other", 16), profile());
     fresh.advance(&source(0), mark(7));

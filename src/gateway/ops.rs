@@ -180,7 +180,7 @@ impl Ops {
             .send(Register {
                 config,
                 names,
-                resume_after: None,
+                restored: None,
                 origin: crate::registry::Origin::Request,
             })
             .await

@@ -21,7 +21,9 @@ use super::policy::RegistrationPolicy;
 use super::shared::etcd::{Created, EtcdRegistry};
 use super::shared::sync::{ApplyShared, Change};
 use super::state::{RegistryState, agree};
-use crate::durability::checkpoint::{delete_registration, put_registration};
+use crate::durability::sources::{
+    Restored, delete_registration, put_registration, restore_registration,
+};
 use crate::storage::KvStore;
 
 type LocalWork = LocalReply<()>;
@@ -81,7 +83,7 @@ impl Registry {
         &mut self,
         config: PublisherConfig,
         names: FieldNames,
-        resume_after: Option<crate::index::Watermark>,
+        restored: Option<Restored>,
     ) -> Result<RegisterOutcome, OpError> {
         if let Some(outcome) = self.check(&config, names)? {
             return Ok(outcome);
@@ -102,14 +104,24 @@ impl Registry {
             // A store registration never creates a context, but must agree with one that exists.
             agree(&config, handle.reader().profile())?;
         }
-        if let Err(e) = put_registration(self.store.as_ref(), &config) {
-            if let Some((_, false)) = attach {
-                self.contexts.remove(&context_key);
+        let written = match restored {
+            Some(r) => restore_registration(self.store.as_ref(), &config, r.incarnation)
+                .map(|()| r.incarnation),
+            None => put_registration(self.store.as_ref(), &config),
+        };
+        let incarnation = match written {
+            Ok(incarnation) => incarnation,
+            Err(e) => {
+                if let Some((_, false)) = attach {
+                    self.contexts.remove(&context_key);
+                }
+                return Err(OpError::internal(format!(
+                    "cannot persist the registration: {e}"
+                )));
             }
-            return Err(OpError::internal(format!(
-                "cannot persist the registration: {e}"
-            )));
-        }
+        };
+        let resume_after = restored.and_then(|r| r.resume);
+        let dropped_at_recovery = restored.is_some_and(|r| r.dropped);
         if let Some((handle, _)) = attach {
             handle.notify(AttachRank {
                 source: key.clone(),
@@ -127,7 +139,18 @@ impl Registry {
                 self.settings,
             );
             SubscriptionActor::start_in_arbiter(&self.contexts.arbiters().pick(), move |_| {
-                SubscriptionActor::new(config, contexts, status, settings, resume_after)
+                let mut actor = SubscriptionActor::new(
+                    config,
+                    contexts,
+                    status,
+                    settings,
+                    incarnation,
+                    resume_after,
+                );
+                if dropped_at_recovery {
+                    actor.note_dropped_at_recovery();
+                }
+                actor
             })
         };
         tracing::info!(service = %key, endpoint = %config.endpoint, kind = %config.publisher_type, "registered");
@@ -141,14 +164,15 @@ impl Actor for Registry {
     type Context = Context<Self>;
 }
 
-/// Register a validated publisher; `resume_after` is the last applied seq recovered from disk.
+/// Register a validated publisher; `restored`: recovered from disk, with its incarnation and
+/// the position its source resumes from (`None`: a new registration).
 #[derive(Message)]
 #[rtype(result = "Result<RegisterOutcome, OpError>")]
 pub struct Register {
     pub config: PublisherConfig,
     /// How the caller names its fields, for the policy's errors.
     pub names: FieldNames,
-    pub resume_after: Option<crate::index::Watermark>,
+    pub restored: Option<Restored>,
     pub origin: Origin,
 }
 
@@ -258,7 +282,7 @@ impl Handler<Register> for Registry {
             .clone()
             .filter(|_| msg.origin == Origin::Request);
         let Some(shared) = shared else {
-            let outcome = self.register(msg.config, msg.names, msg.resume_after);
+            let outcome = self.register(msg.config, msg.names, msg.restored);
             return Box::pin(self.registered_reply(context, outcome).into_actor(self));
         };
         // Checked here first, so that etcd is not given what this replica would refuse.

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::durability::codec;
-use crate::durability::recovery::{Recovered, holder_id, lowest_mark, settle};
+use crate::durability::recovery::{Recovered, holder_id, settle};
 use crate::index::{ContextIndex, Restorer, Watermark};
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::storage::{Cf, KvOp};
@@ -27,7 +27,7 @@ fn rank(cf: Cf) -> Option<u8> {
         Cf::Watermarks => 3,
         Cf::Pairs => 4,
         Cf::Aliases => 5,
-        Cf::Registrations | Cf::Meta => return None,
+        Cf::Registrations | Cf::Meta | Cf::Sources => return None,
     })
 }
 
@@ -99,7 +99,10 @@ impl StreamBuild {
             Cf::Watermarks => {
                 let source = codec::decode_watermark_source(key).map_err(corrupt)?;
                 let mark = codec::decode_watermark(value).map_err(corrupt)?;
-                lowest_mark(&mut self.resume, &source, mark);
+                let lowest = self.resume.entry(source.clone()).or_insert(mark);
+                if mark.seq < lowest.seq {
+                    *lowest = mark;
+                }
                 restorer.watermark(source, mark);
             }
             Cf::Pairs => {
@@ -114,7 +117,7 @@ impl StreamBuild {
                 let alias = codec::decode_alias(key, value).map_err(corrupt)?;
                 current.aliases.push(alias);
             }
-            Cf::Contexts | Cf::Registrations | Cf::Meta => {}
+            Cf::Contexts | Cf::Registrations | Cf::Meta | Cf::Sources => {}
         }
         Ok(())
     }
@@ -149,7 +152,7 @@ impl StreamBuild {
     /// would load them from a store holding the same records.
     pub fn finish(mut self, registrations: &[KvOp]) -> Result<Recovered, String> {
         self.end_context();
-        let mut decoded: BTreeMap<String, PublisherConfig> = BTreeMap::new();
+        let mut decoded: BTreeMap<String, (PublisherConfig, u64)> = BTreeMap::new();
         for op in registrations {
             let KvOp::Put {
                 cf: Cf::Registrations,
@@ -160,11 +163,21 @@ impl StreamBuild {
                 return Err("a registration record that is not a put".into());
             };
             let config = codec::decode_registration(value).map_err(|e| e.to_string())?;
+            let incarnation = codec::decode_incarnation(value).map_err(|e| e.to_string())?;
             let name = String::from_utf8_lossy(key).into_owned();
-            if decoded.insert(name, config).is_some() {
+            if decoded.insert(name, (config, incarnation)).is_some() {
                 return Err("a registration record repeated".into());
             }
         }
-        Ok(settle(decoded, self.contexts, &self.resume, self.pairs))
+        // Each source resumes from the lowest position among the contexts it fed.
+        let sources = decoded
+            .values()
+            .filter_map(|(config, incarnation)| {
+                let key = config.subscription_key();
+                let mark = *self.resume.get(&key)?;
+                Some((key, (*incarnation, mark)))
+            })
+            .collect();
+        Ok(settle(decoded, self.contexts, sources, self.pairs))
     }
 }

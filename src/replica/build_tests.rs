@@ -62,7 +62,7 @@ fn assert_same(built: &Recovered, recovered: &Recovered) {
     let marks = |r: &Recovered| -> Vec<_> {
         r.registrations
             .iter()
-            .map(|(c, m)| (c.subscription_key(), *m))
+            .map(|r| (r.config.subscription_key(), r.restored.resume))
             .collect()
     };
     assert_eq!(marks(built), marks(recovered));

@@ -197,8 +197,11 @@ fn the_chunks_recover_into_the_same_context_and_respect_their_bound() {
             assert_eq!(back.watermark(&source(s)), index.watermark(&source(s)));
         }
         // Every registration resumes from its position in the snapshot.
-        for (config, mark) in &recovered.registrations {
-            assert_eq!(*mark, index.watermark(&config.subscription_key()));
+        for r in &recovered.registrations {
+            assert_eq!(
+                r.restored.resume,
+                index.watermark(&r.config.subscription_key())
+            );
         }
     }
 }

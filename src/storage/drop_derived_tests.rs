@@ -9,7 +9,6 @@ use super::drop_derived::{self, REBUILD_POSITION};
 use super::memory::MemoryStore;
 use super::migrations;
 use super::{Cf, KvOp, KvStore, Scanned, StorageError, Visitor};
-use crate::durability::checkpoint::put_registration;
 use crate::durability::codec;
 use crate::events::{Holder, IndexOp};
 use crate::index::{ContextSnapshot, HolderRecord, Watermark};
@@ -135,8 +134,17 @@ fn schema_4_store(store: &dyn KvStore) {
 /// [`schema_4_store`]'s records, stamped with schema `version` (4 or 5: the same layout).
 fn store_of_schema(store: &dyn KvStore, version: u32) {
     for s in 0..3 {
+        // The registration layout before schema 7: no incarnation.
         let config = PublisherConfig::test_vllm(&format!("e{s}"), "tcp://127.0.0.1:1");
-        put_registration(store, &config).unwrap();
+        let value = codec::registration_value(&config);
+        let key = config.subscription_key().to_string().into_bytes();
+        store
+            .write(vec![KvOp::Put {
+                cf: Cf::Registrations,
+                key,
+                value,
+            }])
+            .unwrap();
     }
     write_context(
         store,
@@ -288,7 +296,7 @@ fn check_restart(store: &dyn KvStore) {
     let resume: Vec<(String, Option<Watermark>)> = recovered
         .registrations
         .iter()
-        .map(|(c, m)| (c.instance_id.clone(), *m))
+        .map(|r| (r.config.instance_id.clone(), r.restored.resume))
         .collect();
     let past = Watermark {
         seq: u64::MAX,
@@ -387,7 +395,7 @@ fn step_6_after_step_5_drops_nothing_more() {
     schema_4_store(&store);
     assert_eq!(migrations::migrate_to(&store, "test", 5).unwrap(), 4);
     let after_5 = dump(&store);
-    assert_eq!(migrations::migrate(&store, "test").unwrap(), 5);
+    assert_eq!(migrations::migrate_to(&store, "test", 6).unwrap(), 5);
     let after_6 = dump(&store);
     let without_version = |d: &Dump| -> Dump {
         d.iter()
@@ -396,6 +404,7 @@ fn step_6_after_step_5_drops_nothing_more() {
             .collect()
     };
     assert_eq!(without_version(&after_6), without_version(&after_5));
+    migrations::migrate(&store, "test").unwrap();
     check_migrated(&store);
 }
 

@@ -3,7 +3,7 @@
 use super::{Cf, KvOp, KvStore, StorageError};
 
 /// The schema version this binary writes.
-pub const CURRENT_VERSION: u32 = 6;
+pub const CURRENT_VERSION: u32 = 7;
 
 /// The newest schema version that changed how a record (a key and value of the `KvStore`
 /// API) is encoded or what it means. Schema 4 changed only how the RocksDB store packs records
@@ -61,6 +61,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // Step 5's procedure again: the derived keys changed once more (see the file).
         description: include_str!("../../migrations/0006_longer_segments_rebuilt_from_replay.md"),
         apply: |store| super::drop_derived::drop_derived_keys(store, 6),
+    },
+    Migration {
+        version: 7,
+        // One record per registration, from its contexts' lowest position (see the file).
+        description: include_str!("../../migrations/0007_source_records.md"),
+        apply: super::source_records::add_source_records,
     },
 ];
 

@@ -11,6 +11,7 @@ pub mod bulk;
 pub mod drop_derived;
 #[cfg(test)]
 mod drop_derived_tests;
+pub mod failpoint;
 pub mod fault_switch;
 pub mod health;
 pub mod memory;
@@ -25,6 +26,7 @@ mod rocks_bulk;
 mod rocks_bulk_tests;
 #[cfg(all(test, feature = "rocksdb"))]
 mod rocks_packed_tests;
+pub mod source_records;
 
 pub use bulk::{BulkFeed, BulkSink};
 
@@ -39,10 +41,11 @@ pub enum Cf {
     Watermarks,
     Pairs,
     Aliases,
+    Sources,
 }
 
 impl Cf {
-    pub const ALL: [Cf; 8] = [
+    pub const ALL: [Cf; 9] = [
         Cf::Meta,
         Cf::Registrations,
         Cf::Contexts,
@@ -51,6 +54,7 @@ impl Cf {
         Cf::Watermarks,
         Cf::Pairs,
         Cf::Aliases,
+        Cf::Sources,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -63,6 +67,7 @@ impl Cf {
             Cf::Watermarks => "watermarks",
             Cf::Pairs => "pairs",
             Cf::Aliases => "aliases",
+            Cf::Sources => "sources",
         }
     }
 }

@@ -351,13 +351,17 @@ impl KvStore for RocksStore {
     /// Checkpoints: in the WAL, not synced (a killed process loses nothing the OS accepted;
     /// a power loss may cost the last rounds, which replay from the publishers repairs).
     fn write(&self, ops: Vec<KvOp>) -> Result<(), StorageError> {
-        self.db.write(self.batch(ops)?).map_err(io)
+        self.db.write(self.batch(ops)?).map_err(io)?;
+        super::failpoint::hit("store_write");
+        Ok(())
     }
 
     fn write_synced(&self, ops: Vec<KvOp>) -> Result<(), StorageError> {
         let mut options = WriteOptions::default();
         options.set_sync(true);
-        self.db.write_opt(self.batch(ops)?, &options).map_err(io)
+        self.db.write_opt(self.batch(ops)?, &options).map_err(io)?;
+        super::failpoint::hit("store_write");
+        Ok(())
     }
 
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {

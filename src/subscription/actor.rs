@@ -16,6 +16,7 @@ use crate::index::{ContextDirectory, payload_digest};
 use crate::model::{PublisherConfig, SubscriptionKey};
 
 use super::ingest_step::{ContextBatch, Ingest, IngestStep, IngestWarning};
+use super::marks::SourcePosition;
 use super::route::RouteLimits;
 use super::settings::SubscriptionSettings;
 use super::socket::{self, FrameSink, LinkLoss, ReplayEvent};
@@ -43,6 +44,10 @@ pub struct SubscriptionActor {
     replay_cancel: Option<CancellationToken>,
     /// Batches waiting for a context to take them (see `hand_off`).
     waiting_hand_offs: usize,
+    /// The registration's incarnation (`durability::sources`).
+    incarnation: u64,
+    /// How many times this subscription dropped its source.
+    generation: u64,
 }
 
 impl SubscriptionActor {
@@ -51,6 +56,7 @@ impl SubscriptionActor {
         contexts: ContextDirectory,
         status: StatusCell,
         settings: SubscriptionSettings,
+        incarnation: u64,
         resume_after: Option<Watermark>,
     ) -> Self {
         let stream_start = if config.publisher_type.is_engine() {
@@ -90,8 +96,17 @@ impl SubscriptionActor {
             replay_generation: 0,
             replay_cancel: None,
             waiting_hand_offs: 0,
+            incarnation,
+            generation: 0,
             config,
         }
+    }
+
+    /// Recovery dropped this source's blocks (no valid position vouched for them): count it as
+    /// a drop, and the source as rebuilding until its first batch.
+    pub fn note_dropped_at_recovery(&mut self) {
+        self.seq.note_dropped();
+        self.generation += 1;
     }
 
     /// Bring every context this source fed up to the last batch it consumed (see
@@ -123,6 +138,7 @@ impl SubscriptionActor {
                         tracing::warn!(service = %self.key, reason = reason.as_str(), suppressed, "dropping everything this source owns");
                     }
                     self.ingest.source_dropped();
+                    self.generation += 1;
                     for handle in self.contexts.all() {
                         handle.notify(DropSource(self.key.clone()));
                     }
@@ -325,8 +341,13 @@ pub struct Stop;
 /// reached the context up to it, so no context lags its source (the checkpoint asks every
 /// subscription first, see `durability::checkpoint`).
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "SourcePosition")]
 pub struct PushMarks;
+
+/// The subscription's identity for a checkpoint round's end: (incarnation, generation).
+#[derive(Message)]
+#[rtype(result = "(u64, u64)")]
+pub struct Identity;
 
 impl Handler<LiveFrames> for SubscriptionActor {
     type Result = ();
@@ -430,10 +451,23 @@ impl Handler<Stop> for SubscriptionActor {
 }
 
 impl Handler<PushMarks> for SubscriptionActor {
-    type Result = ();
+    type Result = MessageResult<PushMarks>;
 
-    fn handle(&mut self, _: PushMarks, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: PushMarks, _ctx: &mut Context<Self>) -> Self::Result {
         self.push_marks();
+        MessageResult(SourcePosition {
+            incarnation: self.incarnation,
+            generation: self.generation,
+            mark: self.ingest.position(),
+        })
+    }
+}
+
+impl Handler<Identity> for SubscriptionActor {
+    type Result = MessageResult<Identity>;
+
+    fn handle(&mut self, _: Identity, _ctx: &mut Context<Self>) -> Self::Result {
+        MessageResult((self.incarnation, self.generation))
     }
 }
 

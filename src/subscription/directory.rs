@@ -2,12 +2,13 @@
 //! subscription brings the contexts it fed up to its position (see
 //! [`crate::subscription::actor::PushMarks`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use actix::Addr;
 
-use super::actor::{PushMarks, SubscriptionActor};
+use super::actor::{Identity, PushMarks, SubscriptionActor};
+use super::marks::SourcePosition;
 use crate::model::SubscriptionKey;
 
 /// Service key → its subscription actor; the registry keeps it in step with its services.
@@ -25,18 +26,34 @@ impl SubscriptionDirectory {
         self.write().remove(key);
     }
 
-    /// Ask every subscription to push its marks; returns once each has (a stopped one is
-    /// skipped: it pushed its marks when it stopped).
-    pub async fn push_marks(&self) {
-        let actors: Vec<Addr<SubscriptionActor>> = self
-            .actors
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+    /// Ask every subscription to push its marks; returns once each has, with each one's
+    /// position (a stopped one is skipped: it pushed its marks when it stopped).
+    pub async fn push_marks(&self) -> Vec<(SubscriptionKey, SourcePosition)> {
+        let actors = self.snapshot();
         // Concurrently: each reply only says that subscription's marks are queued.
-        futures::future::join_all(actors.iter().map(|a| a.send(PushMarks))).await;
+        let replies =
+            futures::future::join_all(actors.iter().map(|(_, a)| a.send(PushMarks))).await;
+        actors
+            .into_iter()
+            .zip(replies)
+            .filter_map(|((key, _), reply)| Some((key, reply.ok()?)))
+            .collect()
+    }
+
+    /// Every running subscription's (incarnation, generation).
+    pub async fn identities(&self) -> HashMap<SubscriptionKey, (u64, u64)> {
+        let actors = self.snapshot();
+        let replies = futures::future::join_all(actors.iter().map(|(_, a)| a.send(Identity))).await;
+        actors
+            .into_iter()
+            .zip(replies)
+            .filter_map(|((key, _), reply)| Some((key, reply.ok()?)))
+            .collect()
+    }
+
+    fn snapshot(&self) -> Vec<(SubscriptionKey, Addr<SubscriptionActor>)> {
+        let actors = self.actors.read().unwrap_or_else(|p| p.into_inner());
+        actors.iter().map(|(k, a)| (k.clone(), a.clone())).collect()
     }
 
     fn write(

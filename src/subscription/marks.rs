@@ -11,6 +11,18 @@ use std::collections::HashMap;
 use crate::index::Watermark;
 use crate::model::ContextKey;
 
+/// One source as a checkpoint round sees it (`durability::sources`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourcePosition {
+    /// The registration's incarnation.
+    pub incarnation: u64,
+    /// Counts the times this subscription dropped its source: a round during which it changed
+    /// took some contexts before the drop and some after, so its position is written as unknown.
+    pub generation: u64,
+    /// The last batch consumed; `None` before the first batch of a stream.
+    pub mark: Option<Watermark>,
+}
+
 #[derive(Debug, Default)]
 pub struct SourceMarks {
     /// The last batch consumed: every op of it and of the batches before it is in the mailbox
@@ -27,6 +39,11 @@ impl SourceMarks {
             consumed: resume,
             sent: HashMap::new(),
         }
+    }
+
+    /// The last batch consumed.
+    pub fn position(&self) -> Option<Watermark> {
+        self.consumed
     }
 
     /// A batch was consumed (applied, or undecodable: the position moves all the same).

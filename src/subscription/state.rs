@@ -97,6 +97,9 @@ struct Replay {
     held_bytes: usize,
     /// The replay skipped batches (the publisher's buffer no longer held them).
     incomplete: bool,
+    /// The source holds nothing of this stream (it was just dropped): a first batch past the
+    /// stream start is what the buffer still holds, with nothing left to drop.
+    fresh: bool,
 }
 
 /// The per-stream sequence state (see the module doc).
@@ -152,6 +155,13 @@ impl SeqState {
         self.verify = Some((last_applied, digest));
     }
 
+    /// The source's blocks were dropped outside the stream (by recovery): count it, and show
+    /// the source as rebuilding until its first batch.
+    pub fn note_dropped(&mut self) {
+        self.counters.sources_dropped += 1;
+        self.resyncing = true;
+    }
+
     /// The next batch this stream needs, when one is known (for the first replay request after
     /// a resume, before any live batch arrived).
     pub fn next_needed(&self) -> Option<u64> {
@@ -196,6 +206,7 @@ impl SeqState {
                     held: VecDeque::new(),
                     held_bytes: 0,
                     incomplete: false,
+                    fresh: false,
                 });
                 vec![Action::RequestReplay { from_seq }]
             }
@@ -215,6 +226,7 @@ impl SeqState {
             held: VecDeque::new(),
             held_bytes: 0,
             incomplete: false,
+            fresh: false,
         });
         vec![Action::RequestReplay {
             from_seq: self.stream_start,
@@ -257,7 +269,7 @@ impl SeqState {
             Some(last) => {
                 self.counters.gaps += 1;
                 if self.has_replay {
-                    self.start_replay(last + 1, seq, payload, actions);
+                    self.start_replay(after(last), seq, payload, actions);
                 } else {
                     self.drop_source(DropReason::GapWithoutReplay, actions);
                     self.apply(seq, payload, actions);
@@ -275,6 +287,7 @@ impl SeqState {
             held,
             held_bytes,
             incomplete: false,
+            fresh: false,
         });
         actions.push(Action::RequestReplay { from_seq });
     }
@@ -289,41 +302,55 @@ impl SeqState {
             if seq == verify_seq && digest == verify_digest {
                 // The same publisher process: everything up to here is already indexed.
                 if let Some(replay) = &mut self.replay {
-                    replay.expected = seq + 1;
+                    replay.expected = after(seq);
                 }
                 return actions;
             }
-            // Another process reuses the seq, or the buffer no longer reaches our position:
-            // what was recovered for this source cannot be vouched for.
-            self.counters.restarts += u64::from(seq == verify_seq);
-            let reason = if seq == verify_seq {
-                DropReason::PublisherRestarted
-            } else {
-                DropReason::ReplayIncomplete
-            };
+            if seq == verify_seq {
+                // Another process reuses the seq: it restarted while we were down. What was
+                // recovered for this source is gone, and the new process's stream is replayed
+                // from its start (what its buffer holds), not from our old position.
+                self.counters.restarts += 1;
+                self.drop_source(DropReason::PublisherRestarted, &mut actions);
+                self.last = None;
+                if let Some(replay) = &mut self.replay {
+                    replay.expected = self.stream_start;
+                    replay.fresh = true;
+                }
+                actions.push(Action::RequestReplay {
+                    from_seq: self.stream_start,
+                });
+                return actions;
+            }
+            // The buffer no longer reaches our position: what was recovered for this source
+            // cannot be vouched for, and the buffer holds nothing older than this batch.
             if let Some(replay) = &mut self.replay {
-                replay.expected = seq + 1;
+                replay.expected = after(seq);
                 replay.incomplete = true;
             }
-            self.drop_source(reason, &mut actions);
+            self.drop_source(DropReason::ReplayIncomplete, &mut actions);
             self.apply(seq, payload, &mut actions);
             return actions;
         }
         let Some(replay) = &mut self.replay else {
             return actions;
         };
-        if seq < replay.expected {
+        if seq < replay.expected || self.last.is_some_and(|last| seq <= last) {
             return actions; // already applied
         }
+        let fresh = std::mem::take(&mut replay.fresh);
         if seq > replay.expected {
-            // The publisher's buffer no longer holds what we missed: the source state is unknown.
-            replay.expected = seq + 1;
+            // The publisher's buffer no longer holds what we missed: the source state is unknown
+            // (unless it was just dropped and holds nothing of this stream).
+            replay.expected = after(seq);
             replay.incomplete = true;
-            self.drop_source(DropReason::ReplayIncomplete, &mut actions);
+            if !fresh {
+                self.drop_source(DropReason::ReplayIncomplete, &mut actions);
+            }
             self.apply(seq, payload, &mut actions);
             return actions;
         }
-        replay.expected = seq + 1;
+        replay.expected = after(seq);
         self.apply(seq, payload, &mut actions);
         actions
     }
@@ -345,7 +372,7 @@ impl SeqState {
             }
             return actions;
         }
-        let next = self.last.map_or(self.stream_start, |l| l + 1);
+        let next = self.last.map_or(self.stream_start, after);
         // The first held batch must follow what the replay delivered; if the replay stopped short,
         // the batches between are lost for good.
         let stopped_short = replay.held.front().is_some_and(|(seq, _)| *seq > next);
@@ -383,7 +410,7 @@ impl SeqState {
     /// risking a loop, so it drops the source.
     fn accept_live_after_replay(&mut self, seq: u64, payload: Bytes, actions: &mut Vec<Action>) {
         match self.last {
-            Some(last) if seq > last + 1 => {
+            Some(last) if last.checked_add(1).is_some_and(|next| seq > next) => {
                 self.counters.gaps += 1;
                 self.drop_source(DropReason::GapWithoutReplay, actions);
                 self.apply(seq, payload, actions);
@@ -435,4 +462,10 @@ impl SeqState {
         self.resyncing = true;
         actions.push(Action::DropSource { reason });
     }
+}
+
+/// The seq after `seq`; nothing follows `u64::MAX`, which stays its own successor (a batch with
+/// that seq is then already applied, never applied again: see `on_replayed`).
+fn after(seq: u64) -> u64 {
+    seq.saturating_add(1)
 }

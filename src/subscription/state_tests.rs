@@ -234,11 +234,37 @@ fn a_publisher_that_restarted_while_we_were_down_is_dropped() {
     let mut s = SeqState::new(0, true, 100);
     s.resume_verified(41, digest(41));
     s.begin_catch_up();
-    // The new process also reached seq 41, with other bytes.
-    let mut t = trace(&s.on_replayed(41, p(41), 12345));
-    t.extend(trace(&s.on_replayed(42, p(42), digest(42))));
+    assert!(live(&mut s, &[44]).is_empty(), "held while replaying");
+    // The new process also reached seq 41, with other bytes: its stream is replayed from its
+    // start, not from our old position (its batches 0..41 are in its buffer too).
+    assert_eq!(
+        trace(&s.on_replayed(41, p(41), 12345)),
+        ["D:publisher_restarted", "R:0"]
+    );
+    let mut t = Vec::new();
+    for q in 0..44 {
+        t.extend(trace(&s.on_replayed(q, p(q), digest(q))));
+    }
     t.extend(trace(&s.on_replay_end()));
-    assert_eq!(t, ["D:publisher_restarted", "41", "42"]);
+    let expected: Vec<String> = (0..45).map(|q: u64| q.to_string()).collect();
+    assert_eq!(t, expected);
+    assert_eq!(s.counters().sources_dropped, 1);
+    assert_eq!(s.counters().restarts, 1);
+    assert_eq!(s.phase(), Phase::Live);
+    // When its buffer no longer reaches its own start, the replay takes what it holds, with no
+    // second drop (the source holds nothing of the new stream).
+    let mut s = SeqState::new(0, true, 100);
+    s.resume_verified(41, digest(41));
+    s.begin_catch_up();
+    s.on_replayed(41, p(41), 12345);
+    let mut t = Vec::new();
+    for q in 30..43 {
+        t.extend(trace(&s.on_replayed(q, p(q), digest(q))));
+    }
+    t.extend(trace(&s.on_replay_end()));
+    let expected: Vec<String> = (30..43).map(|q: u64| q.to_string()).collect();
+    assert_eq!(t, expected);
+    assert_eq!(s.counters().sources_dropped, 1);
     // Or the buffer no longer reaches our position.
     let mut s = SeqState::new(0, true, 100);
     s.resume_verified(41, digest(41));
@@ -306,4 +332,54 @@ fn a_start_from_the_stream_start_replays_the_whole_buffer_then_goes_live() {
     // Without a replay socket there is nothing to ask.
     let mut plain = SeqState::new(0, false, 100);
     assert!(plain.begin_from_start().is_empty());
+}
+
+/// Sequence arithmetic at the end of the range neither wraps nor panics: a publisher (or a
+/// hostile peer) sending seq `u64::MAX` is applied once, and nothing is taken to follow it.
+#[test]
+fn seq_u64_max_never_wraps_or_panics() {
+    let max = u64::MAX;
+    // A verified resume at the last seq, and a replay that repeats it.
+    let mut s = SeqState::new(0, true, 100);
+    s.resume_verified(max, digest(7));
+    assert_eq!(trace(&s.begin_catch_up()), [format!("R:{max}")]);
+    assert!(trace(&s.on_replayed(max, p(max), digest(7))).is_empty());
+    assert!(trace(&s.on_replayed(max, p(max), digest(7))).is_empty());
+    assert!(trace(&s.on_replay_end()).is_empty());
+    assert_eq!(s.last_applied(), Some(max));
+    assert_eq!(s.counters().sources_dropped, 0);
+    // A gap up to the last seq, replayed: applied once.
+    let mut s = SeqState::new(0, true, 100);
+    assert_eq!(live(&mut s, &[0]), ["0"]);
+    assert_eq!(live(&mut s, &[max]), ["R:1"]);
+    assert_eq!(
+        trace(&s.on_replayed(max, p(max), digest(1))),
+        ["D:replay_incomplete", max.to_string().as_str()]
+    );
+    assert!(trace(&s.on_replayed(max, p(max), digest(1))).is_empty());
+    assert!(
+        trace(&s.on_replay_end()).is_empty(),
+        "the held batch was applied by the replay"
+    );
+    assert_eq!(s.next_needed(), Some(max));
+    // Live: the last seq twice is a duplicate, then a regression is a restart.
+    let mut s = SeqState::new(0, false, 100);
+    assert_eq!(live(&mut s, &[max, max]), [max.to_string()]);
+    assert_eq!(live(&mut s, &[0]), ["D:publisher_restarted", "0"]);
+    // Held batches after a replay, the last seq among them.
+    let mut s = SeqState::new(0, true, 100);
+    assert_eq!(live(&mut s, &[0, 2]), ["0", "R:1"]);
+    assert!(live(&mut s, &[max, 3]).is_empty());
+    assert_eq!(trace(&s.on_replayed(1, p(1), digest(1))), ["1"]);
+    assert_eq!(
+        trace(&s.on_replay_end()),
+        [
+            "2",
+            "D:gap_without_replay",
+            &max.to_string(),
+            "D:publisher_restarted",
+            // The new stream's first batch past its start: its buffer is asked for the rest.
+            "R:0"
+        ]
+    );
 }

@@ -9,6 +9,7 @@ mod bootstrap;
 mod bounded_requests;
 mod caps;
 mod convergence;
+mod crash_points;
 mod durability;
 mod durable_state;
 mod e2e_mixed;

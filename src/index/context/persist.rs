@@ -5,8 +5,9 @@
 //!
 //! A watermark is the position of a source: the last of its batches that reached this context,
 //! whether or not it had ops for it (see [`ContextIndex::advance`]). Watermarks also make
-//! re-delivery harmless: after a restart the subscription replays from the lowest watermark of
-//! its contexts, and a context skips batches at or below its own.
+//! re-delivery harmless: after a restart the subscription replays from its source record (the
+//! position the source had when the last checkpoint round began, `durability::sources`), and a
+//! context skips batches at or below its own.
 
 use std::collections::HashMap;
 

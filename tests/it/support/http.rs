@@ -69,14 +69,16 @@ pub async fn try_request(
     stream.write_all(body).await?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await?;
-    Ok(parse(&raw))
+    parse(&raw)
 }
 
-fn parse(raw: &[u8]) -> HttpResponse {
+/// A response cut short (the server died while answering) is an error, not a panic.
+fn parse(raw: &[u8]) -> std::io::Result<HttpResponse> {
+    let cut = || std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "response cut short");
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .expect("header end");
+        .ok_or_else(cut)?;
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
     let mut body = raw[split + 4..].to_vec();
     let mut lines = head.lines();
@@ -84,7 +86,7 @@ fn parse(raw: &[u8]) -> HttpResponse {
         .next()
         .and_then(|l| l.split(' ').nth(1))
         .and_then(|s| s.parse().ok())
-        .expect("status");
+        .ok_or_else(cut)?;
     let mut content_type = String::new();
     let mut chunked = false;
     let mut headers = Vec::new();
@@ -100,12 +102,12 @@ fn parse(raw: &[u8]) -> HttpResponse {
     if chunked {
         body = dechunk(&body);
     }
-    HttpResponse {
+    Ok(HttpResponse {
         status,
         content_type,
         headers,
         body,
-    }
+    })
 }
 
 fn dechunk(mut raw: &[u8]) -> Vec<u8> {

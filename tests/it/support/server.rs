@@ -92,6 +92,45 @@ impl Server {
         Server::spawn_in_env::<&str>(dir, extra, &[])
     }
 
+    /// [`Server::spawn_in`] with extra environment variables (a failpoint, say).
+    pub fn spawn_in_with_env(
+        dir: tempfile::TempDir,
+        extra: serde_json::Value,
+        env: &[(&str, &str)],
+    ) -> Server {
+        Server::spawn_in_env(dir, extra, env)
+    }
+
+    /// The process has exited (a failpoint killed it, say).
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => !matches!(child.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
+
+    /// Wait until `/health` answers 200 (`true`) or the process exits (`false`), at most 30 s.
+    pub async fn ready_or_exited(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.exited() {
+                return false;
+            }
+            let r = super::http::try_request(self.http_port, "GET", "/health", &[], b"");
+            if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(1), r).await
+                && resp.status == 200
+            {
+                return true;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server neither ready nor exited:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     fn spawn_in_env<V: AsRef<std::ffi::OsStr> + Copy>(
         dir: tempfile::TempDir,
         extra: serde_json::Value,
