@@ -323,9 +323,10 @@ pub struct Stop;
 /// contexts' mailboxes, behind every op this source sent them: a checkpoint that asks a context
 /// for its changes after the reply records the source's position with exactly the ops that
 /// reached the context up to it, so no context lags its source (the checkpoint asks every
-/// subscription first, see `durability::checkpoint`).
+/// subscription first, see `durability::checkpoint`). The reply is that mark: the source's
+/// position, which a snapshot hands a new replica to resume from (see `replica::cut`).
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "Option<Watermark>")]
 pub struct PushMarks;
 
 impl Handler<LiveFrames> for SubscriptionActor {
@@ -430,10 +431,11 @@ impl Handler<Stop> for SubscriptionActor {
 }
 
 impl Handler<PushMarks> for SubscriptionActor {
-    type Result = ();
+    type Result = Option<Watermark>;
 
-    fn handle(&mut self, _: PushMarks, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: PushMarks, _ctx: &mut Context<Self>) -> Option<Watermark> {
         self.push_marks();
+        self.ingest.position()
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 use actix::Addr;
 
 use super::actor::{PushMarks, SubscriptionActor};
+use crate::index::Watermark;
 use crate::model::SubscriptionKey;
 
 /// Service key → its subscription actor; the registry keeps it in step with its services.
@@ -26,17 +27,24 @@ impl SubscriptionDirectory {
     }
 
     /// Ask every subscription to push its marks; returns once each has (a stopped one is
-    /// skipped: it pushed its marks when it stopped).
-    pub async fn push_marks(&self) {
-        let actors: Vec<Addr<SubscriptionActor>> = self
+    /// skipped: it pushed its marks when it stopped), with the position each pushed (sources
+    /// that consumed nothing yet have none).
+    pub async fn push_marks(&self) -> BTreeMap<SubscriptionKey, Watermark> {
+        let actors: Vec<(SubscriptionKey, Addr<SubscriptionActor>)> = self
             .actors
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
+            .iter()
+            .map(|(k, a)| (k.clone(), a.clone()))
             .collect();
         // Concurrently: each reply only says that subscription's marks are queued.
-        futures::future::join_all(actors.iter().map(|a| a.send(PushMarks))).await;
+        let replies =
+            futures::future::join_all(actors.iter().map(|(_, a)| a.send(PushMarks))).await;
+        actors
+            .into_iter()
+            .zip(replies)
+            .filter_map(|((key, _), reply)| Some((key, reply.ok()??)))
+            .collect()
     }
 
     fn write(

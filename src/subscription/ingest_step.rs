@@ -279,6 +279,11 @@ impl Ingest {
         self.marks.dropped();
     }
 
+    /// The last batch consumed, if any (see `PushMarks`).
+    pub fn position(&self) -> Option<Watermark> {
+        self.marks.position()
+    }
+
     /// The fed contexts that were not sent the current mark, with that mark (see `PushMarks`);
     /// each is taken as sent.
     pub fn due_marks(&mut self) -> Vec<(ContextKey, Watermark)> {

@@ -29,6 +29,11 @@ impl SourceMarks {
         }
     }
 
+    /// The last batch consumed, if any: the source's position.
+    pub fn position(&self) -> Option<Watermark> {
+        self.consumed
+    }
+
     /// A batch was consumed (applied, or undecodable: the position moves all the same).
     pub fn consumed(&mut self, mark: Watermark) {
         self.consumed = Some(mark);
