@@ -26,6 +26,7 @@ fn chunks_of(contexts: Vec<ContextIndex>, registered: &[u32]) -> Vec<SnapshotChu
     let cut = Cut {
         contexts: exported,
         registrations,
+        positions: Default::default(),
     };
     cut.into_chunks("peer".into(), 64 * 1024).collect()
 }

@@ -158,6 +158,7 @@ fn the_chunks_recover_into_the_same_context_and_respect_their_bound() {
                     )
                 })
                 .collect(),
+            positions: [(source(0), Watermark { seq: 5, digest: 35 })].into(),
         };
         assert_eq!(index.has_changes(), due);
         let pairs = cut.contexts[0].pairs.len() as u64;
@@ -169,6 +170,11 @@ fn the_chunks_recover_into_the_same_context_and_respect_their_bound() {
         assert_eq!(
             (begin.format, begin.pairs, begin.contexts),
             (FORMAT, pairs, 1)
+        );
+        // The sources' positions travel in the begin mark.
+        assert_eq!(
+            super::positions::from_wire(&begin.sources),
+            Ok([(source(0), Watermark { seq: 5, digest: 35 })].into())
         );
         let mut records = 0;
         for (i, chunk) in chunks.iter().enumerate() {
@@ -208,6 +214,7 @@ fn an_empty_cut_is_one_chunk_with_both_marks() {
     let cut = Cut {
         contexts: Vec::new(),
         registrations: Vec::new(),
+        positions: Default::default(),
     };
     let chunks: Vec<_> = cut.into_chunks("peer".into(), 1024).collect();
     assert_eq!(chunks.len(), 1);
