@@ -48,6 +48,11 @@ const DEFAULT_INFLIGHT_BODY_BYTES: u64 = 256 * 1024 * 1024;
 /// A base model, a few dozen adapters and block sizes: more is a misconfigured or hostile
 /// publisher (each context is an actor and an index of its own).
 pub const DEFAULT_MAX_CONTEXTS_PER_SOURCE: u64 = 64;
+/// Snapshot attempts before an empty start: with the back-off between them (1, 2, 4, 8, 16 s),
+/// about half a minute for a peer to come back, or for the first replica of a new fleet to find
+/// there is none (see docs/replicas.md).
+pub const DEFAULT_BOOTSTRAP_ATTEMPTS: u32 = 6;
+const MAX_BOOTSTRAP_ATTEMPTS: u32 = 1_000_000;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,6 +100,8 @@ pub struct Config {
     /// A peer replica (`http://host:grpc_port`) to take a snapshot from when the data directory
     /// holds nothing.
     pub bootstrap_from: Option<String>,
+    /// Attempts at that snapshot before the replica starts empty; 0: attempt until one succeeds.
+    pub bootstrap_attempts: u32,
     /// This replica's id in `/metrics` and in the snapshots it serves; `None`: the host name.
     pub replica_id: Option<String>,
 }
@@ -238,6 +245,7 @@ impl Config {
             max_contexts_per_source: DEFAULT_MAX_CONTEXTS_PER_SOURCE,
             shared_registry: None,
             bootstrap_from: None,
+            bootstrap_attempts: DEFAULT_BOOTSTRAP_ATTEMPTS,
             replica_id: None,
         };
         for (key, value) in &root {
@@ -373,6 +381,21 @@ impl Config {
                         )
                     })?;
                     config.bootstrap_from = Some(text.to_owned());
+                }
+                "bootstrap_attempts" => {
+                    config.bootstrap_attempts = value
+                        .as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .filter(|&n| n <= MAX_BOOTSTRAP_ATTEMPTS)
+                        .ok_or_else(|| {
+                            err(
+                                field,
+                                format!(
+                                    "must be an integer in 0..={MAX_BOOTSTRAP_ATTEMPTS} \
+                                     (0: attempt until one succeeds)"
+                                ),
+                            )
+                        })?
                 }
                 "replica_id" => {
                     let text = value.as_str().filter(|s| !s.is_empty() && s.len() <= 256);

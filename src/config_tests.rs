@@ -87,6 +87,19 @@ fn errors_name_the_file_and_the_field() {
 }
 
 #[test]
+fn bootstrap_attempts_default_to_a_bound_and_zero_means_no_limit() {
+    let c = Config::parse("{}", "c").unwrap();
+    assert_eq!(c.bootstrap_attempts, super::DEFAULT_BOOTSTRAP_ATTEMPTS);
+    let c = Config::parse(r#"{"bootstrap_attempts": 0}"#, "c").unwrap();
+    assert_eq!(c.bootstrap_attempts, 0);
+    for bad in [r#"-1"#, r#""3""#, "1.5", "4294967296"] {
+        let e = Config::parse(&format!(r#"{{"bootstrap_attempts": {bad}}}"#), "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("bootstrap_attempts"), "{bad}");
+        assert!(e.message.contains("0..="), "{bad}: {}", e.message);
+    }
+}
+
+#[test]
 fn bootstrap_from_needs_an_http_address_and_replica_id_a_short_name() {
     let c = Config::parse(
         r#"{"bootstrap_from": "http://10.0.0.5:50051", "replica_id": "r-1"}"#,

@@ -27,6 +27,7 @@ use crate::registry::shared::sync::SyncState;
 use crate::registry::{
     ArbiterPool, ContextDirectory, Origin, Register, Registry, ShutdownAll, SubscriptionDirectory,
 };
+use crate::replica::attempts::Outcome;
 use crate::storage::health::StorageHealth;
 
 /// A start-up failure of the service.
@@ -94,8 +95,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     tracing::info!("sockets bound: http {http_local} grpc {rpc_local}");
 
     // Recovery runs before the servers accept anything (connections wait in the listen backlog).
-    let loaded = crate::durability::load(&config.data_dir, config.on_corrupt_data())?;
-    let bootstrap_peer = crate::replica::peer_to_pull(&config, &loaded.recovered);
+    let mut loaded = crate::durability::load(&config.data_dir, config.on_corrupt_data())?;
+    // Before anything recovered is used: a bootstrap that did not complete left a partial state.
+    let bootstrap_peer =
+        crate::replica::plan(&config, loaded.store.as_ref(), &mut loaded.recovered)?;
     let replica = Arc::new(crate::replica::progress::Progress::new(
         crate::replica::progress::replica_id(config.replica_id.as_deref()),
     ));
@@ -188,20 +191,37 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .map_err(|e| ServiceError::Other(format!("gateway workers: {e}")))?;
     tracing::info!(http = %http_local, grpc = %rpc_local, replica_id = %replica.replica_id(), "mooncake_conductor listening");
 
-    // A new replica loads a peer's snapshot while its servers already say so on `/health`.
-    let mut bootstrapped = false;
+    // A new replica loads a peer's snapshot while its servers already say so on `/health`;
+    // it is not ready before it has loaded one and caught up, or given up and caught up empty.
+    let (mut bootstrapped, mut started_empty) = (false, false);
     if let Some(peer) = bootstrap_peer {
-        let token = config.auth_tokens.first();
-        if let Some(recovered) =
-            crate::replica::bootstrap(peer, token, &loaded.store, &readiness, &replica).await
+        let attempts = crate::replica::attempts::Attempts {
+            peer,
+            token: config.auth_tokens.first(),
+            limit: config.bootstrap_attempts,
+        };
+        match attempts
+            .run(&loaded.store, &readiness, &replica, &shutdown)
+            .await
         {
-            for index in recovered.contexts {
-                persisted.insert(index.key().clone());
-                contexts.insert(contexts.start(index));
+            Outcome::Loaded(recovered) => {
+                for index in recovered.contexts {
+                    persisted.insert(index.key().clone());
+                    contexts.insert(contexts.start(index));
+                }
+                registrations = recovered.registrations;
+                source_records = recovered.sources;
+                bootstrapped = true;
             }
-            registrations = recovered.registrations;
-            source_records = recovered.sources;
-            bootstrapped = true;
+            Outcome::StartEmpty => started_empty = true,
+            Outcome::Stopped => {
+                tracing::info!(
+                    "shutting down during the bootstrap; the next start bootstraps again"
+                );
+                gateway.join().await;
+                arbiters.stop();
+                return Ok(());
+            }
         }
     }
     let restored: Vec<_> = registrations.iter().map(|r| r.config.clone()).collect();
@@ -231,6 +251,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     }
     // Registrations shared through etcd: what etcd holds wins over what this replica restored.
     let sync_stop = CancellationToken::new();
+    // Set once etcd's first listing is applied: a bootstrapping replica waits for it.
+    let (listed, listed_rx) = tokio::sync::watch::channel(false);
     let sync = match (&shared, &config.shared_registry) {
         (Some(shared), Some(etcd)) => {
             tracing::info!(endpoints = ?etcd.endpoints, prefix = %etcd.prefix, "registrations shared through etcd");
@@ -246,6 +268,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             let prefix = etcd.prefix.clone();
             // A synced write: off the runtime's threads, like the other blocking store calls.
             let synced = Box::new(move || {
+                let _ = listed.send(true);
                 tokio::task::spawn_blocking(move || {
                     if let Err(e) = marker::mark_synced(store.as_ref(), &prefix) {
                         tracing::warn!("cannot record that this replica follows etcd: {e}");
@@ -272,12 +295,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         source_records,
     )
     .with_health(storage_health);
-    let checkpoints = tokio::spawn(checkpointer.run(
-        Duration::from_millis(config.checkpoint_interval_ms),
-        checkpoint_stop.clone(),
-    ));
-    if bootstrapped {
-        crate::replica::catch_up(&registry, &readiness, &replica).await;
+    let interval = Duration::from_millis(config.checkpoint_interval_ms);
+    let checkpoints = if bootstrapped {
+        tokio::spawn(crate::replica::checkpoint_after_bootstrap(
+            checkpointer,
+            registry.clone(),
+            loaded.store.clone(),
+            interval,
+            checkpoint_stop.clone(),
+        ))
+    } else {
+        tokio::spawn(checkpointer.run(interval, checkpoint_stop.clone()))
+    };
+    if bootstrapped || started_empty {
+        let listed = config.shared_registry.is_some().then_some(listed_rx);
+        crate::replica::catch_up(&registry, &readiness, &replica, listed).await;
     }
     readiness.set_ready();
     tracing::info!("ready");

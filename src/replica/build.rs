@@ -46,7 +46,6 @@ struct Current {
 pub struct StreamBuild {
     current: Option<Current>,
     contexts: Vec<ContextIndex>,
-    resume: HashMap<SubscriptionKey, Watermark>,
     pairs: u64,
 }
 
@@ -99,10 +98,6 @@ impl StreamBuild {
             Cf::Watermarks => {
                 let source = codec::decode_watermark_source(key).map_err(corrupt)?;
                 let mark = codec::decode_watermark(value).map_err(corrupt)?;
-                let lowest = self.resume.entry(source.clone()).or_insert(mark);
-                if mark.seq < lowest.seq {
-                    *lowest = mark;
-                }
                 restorer.watermark(source, mark);
             }
             Cf::Pairs => {
@@ -150,7 +145,12 @@ impl StreamBuild {
 
     /// The contexts and `registrations` (the registration records, in key order) as recovery
     /// would load them from a store holding the same records.
-    pub fn finish(mut self, registrations: &[KvOp]) -> Result<Recovered, String> {
+    /// `sources`: the source records written with them.
+    pub fn finish(
+        mut self,
+        registrations: &[KvOp],
+        sources: HashMap<SubscriptionKey, (u64, Watermark)>,
+    ) -> Result<Recovered, String> {
         self.end_context();
         let mut decoded: BTreeMap<String, (PublisherConfig, u64)> = BTreeMap::new();
         for op in registrations {
@@ -169,15 +169,6 @@ impl StreamBuild {
                 return Err("a registration record repeated".into());
             }
         }
-        // Each source resumes from the lowest position among the contexts it fed.
-        let sources = decoded
-            .values()
-            .filter_map(|(config, incarnation)| {
-                let key = config.subscription_key();
-                let mark = *self.resume.get(&key)?;
-                Some((key, (*incarnation, mark)))
-            })
-            .collect();
         Ok(settle(decoded, self.contexts, sources, self.pairs))
     }
 }

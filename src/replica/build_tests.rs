@@ -9,7 +9,7 @@ use crate::storage::{Cf, KvOp};
 
 use super::build::StreamBuild;
 use super::cut::Cut;
-use super::cut_tests::{busy_context_of, ops_of, registration, source, store_of};
+use super::cut_tests::{busy_context_of, ops_of, records_of, registration, source, store_of};
 
 /// The chunks of a cut of `contexts`, with the registrations of sources `registered` only.
 fn chunks_of(contexts: Vec<ContextIndex>, registered: &[u32]) -> Vec<SnapshotChunk> {
@@ -23,9 +23,23 @@ fn chunks_of(contexts: Vec<ContextIndex>, registered: &[u32]) -> Vec<SnapshotChu
             (key, codec::registration_value(&c))
         })
         .collect();
+    // Each source resumes from the lowest of its positions in the contexts, as the peer's
+    // subscriptions would have pushed them.
+    let mut positions = super::positions::Positions::new();
+    for context in &contexts {
+        for s in 0..2 {
+            if let Some(mark) = context.watermark(&source(s)) {
+                let lowest = positions.entry(source(s)).or_insert(mark);
+                if mark.seq < lowest.seq {
+                    *lowest = mark;
+                }
+            }
+        }
+    }
     let cut = Cut {
         contexts: exported,
         registrations,
+        positions,
     };
     cut.into_chunks("peer".into(), 64 * 1024).collect()
 }
@@ -47,7 +61,7 @@ fn build(chunks: &[SnapshotChunk]) -> Result<Recovered, String> {
         registrations.extend(regs);
         build.feed(&rest)?;
     }
-    build.finish(&registrations)
+    build.finish(&registrations, records_of(chunks))
 }
 
 fn assert_same(built: &Recovered, recovered: &Recovered) {

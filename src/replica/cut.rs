@@ -1,12 +1,18 @@
-//! The peer's side of a snapshot: one cut of every context's state with its watermarks, and
-//! the records and chunks it streams.
+//! The peer's side of a snapshot: one cut of every context's state with its watermarks, each
+//! source's resume position, and the records and chunks it streams.
 //!
 //! The cut is taken like a checkpoint round (`durability::checkpoint`): every subscription first
-//! pushes its position to the contexts it feeds, then each context exports its state in one
-//! call on its single writer, so the watermarks a context hands over describe exactly the pairs
-//! beside them and a replay from them is exact. Registrations are read last: a source
-//! unregistered during the cut is then missing from them, and the reader's recovery drops what
-//! the contexts still held of it, as after its own restart.
+//! pushes its position to the contexts it feeds, and that position is kept, once for the whole
+//! cut, as where the source resumes on the reader ([`super::positions`]). Then the contexts are
+//! listed and each exports its state in one call on its single writer, so the watermarks a
+//! context hands over describe exactly the pairs beside them, and every context the source fed
+//! up to its position is in the listing (the subscription creates a context before it hands it
+//! a batch, and the push replies behind every batch handed over). A context created after the
+//! listing was created by a batch after the position, so the reader's replay from the position
+//! brings it back, while the exported contexts, whose watermarks may be past the position, skip
+//! what they already hold. Registrations are read last: a source unregistered during the cut is
+//! then missing from them, and the reader's recovery drops what the contexts still held of it,
+//! as after its own restart.
 
 use std::collections::VecDeque;
 
@@ -19,6 +25,7 @@ use crate::registry::{ContextDirectory, SubscriptionDirectory};
 use crate::storage::{Cf, KvStore, StorageError};
 
 use super::format::{self, FORMAT};
+use super::positions::{self, Positions};
 
 /// Pairs (and aliases) encoded at a time: the records of a large context are made as they are
 /// sent, never all at once.
@@ -29,6 +36,8 @@ pub struct Cut {
     pub contexts: Vec<ContextChanges>,
     /// (key, value) of each registration record, as stored.
     pub registrations: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Where each source resumes on the reader (see the module doc).
+    pub positions: Positions,
 }
 
 impl Cut {
@@ -37,32 +46,10 @@ impl Cut {
         contexts: &ContextDirectory,
         subscriptions: &SubscriptionDirectory,
     ) -> Result<Cut, StorageError> {
-        let started = std::time::Instant::now();
-        subscriptions.push_marks().await;
-        let marks = started.elapsed();
-        let mut handles = contexts.all();
-        handles.sort_by_key(|h| context_id(h.key()));
-        let mut exported = Vec::with_capacity(handles.len());
-        for handle in handles {
-            // A context stopped meanwhile (unregistered) is simply not in the cut.
-            if let Ok(changes) = handle.send(ExportState).await {
-                exported.push(changes);
-            }
-        }
-        tracing::info!(
-            marks = ?marks,
-            exports = ?(started.elapsed() - marks),
-            "snapshot cut: positions pushed, contexts exported"
-        );
-        let mut registrations = Vec::new();
-        store.scan_prefix(Cf::Registrations, b"", &mut |k, v| {
-            registrations.push((k.to_vec(), v.to_vec()));
-            Ok(())
-        })?;
-        Ok(Cut {
-            contexts: exported,
-            registrations,
-        })
+        Listing::take(contexts, subscriptions)
+            .await
+            .export(store)
+            .await
     }
 
     /// The stream's chunks, each under `chunk_bytes` of records (or holding one record).
@@ -78,6 +65,7 @@ impl Cut {
             contexts: contexts.len() as u64,
             registrations: self.registrations.len() as u64,
             replica_id,
+            sources: positions::to_wire(&self.positions),
         };
         Chunks {
             begin: Some(begin),
@@ -89,6 +77,66 @@ impl Cut {
             pairs: pairs as u64,
             done: false,
         }
+    }
+}
+
+/// The cut's first half: the sources' positions, pushed to their contexts, then the contexts
+/// listed (in that order: see the module doc).
+pub struct Listing {
+    positions: Positions,
+    handles: Vec<crate::index::ContextHandle>,
+    started: std::time::Instant,
+    marks: std::time::Duration,
+}
+
+impl Listing {
+    pub async fn take(
+        contexts: &ContextDirectory,
+        subscriptions: &SubscriptionDirectory,
+    ) -> Listing {
+        let started = std::time::Instant::now();
+        let positions = subscriptions
+            .push_marks()
+            .await
+            .into_iter()
+            .filter_map(|(key, position)| Some((key, position.mark?)))
+            .collect();
+        let marks = started.elapsed();
+        let mut handles = contexts.all();
+        handles.sort_by_key(|h| context_id(h.key()));
+        Listing {
+            positions,
+            handles,
+            started,
+            marks,
+        }
+    }
+
+    /// Export every listed context, then read the registrations.
+    pub async fn export(self, store: &dyn KvStore) -> Result<Cut, StorageError> {
+        let mut exported = Vec::with_capacity(self.handles.len());
+        for handle in self.handles {
+            // A context stopped meanwhile (unregistered) is simply not in the cut.
+            if let Ok(changes) = handle.send(ExportState).await {
+                exported.push(changes);
+            }
+        }
+        tracing::info!(
+            marks = ?self.marks,
+            exports = ?(self.started.elapsed() - self.marks),
+            sources = self.positions.len(),
+            "snapshot cut: positions pushed, contexts exported"
+        );
+        let mut registrations = Vec::new();
+        store.scan_prefix(Cf::Registrations, b"", &mut |k, v| {
+            registrations.push((k.to_vec(), v.to_vec()));
+            Ok(())
+        })?;
+        Ok(Cut {
+            contexts: exported,
+            registrations,
+            positions: self.positions,
+        })
     }
 }
 

@@ -8,7 +8,7 @@ use crate::events::{Holder, IndexBatch, IndexOp};
 use crate::index::{ContextIndex, ContextSnapshot, Watermark};
 use crate::model::{BlockHash, ContextKey, PublisherConfig, PublisherType, SubscriptionKey, Tier};
 use crate::storage::memory::MemoryStore;
-use crate::storage::{KvOp, KvStore};
+use crate::storage::{Cf, KvOp, KvStore};
 use crate::test_rng::Rng;
 
 use super::cut::Cut;
@@ -128,6 +128,32 @@ pub(super) fn store_of(chunks: &[crate::gateway::pb::SnapshotChunk]) -> MemorySt
         store.write(ops_of(chunk)).unwrap();
     }
     store
+        .write(super::positions::record_ops(&records_of(chunks)))
+        .unwrap();
+    store
+}
+
+/// The source records a pull writes for `chunks`: the begin mark's positions under the
+/// incarnations of the registrations the snapshot carries.
+pub(super) fn records_of(
+    chunks: &[crate::gateway::pb::SnapshotChunk],
+) -> std::collections::HashMap<SubscriptionKey, (u64, Watermark)> {
+    let begin = chunks[0].begin.clone().expect("begin mark");
+    let positions = super::positions::from_wire(&begin.sources).expect("positions");
+    let registrations: Vec<KvOp> = chunks
+        .iter()
+        .flat_map(ops_of)
+        .filter(|op| {
+            matches!(
+                op,
+                KvOp::Put {
+                    cf: Cf::Registrations,
+                    ..
+                }
+            )
+        })
+        .collect();
+    super::positions::source_records(&registrations, &positions).expect("records")
 }
 
 #[test]
@@ -147,6 +173,11 @@ fn the_chunks_recover_into_the_same_context_and_respect_their_bound() {
             },
         );
         let due = index.has_changes();
+        // The sources' positions, as their subscriptions pushed them to the context.
+        let positions: super::positions::Positions = (0..2)
+            .filter_map(|s| Some((source(s), index.watermark(&source(s))?)))
+            .collect();
+        assert_eq!(positions.len(), 2);
         let cut = Cut {
             contexts: vec![index.export_changes()],
             registrations: (0..2)
@@ -158,6 +189,7 @@ fn the_chunks_recover_into_the_same_context_and_respect_their_bound() {
                     )
                 })
                 .collect(),
+            positions: positions.clone(),
         };
         assert_eq!(index.has_changes(), due);
         let pairs = cut.contexts[0].pairs.len() as u64;
@@ -170,6 +202,8 @@ fn the_chunks_recover_into_the_same_context_and_respect_their_bound() {
             (begin.format, begin.pairs, begin.contexts),
             (FORMAT, pairs, 1)
         );
+        // The sources' positions travel in the begin mark.
+        assert_eq!(super::positions::from_wire(&begin.sources), Ok(positions));
         let mut records = 0;
         for (i, chunk) in chunks.iter().enumerate() {
             assert_eq!(chunk.seq, i as u64);
@@ -211,6 +245,7 @@ fn an_empty_cut_is_one_chunk_with_both_marks() {
     let cut = Cut {
         contexts: Vec::new(),
         registrations: Vec::new(),
+        positions: Default::default(),
     };
     let chunks: Vec<_> = cut.into_chunks("peer".into(), 1024).collect();
     assert_eq!(chunks.len(), 1);

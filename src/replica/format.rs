@@ -1,13 +1,25 @@
 //! The snapshot stream's format: the store's own records, numbered column families, chunk
-//! bounds. A snapshot is versioned by the store schema its records are encoded in (the newest
-//! schema that changed a record's encoding, not how a store lays records out), so a reader
-//! knows every record it accepts exactly as its own recovery would.
+//! bounds, and each source's resume position. A snapshot's format number names both the store
+//! schema its records are encoded in (the newest schema that changed a record's encoding, not
+//! how a store lays records out), so a reader knows every record it accepts exactly as its own
+//! recovery would, and what the stream carries beside them. A reader accepts its own format
+//! only (`docs/replicas.md` lists them).
 
 use crate::gateway::pb;
 use crate::storage::{Cf, KvOp, migrations};
 
-/// The format a snapshot carries: the store schema version of its records.
-pub const FORMAT: u32 = migrations::RECORDS_VERSION;
+/// The format a snapshot carries. 6: records of store schema 6, each source resuming from the
+/// lowest watermark of its contexts. 7: the same records, and `SnapshotBegin.sources`, the
+/// position each source resumes from (taken before the contexts were listed).
+pub const FORMAT: u32 = 7;
+
+/// The records schema [`FORMAT`] carries. A new records schema is a new snapshot format: bump
+/// both (the assertion below fails the build until then).
+const RECORDS: u32 = 6;
+const _: () = assert!(
+    RECORDS == migrations::RECORDS_VERSION,
+    "the store's records schema changed: bump the snapshot FORMAT and its RECORDS"
+);
 
 /// A chunk's records stop growing past this many bytes (a chunk always carries at least one).
 pub const CHUNK_BYTES: usize = 1 << 20;

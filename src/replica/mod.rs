@@ -2,23 +2,32 @@
 //! every replica serves one (`Replica.Snapshot`, gRPC).
 //!
 //! Layout: [`format`] the stream's records and bounds; [`cut`] the peer's consistent cut and
-//! its chunks; [`serve`] the gRPC service; [`pull`] the new replica's side (receive, write,
-//! load); [`build`] the contexts made from the records as they arrive; [`progress`] the
-//! replica id and bootstrap phase for `/health` and `/metrics`.
+//! its chunks; [`positions`] where each source resumes on the new replica; [`serve`] the gRPC
+//! service; [`attempts`] the new replica's attempts and their back-off; [`pull`] one attempt
+//! (receive, write, load); [`build`] the contexts made from the records as they arrive;
+//! [`pending`] the data directory's "bootstrap pending" mark; [`progress`] the replica id and
+//! bootstrap phase for `/health` and `/metrics`.
 //!
-//! A bootstrap runs only when `bootstrap_from` is set and the data directory held nothing
-//! (recovery found no registration and no context): a replica with state of its own recovers
-//! it, exactly as without the option. After the snapshot is loaded the replica restarts its
-//! subscriptions from the snapshot's watermarks like after its own restart, and is ready once
-//! every one of them is live again (or after [`CATCH_UP_LIMIT`]).
+//! A bootstrap runs when `bootstrap_from` is set and the data directory held nothing (recovery
+//! found no registration and no context), or held a bootstrap that did not complete (its
+//! pending mark): a replica with state of its own recovers it, exactly as without the option.
+//! After the snapshot is loaded the replica restarts its subscriptions from the snapshot's
+//! positions, and is ready once every one of them is live again (or after [`CATCH_UP_LIMIT`]).
+//! The pending mark goes once the caught-up state is checkpointed (see
+//! [`checkpoint_after_bootstrap`]).
 
+pub mod attempts;
 pub mod build;
 #[cfg(test)]
 mod build_tests;
 pub mod cut;
 #[cfg(test)]
+mod cut_order_tests;
+#[cfg(test)]
 mod cut_tests;
 pub mod format;
+pub mod pending;
+pub mod positions;
 pub mod progress;
 pub mod pull;
 pub mod serve;
@@ -27,12 +36,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::durability::checkpoint::Checkpointer;
 use crate::durability::recovery::Recovered;
 use crate::gateway::readiness::Readiness;
-use crate::registry::{ListServices, Registry};
-use crate::storage::KvStore;
+use crate::registry::{ListServices, Registry, ServiceInfo};
+use crate::storage::{KvStore, StorageError};
 use crate::subscription::state::Phase as SubscriptionPhase;
 
 use progress::{Phase, Progress};
@@ -41,10 +53,38 @@ use progress::{Phase, Progress};
 /// ready anyway (a publisher that sends nothing never makes its subscription live).
 pub const CATCH_UP_LIMIT: Duration = Duration::from_secs(30);
 
-/// The peer this start bootstraps from, if it does: `bootstrap_from` is set and recovery found
-/// nothing. A data directory with state of its own wins, with a log line.
-pub fn peer_to_pull<'a>(config: &'a Config, recovered: &Recovered) -> Option<&'a str> {
-    let peer = config.bootstrap_from.as_deref()?;
+/// The peer this start bootstraps from, if it does. `bootstrap_from` is set and either recovery
+/// found nothing, or the directory holds a bootstrap that did not complete: then what recovery
+/// found is partial, so it is taken out of `recovered` and cleared from the store. A data
+/// directory with state of its own wins, with a log line.
+pub fn plan<'a>(
+    config: &'a Config,
+    store: &dyn KvStore,
+    recovered: &mut Recovered,
+) -> Result<Option<&'a str>, StorageError> {
+    let peer = config.bootstrap_from.as_deref();
+    if let Some(was) = pending::pending(store)? {
+        tracing::warn!(
+            pending_from = %was,
+            registrations = recovered.registrations.len(),
+            contexts = recovered.contexts.len(),
+            "the data directory holds a bootstrap that did not complete: clearing it"
+        );
+        recovered.contexts.clear();
+        recovered.registrations.clear();
+        recovered.sources.clear();
+        recovered.dropped.clear();
+        recovered.pairs = 0;
+        pull::clear(store)?;
+        if peer.is_none() {
+            tracing::warn!("bootstrap_from is no longer set: starting empty");
+            pending::clear(store)?;
+        }
+        return Ok(peer);
+    }
+    let Some(peer) = peer else {
+        return Ok(None);
+    };
     if !recovered.registrations.is_empty() || !recovered.contexts.is_empty() {
         tracing::info!(
             peer,
@@ -52,64 +92,14 @@ pub fn peer_to_pull<'a>(config: &'a Config, recovered: &Recovered) -> Option<&'a
             contexts = recovered.contexts.len(),
             "the data directory holds state of its own: bootstrap_from is ignored"
         );
-        return None;
+        return Ok(None);
     }
-    Some(peer)
-}
-
-/// Pull and load a snapshot from `peer`, reporting progress on `readiness`; `None` when it
-/// failed (logged, the replica starts empty).
-pub async fn bootstrap(
-    peer: &str,
-    token: Option<&[u8]>,
-    store: &Arc<dyn KvStore>,
-    readiness: &Readiness,
-    progress: &Progress,
-) -> Option<Recovered> {
-    let started = Instant::now();
-    progress.pulling(0);
-    readiness.set_starting(format!("bootstrapping from {peer}: connecting"));
-    let pull = pull::pull(peer, token, store, progress);
-    tokio::pin!(pull);
-    let mut ticker = tokio::time::interval(Duration::from_millis(100));
-    let result = loop {
-        tokio::select! {
-            result = &mut pull => break result,
-            _ = ticker.tick() => {
-                let (received, expected) = progress.pairs();
-                let what = match progress.phase() {
-                    Phase::Loading => "loading".to_owned(),
-                    _ => format!("{received} of {expected} pairs received"),
-                };
-                readiness.set_starting(format!("bootstrapping from {peer}: {what}"));
-            }
-        }
-    };
-    match result {
-        Ok(pulled) => {
-            tracing::info!(
-                peer,
-                peer_id = %pulled.peer_id,
-                contexts = pulled.recovered.contexts.len(),
-                registrations = pulled.recovered.registrations.len(),
-                pairs = pulled.recovered.pairs,
-                elapsed = ?started.elapsed(),
-                "bootstrapped from a peer's snapshot"
-            );
-            progress.set_phase(Phase::CatchingUp);
-            Some(pulled.recovered)
-        }
-        Err(e) => {
-            tracing::error!("bootstrap failed, starting empty: {e}");
-            progress.set_phase(Phase::Failed);
-            None
-        }
-    }
+    Ok(Some(peer))
 }
 
 /// Whether every subscription has caught up with its publisher: live, nothing pending. One
-/// whose replay could not reach its watermark (resyncing) has nothing more to wait for.
-fn caught_up(services: &[crate::registry::ServiceInfo]) -> bool {
+/// whose replay could not reach its position (resyncing) has nothing more to wait for.
+fn caught_up(services: &[ServiceInfo]) -> bool {
     services.iter().all(|s| {
         matches!(
             s.status.phase,
@@ -118,10 +108,42 @@ fn caught_up(services: &[crate::registry::ServiceInfo]) -> bool {
     })
 }
 
-/// Wait until the bootstrapped replica's subscriptions are live (at most [`CATCH_UP_LIMIT`]),
-/// saying on `readiness` how many are.
-pub async fn catch_up(registry: &Addr<Registry>, readiness: &Readiness, progress: &Progress) {
+/// Whether no subscription has a replay left to apply: [`caught_up`], or still connecting (it
+/// consumed nothing and asked for no replay: its publisher has sent nothing it could replay).
+fn replayed(services: &[ServiceInfo]) -> bool {
+    services.iter().all(|s| {
+        matches!(
+            s.status.phase,
+            Some(
+                SubscriptionPhase::Live
+                    | SubscriptionPhase::Resyncing
+                    | SubscriptionPhase::Connecting
+            )
+        ) && s.status.pending_batches == 0
+    })
+}
+
+/// Wait until the registrations are all known (`listed`: the first etcd listing applied, when
+/// registrations are shared) and every subscription is live (at most [`CATCH_UP_LIMIT`] in
+/// all), saying on `readiness` what it waits for. Used after a bootstrap, and after an empty
+/// start that every attempt failed to avoid.
+pub async fn catch_up(
+    registry: &Addr<Registry>,
+    readiness: &Readiness,
+    progress: &Progress,
+    listed: Option<watch::Receiver<bool>>,
+) {
     let deadline = Instant::now() + CATCH_UP_LIMIT;
+    if let Some(mut listed) = listed {
+        readiness.set_starting("waiting for etcd's registrations");
+        let wait = tokio::time::timeout_at(deadline.into(), listed.wait_for(|l| *l));
+        if wait.await.is_err() {
+            tracing::warn!(
+                limit = ?CATCH_UP_LIMIT,
+                "etcd's registrations not listed in time; reporting ready with those known"
+            );
+        }
+    }
     loop {
         let Ok(services) = registry.send(ListServices).await else {
             break;
@@ -141,10 +163,163 @@ pub async fn catch_up(registry: &Addr<Registry>, readiness: &Readiness, progress
             .filter(|s| s.status.phase == Some(SubscriptionPhase::Live))
             .count();
         readiness.set_starting(format!(
-            "bootstrapped: replaying from the snapshot's watermarks, {live} of {} subscriptions live",
+            "bootstrapped: replaying from the snapshot's positions, {live} of {} subscriptions live",
             services.len()
         ));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    progress.set_phase(Phase::Done);
+    if progress.phase() == Phase::CatchingUp {
+        progress.set_phase(Phase::Done);
+    }
+}
+
+/// The checkpoints of a bootstrapped replica: none until no subscription has a replay left to
+/// apply ([`replayed`], without a limit: until then a restart bootstraps again), then rounds until one
+/// succeeds, which makes the directory's state complete on its own (every context the replay
+/// brought back is in it, each at its source's position), so the pending mark goes; then the
+/// periodic rounds. Before that round a restart could not resume from the directory alone: the
+/// exported contexts' watermarks may be past a batch that created a context the snapshot lacks.
+pub async fn checkpoint_after_bootstrap(
+    mut checkpointer: Checkpointer,
+    registry: Addr<Registry>,
+    store: Arc<dyn KvStore>,
+    interval: Duration,
+    shutdown: CancellationToken,
+) -> Checkpointer {
+    loop {
+        let done = match registry.send(ListServices).await {
+            Ok(services) => replayed(&services),
+            Err(_) => return checkpointer,
+        };
+        if done {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = shutdown.cancelled() => return checkpointer,
+        }
+    }
+    loop {
+        let report = checkpointer.checkpoint().await;
+        if report.failed == 0 {
+            let cleared = {
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || pending::clear(store.as_ref())).await
+            };
+            match cleared {
+                Ok(Ok(())) => {
+                    tracing::info!(
+                        contexts = report.contexts,
+                        pairs = report.pairs,
+                        "bootstrap complete: the caught-up state is checkpointed"
+                    );
+                    break;
+                }
+                Ok(Err(e)) => tracing::warn!("cannot clear the bootstrap-pending mark: {e}"),
+                Err(e) => tracing::warn!("cannot clear the bootstrap-pending mark: {e}"),
+            }
+        } else {
+            tracing::warn!(
+                failed = report.failed,
+                "the first checkpoint after the bootstrap failed; retrying (until it succeeds, a \
+                 restart bootstraps again)"
+            );
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.cancelled() => return checkpointer,
+        }
+    }
+    checkpointer.run(interval, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::durability::recovery::Phases;
+    use crate::storage::memory::MemoryStore;
+    use crate::storage::{Cf, KvOp};
+
+    fn config(peer: Option<&str>) -> Config {
+        let text = match peer {
+            Some(p) => format!(r#"{{"bootstrap_from": "{p}"}}"#),
+            None => "{}".to_owned(),
+        };
+        Config::parse(&text, "test").expect("config")
+    }
+
+    /// A store and a recovery holding one registration and one pair.
+    fn with_state() -> (MemoryStore, Recovered) {
+        let store = MemoryStore::default();
+        let pair = KvOp::Put {
+            cf: Cf::Pairs,
+            key: vec![7; 20],
+            value: vec![1],
+        };
+        store.write(vec![pair]).expect("write");
+        let recovered = Recovered {
+            contexts: vec![super::cut_tests::busy_context_of("m", 1)],
+            registrations: vec![crate::durability::recovery::RestoredRegistration {
+                config: super::cut_tests::registration(0),
+                restored: crate::durability::sources::Restored {
+                    incarnation: 1,
+                    resume: None,
+                    dropped: false,
+                },
+            }],
+            sources: Default::default(),
+            dropped: Vec::new(),
+            pairs: 1,
+            phases: Phases::default(),
+        };
+        (store, recovered)
+    }
+
+    #[test]
+    fn a_pending_bootstrap_is_cleared_and_attempted_again() {
+        let (store, mut recovered) = with_state();
+        pending::mark(&store, "http://old:1").expect("mark");
+        let config = config(Some("http://peer:1"));
+        let peer = plan(&config, &store, &mut recovered).expect("plan");
+        assert_eq!(peer, Some("http://peer:1"));
+        assert!(recovered.contexts.is_empty() && recovered.registrations.is_empty());
+        assert_eq!(store.get(Cf::Pairs, &[7; 20]).expect("read"), None);
+        assert!(
+            pending::pending(&store).expect("read").is_some(),
+            "until it completes"
+        );
+    }
+
+    #[test]
+    fn a_pending_bootstrap_without_a_peer_any_more_starts_empty() {
+        let (store, mut recovered) = with_state();
+        pending::mark(&store, "http://old:1").expect("mark");
+        assert_eq!(
+            plan(&config(None), &store, &mut recovered).expect("plan"),
+            None
+        );
+        assert!(recovered.contexts.is_empty() && recovered.registrations.is_empty());
+        assert_eq!(store.get(Cf::Pairs, &[7; 20]).expect("read"), None);
+        assert_eq!(pending::pending(&store).expect("read"), None);
+    }
+
+    #[test]
+    fn state_of_its_own_wins_and_an_empty_directory_bootstraps() {
+        let (store, mut recovered) = with_state();
+        let config = config(Some("http://peer:1"));
+        assert_eq!(plan(&config, &store, &mut recovered).expect("plan"), None);
+        assert_eq!(recovered.registrations.len(), 1, "kept");
+        assert!(store.get(Cf::Pairs, &[7; 20]).expect("read").is_some());
+        let mut empty = Recovered {
+            contexts: Vec::new(),
+            registrations: Vec::new(),
+            sources: Default::default(),
+            dropped: Vec::new(),
+            pairs: 0,
+            phases: Phases::default(),
+        };
+        let store = MemoryStore::default();
+        let peer = plan(&config, &store, &mut empty).expect("plan");
+        assert_eq!(peer, Some("http://peer:1"));
+    }
 }

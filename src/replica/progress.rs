@@ -12,18 +12,21 @@ pub enum Phase {
     Pulling,
     /// Recovering the received records.
     Loading,
-    /// Subscriptions replaying from the snapshot's watermarks.
+    /// An attempt failed; the next one starts after a back-off.
+    Retrying,
+    /// Subscriptions replaying from the snapshot's positions.
     CatchingUp,
     Done,
-    /// It failed; the replica started empty.
+    /// Every attempt failed; the replica started empty.
     Failed,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 6] = [
+    pub const ALL: [Phase; 7] = [
         Phase::Off,
         Phase::Pulling,
         Phase::Loading,
+        Phase::Retrying,
         Phase::CatchingUp,
         Phase::Done,
         Phase::Failed,
@@ -34,6 +37,7 @@ impl Phase {
             Phase::Off => "off",
             Phase::Pulling => "pulling",
             Phase::Loading => "loading",
+            Phase::Retrying => "retrying",
             Phase::CatchingUp => "catching_up",
             Phase::Done => "done",
             Phase::Failed => "failed",
@@ -49,6 +53,8 @@ pub struct Progress {
     pairs_expected: AtomicU64,
     pairs_received: AtomicU64,
     bytes_received: AtomicU64,
+    attempts: AtomicU64,
+    failures: AtomicU64,
 }
 
 impl Progress {
@@ -59,6 +65,8 @@ impl Progress {
             pairs_expected: AtomicU64::new(0),
             pairs_received: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
         }
     }
 
@@ -72,6 +80,27 @@ impl Progress {
 
     pub fn set_phase(&self, phase: Phase) {
         *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
+    }
+
+    /// An attempt starts; its number (from 1).
+    pub fn attempt(&self) -> u64 {
+        self.pairs_expected.store(0, Ordering::Relaxed);
+        self.pairs_received.store(0, Ordering::Relaxed);
+        self.set_phase(Phase::Pulling);
+        self.attempts.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// An attempt failed.
+    pub fn failed(&self) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (attempts started, attempts failed).
+    pub fn attempts(&self) -> (u64, u64) {
+        (
+            self.attempts.load(Ordering::Relaxed),
+            self.failures.load(Ordering::Relaxed),
+        )
     }
 
     pub fn pulling(&self, pairs_expected: u64) {
@@ -133,6 +162,14 @@ impl crate::metrics::Section for Progress {
              # TYPE conductor_bootstrap_bytes_received gauge\nconductor_bootstrap_bytes_received {}",
             self.bytes_received.load(Ordering::Relaxed)
         );
+        let (attempts, failures) = self.attempts();
+        let _ = writeln!(
+            w,
+            "# HELP conductor_bootstrap_attempts_total Snapshot pulls started from the peer\n\
+             # TYPE conductor_bootstrap_attempts_total counter\nconductor_bootstrap_attempts_total {attempts}\n\
+             # HELP conductor_bootstrap_failures_total Snapshot pulls that failed (each is retried, see docs/replicas.md)\n\
+             # TYPE conductor_bootstrap_failures_total counter\nconductor_bootstrap_failures_total {failures}"
+        );
     }
 }
 
@@ -156,6 +193,9 @@ mod tests {
     #[test]
     fn metrics_name_the_replica_and_the_one_current_phase() {
         let p = Progress::new("a\"b".into());
+        assert_eq!(p.attempt(), 1);
+        p.failed();
+        assert_eq!(p.attempt(), 2);
         p.pulling(10);
         p.received(4, 100);
         let mut text = String::new();
@@ -166,6 +206,8 @@ mod tests {
         assert!(text.contains("conductor_bootstrap_pairs_received 4"));
         assert!(text.contains("conductor_bootstrap_pairs_expected 10"));
         assert!(text.contains("conductor_bootstrap_bytes_received 100"));
+        assert!(text.contains("conductor_bootstrap_attempts_total 2"));
+        assert!(text.contains("conductor_bootstrap_failures_total 1"));
     }
 
     #[test]

@@ -1,16 +1,17 @@
-//! The new replica's side: pull one snapshot from a peer into this replica's (empty) store,
-//! then recover from it exactly as after a restart.
+//! The new replica's side of one attempt: pull one snapshot from a peer into this replica's
+//! (empty) store, then recover from it exactly as after a restart, each source resuming from the
+//! position the snapshot names for it ([`super::positions`]).
 //!
 //! Nothing is served from the snapshot before it is complete and loaded: the records go to the
 //! store as they arrive (a writer thread, so the network and the disk overlap; a bulk load, see
-//! `storage::bulk`), the
-//! registrations last, and meanwhile a builder thread makes the contexts from the same records
-//! (`build`), which are loaded only after the end mark; a stream not in the store's order is
-//! instead recovered from the store, as after a restart. Any failure
+//! `storage::bulk`), the registrations last, and meanwhile a builder thread makes the contexts
+//! from the same records (`build`), which are loaded only after the end mark; a stream not in
+//! the store's order is instead recovered from the store, as after a restart. Any failure
 //! (unreachable peer, refused call, unknown format, a gap, more than announced, truncation,
-//! records recovery cannot read) clears what was written and the replica starts empty. A
-//! process killed mid-way leaves records without registrations, which recovery drops, and the
-//! next start bootstraps again.
+//! records recovery cannot read) clears what was written before it is returned; the caller
+//! retries ([`super::attempts`]). A process killed mid-way leaves the data directory's
+//! "bootstrap pending" mark ([`super::pending`]), so the next start clears it and bootstraps
+//! again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use crate::storage::{Cf, KvOp, KvStore, StorageError};
 
 use super::build::StreamBuild;
 use super::format::{self, FORMAT, MAX_CHUNK_BYTES};
+use super::positions::{self, Positions};
 use super::progress::Progress;
 
 /// Connecting to the peer gives up after this long.
@@ -31,7 +33,7 @@ const WINDOW_BYTES: u32 = 4 * MAX_CHUNK_BYTES as u32;
 /// A peer that sends nothing for this long is given up on.
 const STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Why a bootstrap failed; the replica then starts empty.
+/// Why a bootstrap attempt failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
     #[error("peer {peer} is unreachable: {reason}")]
@@ -86,7 +88,12 @@ pub async fn pull(
             progress.loading();
             let store = store.clone();
             let loaded = tokio::task::spawn_blocking(move || {
-                load(fetched.build, &fetched.registrations, store.as_ref())
+                load(
+                    fetched.build,
+                    &fetched.registrations,
+                    &fetched.positions,
+                    store.as_ref(),
+                )
             })
             .await
             .unwrap_or_else(|_| Err(StorageError::Io("loading the snapshot panicked".into())));
@@ -115,6 +122,7 @@ struct Fetched {
     /// store's order and recovery has to read it back.
     build: Option<StreamBuild>,
     registrations: Vec<KvOp>,
+    positions: Positions,
 }
 
 /// The contexts built from the stream when it could be, else recovered from the store. Either
@@ -122,10 +130,13 @@ struct Fetched {
 fn load(
     build: Option<StreamBuild>,
     registrations: &[KvOp],
+    positions: &Positions,
     store: &dyn KvStore,
 ) -> Result<Recovered, StorageError> {
+    let records = positions::source_records(registrations, positions)?;
+    store.write_synced(positions::record_ops(&records))?;
     if let Some(build) = build {
-        match build.finish(registrations) {
+        match build.finish(registrations, records) {
             Ok(recovered) => return Ok(recovered),
             Err(reason) => {
                 tracing::warn!(
@@ -240,7 +251,11 @@ async fn fetch(
     let written = writer
         .join()
         .unwrap_or_else(|_| Err(StorageError::Io("bootstrap writer panicked".into())));
-    let (peer_id, registrations) = received?;
+    let Received {
+        peer_id,
+        registrations,
+        positions,
+    } = received?;
     written.map_err(|e| PullError::Load(e, peer.to_owned()))?;
     // Registrations last, synced: with them on disk the records are a state recovery loads.
     store
@@ -250,7 +265,15 @@ async fn fetch(
         peer_id,
         build,
         registrations,
+        positions,
     })
+}
+
+/// What the stream carried beside the records handed to the writer.
+struct Received {
+    peer_id: String,
+    registrations: Vec<KvOp>,
+    positions: Positions,
 }
 
 /// The chunks, checked and handed to the writer; the registrations are kept for the end.
@@ -260,12 +283,13 @@ async fn receive(
     progress: &Progress,
     peer: &str,
     bad: &dyn Fn(String) -> PullError,
-) -> Result<(String, Vec<KvOp>), PullError> {
+) -> Result<Received, PullError> {
     let truncated = |reason: String| PullError::Truncated {
         peer: peer.to_owned(),
         reason,
     };
     let mut announced: Option<pb::SnapshotBegin> = None;
+    let mut positions = Positions::new();
     let mut registrations = Vec::new();
     let (mut seq, mut records, mut pairs) = (0u64, 0u64, 0u64);
     loop {
@@ -299,6 +323,7 @@ async fn receive(
                         supported: FORMAT,
                     });
                 }
+                positions = positions::from_wire(&begin.sources).map_err(bad)?;
                 progress.pulling(begin.pairs);
                 announced = Some(begin);
             }
@@ -349,7 +374,11 @@ async fn receive(
         progress.received(chunk_pairs, bytes);
         if !ops.is_empty() && tx.send(ops).await.is_err() {
             // The writer stopped on a store error, which the caller reports.
-            return Ok((begin.replica_id.clone(), Vec::new()));
+            return Ok(Received {
+                peer_id: begin.replica_id.clone(),
+                registrations: Vec::new(),
+                positions,
+            });
         }
         if let Some(end) = chunk.end {
             if (end.records, end.pairs) != (records, pairs)
@@ -360,7 +389,11 @@ async fn receive(
                     begin.records, begin.pairs
                 )));
             }
-            return Ok((begin.replica_id.clone(), registrations));
+            return Ok(Received {
+                peer_id: begin.replica_id.clone(),
+                registrations,
+                positions,
+            });
         }
     }
 }

@@ -1,5 +1,8 @@
 //! The `Replica` gRPC service a new replica bootstraps from: one snapshot per call, streamed in
 //! size-bounded chunks as the client takes them (tonic's flow control holds the producer back).
+//! A replica that is not ready itself (still restoring, or bootstrapping with nothing loaded
+//! yet) refuses with `UNAVAILABLE` and its reason: the caller retries, and never takes a state
+//! that is not one.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -58,6 +61,11 @@ impl Replica for SnapshotService {
         self.ops
             .authorize(Access::Write, authorization.map(|v| v.as_bytes()))
             .map_err(|e| Status::unauthenticated(e.message))?;
+        if let Some(reason) = self.ops.not_ready_reason() {
+            return Err(Status::unavailable(format!(
+                "this replica is not ready ({reason})"
+            )));
+        }
         let started = std::time::Instant::now();
         let cut = Cut::take(self.store.as_ref(), &self.contexts, &self.subscriptions)
             .await

@@ -2,7 +2,8 @@
 //! binaries sharing registrations through a real etcd, two vLLM-format publishers with replay
 //! buffers that the replaced replica's downtime outruns. Then the failure paths, each against a
 //! scripted peer on loopback: unreachable, newer format, truncated (with the progress `/health`
-//! reports meanwhile), and records recovery cannot read. Each ends with an empty, ready replica.
+//! reports meanwhile), and records recovery cannot read. Each is retried until the configured
+//! attempts are spent, and ends with an empty, ready replica.
 
 use std::time::Duration;
 
@@ -263,6 +264,7 @@ fn begin(format: u32, records: u64, pairs: u64) -> pb::SnapshotBegin {
         contexts: 1,
         registrations: 1,
         replica_id: "scripted".into(),
+        sources: Vec::new(),
     }
 }
 
@@ -300,12 +302,17 @@ fn registration_record() -> pb::SnapshotRecord {
     record(1, config.subscription_key().to_string().as_bytes(), &value)
 }
 
-/// Start a replica that bootstraps from `peer`; it must come up ready, empty, and having logged
-/// `error` and reported a failed bootstrap.
+/// Start a replica that bootstraps from `peer` with two attempts; it must retry once, then come
+/// up ready, empty, and having logged `error` and reported a failed bootstrap.
 async fn starts_empty_after(peer: &str, error: &str) -> Server {
     let dir = tempfile::tempdir().expect("temp dir");
-    let server = Server::start_in(dir, json!({"bootstrap_from": peer})).await;
+    let server = Server::start_in(
+        dir,
+        json!({"bootstrap_from": peer, "bootstrap_attempts": 2}),
+    )
+    .await;
     let log = server.log();
+    assert!(log.contains("bootstrap attempt failed, retrying"), "{log}");
     assert!(log.contains("bootstrap failed, starting empty"), "{log}");
     assert!(log.contains(error), "{log}");
     assert!(endpoints(&server).await.is_empty());
@@ -315,6 +322,12 @@ async fn starts_empty_after(peer: &str, error: &str) -> Server {
             .as_deref(),
         Some("conductor_bootstrap_state{state=\"failed\"} 1")
     );
+    for counter in [
+        "conductor_bootstrap_attempts_total",
+        "conductor_bootstrap_failures_total",
+    ] {
+        assert_eq!(metric(&server, counter).await, Some(format!("{counter} 2")));
+    }
     server
 }
 
@@ -335,8 +348,9 @@ async fn a_newer_format_is_refused_and_the_replica_starts_empty() {
     .await;
 }
 
-/// A peer of an older schema (format 4: its derived keys mean something else) is refused the
-/// same way: the replica starts empty and subscribes from scratch, never mixing keys.
+/// A peer of an older format (6: no per-source positions, so resuming from its watermarks could
+/// miss a context) is refused the same way: the replica starts empty and subscribes from
+/// scratch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_format_is_refused_and_the_replica_starts_empty() {
     let format = mooncake_conductor::replica::format::FORMAT;
@@ -387,7 +401,10 @@ async fn a_truncated_snapshot_reports_progress_then_leaves_nothing_behind() {
     })
     .await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut server = Server::spawn_in(dir, json!({"bootstrap_from": peer}));
+    let mut server = Server::spawn_in(
+        dir,
+        json!({"bootstrap_from": peer, "bootstrap_attempts": 1}),
+    );
     let health = eventually("/health reports the bootstrap's progress", WAIT, || async {
         let r = http::try_request(server.http_port, "GET", "/health", &[], b"").await;
         let r = r.ok()?;

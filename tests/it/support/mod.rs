@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod grpc;
 pub mod http;
 pub mod player;
+pub mod proxy;
 pub mod raw_zmtp;
 pub mod server;
 pub mod tool;
