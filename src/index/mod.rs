@@ -475,6 +475,10 @@ mod keys_tests;
 #[cfg(test)]
 mod model_check;
 #[cfg(test)]
+mod order_props;
+#[cfg(test)]
+mod order_tests;
+#[cfg(test)]
 mod tests;
 
 pub use actor::{
