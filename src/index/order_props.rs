@@ -14,15 +14,32 @@ use crate::events::{Holder, IndexBatch, IndexOp};
 use crate::model::{SubscriptionKey, Tier};
 
 use super::TierCounts;
-use super::order_tests::*;
+use super::order_fixture::*;
 
 #[derive(Debug, Clone)]
 enum EngineOp {
     /// Blocks `from..to` with their tokens, chained to block `from - 1`.
-    Chained { from: usize, to: usize, tier: Tier },
+    Chained {
+        from: usize,
+        to: usize,
+        tier: Tier,
+    },
+    /// The same with a parent the context never saw (a subscriber that joined mid-stream).
+    Unlinked {
+        from: usize,
+        to: usize,
+        tier: Tier,
+    },
     /// The same without tokens (the index cannot derive their keys).
-    Tokenless { from: usize, to: usize, tier: Tier },
-    Remove { blocks: Vec<usize>, tier: Tier },
+    Tokenless {
+        from: usize,
+        to: usize,
+        tier: Tier,
+    },
+    Remove {
+        blocks: Vec<usize>,
+        tier: Tier,
+    },
     Clear,
 }
 
@@ -73,6 +90,8 @@ fn engine_op() -> impl Strategy<Value = EngineOp> {
         6 => (run_of_blocks(), engine_tier())
             .prop_map(|((from, to), tier)| EngineOp::Chained { from, to, tier }),
         1 => (run_of_blocks(), engine_tier())
+            .prop_map(|((from, to), tier)| EngineOp::Unlinked { from, to, tier }),
+        1 => (run_of_blocks(), engine_tier())
             .prop_map(|((from, to), tier)| EngineOp::Tokenless { from, to, tier }),
         3 => (proptest::collection::vec(0..N, 1..4), engine_tier())
             .prop_map(|(blocks, tier)| EngineOp::Remove { blocks, tier }),
@@ -96,6 +115,7 @@ fn engine_batch(ops: &[EngineOp]) -> IndexBatch {
         .iter()
         .map(|op| match op {
             &EngineOp::Chained { from, to, tier } => chained(from, to, tier),
+            &EngineOp::Unlinked { from, to, tier } => unlinked(from, to, tier),
             &EngineOp::Tokenless { from, to, tier } => IndexOp::StoreAliased {
                 holder: engine(),
                 tier,
@@ -186,7 +206,8 @@ impl Model {
                     }
                     self.store(engine_source(), engine(), tier, &hashes(from..to));
                 }
-                &EngineOp::Tokenless { from, to, tier } => {
+                &EngineOp::Unlinked { from, to, tier }
+                | &EngineOp::Tokenless { from, to, tier } => {
                     self.listed = true;
                     self.store(engine_source(), engine(), tier, &hashes(from..to));
                 }
@@ -320,7 +341,12 @@ fn check(
         interleave(&mut ix, &engine, &store, &order);
         let (got, records) = finish(&mut ix);
         prop_assert_eq!(&got, &want, "{}: dump", what);
-        prop_assert_eq!(records.canonical(), want_records.clone(), "{}: records", what);
+        prop_assert_eq!(
+            records.canonical(),
+            want_records.clone(),
+            "{}: records",
+            what
+        );
     }
 
     // A checkpoint and restart after `cut` batches of the random order, the rest in another.
@@ -333,12 +359,20 @@ fn check(
     let mut records = Records::default();
     records.checkpoint(&mut before);
     let mut after = records.restore();
-    prop_assert_eq!(dump(&mut after, &others), dump(&mut before, &others), "restored");
+    prop_assert_eq!(
+        dump(&mut after, &others),
+        dump(&mut before, &others),
+        "restored"
+    );
     interleave(&mut after, &engine[e..], &store[s..], order_after);
     prop_assert_eq!(&dump(&mut after, &others), &want, "after a restart");
     records.checkpoint(&mut after);
     prop_assert_eq!(records.canonical(), want_records, "records after a restart");
-    prop_assert_eq!(&dump(&mut records.restore(), &others), &want, "restored again");
+    prop_assert_eq!(
+        &dump(&mut records.restore(), &others),
+        &want,
+        "restored again"
+    );
 
     // The reference model.
     let mut model = Model::default();
@@ -355,7 +389,12 @@ fn check(
         let from_tokens = model.walk(n, |c| vec![derived_key(c), registered[c]]);
         prop_assert_eq!(rank(&want.answers[n]), from_tokens, "tokens, {} blocks", n);
         let by_hash = model.walk(n, |c| vec![model.key(engine_hash(c)), engine_hash(c)]);
-        prop_assert_eq!(rank(&want.answers[N + 1 + n]), by_hash, "by hash, {} blocks", n);
+        prop_assert_eq!(
+            rank(&want.answers[N + 1 + n]),
+            by_hash,
+            "by hash, {} blocks",
+            n
+        );
     }
     Ok(())
 }
