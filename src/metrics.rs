@@ -331,7 +331,7 @@ pub fn render(s: &Scrape<'_>) -> String {
         w,
         "conductor_index_unlinked_blocks_total",
         "counter",
-        "Stored blocks whose parent the context never saw (kept under their published hash)",
+        "Stored blocks whose parent the context never saw (keyed by their hash's alias, else the hash)",
     );
     let _ = writeln!(
         w,

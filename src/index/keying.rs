@@ -95,8 +95,8 @@ pub(super) struct KeyOut<'a> {
 /// The table keys of a store op's blocks into `out.keys`, each flagged when it is a published
 /// hash (see "Keys" in the module doc of [`super`]): derived keys for a chained store whose
 /// parent is known (its hashes become aliases, gathered in `out.pending`), an alias's key or the
-/// hash itself for an aliased store, the hashes themselves for a plain store. Other ops have no
-/// keys.
+/// hash itself for an aliased store and for a chained store whose parent is unknown, the hashes
+/// themselves for a plain store. Other ops have no keys.
 pub(super) fn store_keys(op: &IndexOp, out: KeyOut<'_>) -> Keyed {
     let KeyOut {
         aliases,
@@ -108,6 +108,16 @@ pub(super) fn store_keys(op: &IndexOp, out: KeyOut<'_>) -> Keyed {
     keys.clear();
     let raw = |keys: &mut Vec<(u64, bool)>, hashes: &[BlockHash]| {
         keys.extend(hashes.iter().map(|h| (h.0, true)));
+    };
+    let aliased = |keys: &mut Vec<(u64, bool)>,
+                   pending: &mut PendingAliases,
+                   changed: &mut Vec<u64>,
+                   hashes: &[BlockHash]| {
+        // The map must answer with every alias gathered so far.
+        pending.flush(aliases, changed);
+        aliases.resolve_with(hashes.iter().map(|h| h.0), |h, alias| {
+            keys.push(alias.map_or((h, true), |k| (k, false)));
+        });
     };
     let mut keyed = Keyed::default();
     match op {
@@ -123,19 +133,14 @@ pub(super) fn store_keys(op: &IndexOp, out: KeyOut<'_>) -> Keyed {
                 keyed.translated = derived.len() as u64;
                 keys.extend(derived.iter().map(|&k| (k, false)));
             } else {
-                // A parent never seen: the blocks stay keyed by their hashes, which only a
-                // matching registered profile reproduces.
+                // A parent never seen: the blocks are keyed as an aliased store's (a hash that
+                // has an alias names that block; any other stays keyed by itself, which only a
+                // matching registered profile reproduces, until an alias names it).
                 keyed.unlinked = hashes.len() as u64;
-                raw(keys, hashes);
+                aliased(keys, pending, changed, hashes);
             }
         }
-        IndexOp::StoreAliased { hashes, .. } => {
-            // The map must answer with every alias gathered so far.
-            pending.flush(aliases, changed);
-            aliases.resolve_with(hashes.iter().map(|h| h.0), |h, alias| {
-                keys.push(alias.map_or((h, true), |k| (k, false)));
-            });
-        }
+        IndexOp::StoreAliased { hashes, .. } => aliased(keys, pending, changed, hashes),
         IndexOp::Store { hashes, .. } => raw(keys, hashes),
         IndexOp::Remove { .. } | IndexOp::ClearHolder { .. } => {}
     }

@@ -17,7 +17,8 @@
 //!   [`Watermark`], [`HolderRecord`]); [`crate::durability`] encodes them.
 //! - [`context`]: [`ContextIndex`], the plain struct that is a context's single writer (apply
 //!   batches, attach/detach sources, snapshots), unit-tested without any runtime; its
-//!   `holders` file interns and reclaims holders, and [`context::persist`] takes a context's
+//!   `holders` file interns and reclaims holders, its `rekey` file moves pairs kept under a
+//!   hash to the derived key when an alias names it, and [`context::persist`] takes a context's
 //!   changes, and [`context::restore`] rebuilds a context from them ([`Restorer`]). Those stay here, not in
 //!   [`crate::durability`], because they read and write the writer's private structure.
 //! - [`actor`]: [`ContextActor`], a thin actix shell forwarding one call per message, and
@@ -60,13 +61,48 @@
 //!
 //! A block the index cannot derive is kept under its published hash ("raw"): an event whose
 //! parent this context never saw (a subscriber that joined mid-stream; guessing the parent would
-//! risk a false hit), a store object whose hash has no alias yet, schema 1 data, and what
-//! migrations 5 and 6 kept when the derived-key function changed (`migrations/`). Those keys
+//! risk a false hit), a store object whose hash has no alias yet (until it has one, see "Order
+//! of sources" below), schema 1 data, and what migrations 5 and 6 kept when the derived-key
+//! function changed (`migrations/`). Those keys
 //! are what the registered profile computes when it matches the engine, so while any raw pair
 //! exists (`Shared::raw_pairs`, counted per holder) a query from tokens also walks the
 //! registered profile's chain as each block's second key ([`crate::hashing::PrefixKeys::alt_key`])
 //! and a block counts when held under either. Raw and derived keys are both 64-bit and meet only
 //! by a 2^-64 chance.
+//!
+//! # Order of sources
+//!
+//! An engine's events and a Mooncake store's reach a context on different subscriptions, so a
+//! store object can arrive before the engine event that makes its hash an alias, and after a
+//! restart each source replays on its own. The index is the same in every interleaving of its
+//! sources, because a published hash is keyed by its alias's derived key whenever the context
+//! has that alias, and by itself only while it has none:
+//!
+//! - a store that names blocks by hash (a store object, an engine event without tokens, or one
+//!   whose parent the context never saw) keys a hash that has an alias by the alias's key;
+//! - when an engine event gives a hash its alias, every pair kept under that hash moves to the
+//!   derived key (`context::rekey`, right after the store run that inserted the alias and so
+//!   before any later op of the batch): it leaves the hash's block and joins the key's in each
+//!   of its tiers, and its announcements add to what the holder already has there, so as many
+//!   removals as announcements take it away, whichever came first.
+//!
+//! So the same events give the same blocks, pairs, counts, answers and, after a checkpoint, the
+//! same records; only holder ids differ, as they follow first appearance. A checkpoint writes a
+//! moved pair's two records (the hash's deleted, the key's written) and its holder's raw pair
+//! count, so it stays proportional to what changed, and a restore rebuilds the moved pairs from
+//! those records like any other. The cost: while the context keeps any pair under a published
+//! hash, each alias an engine event adds (a block new to the context, not one announced again)
+//! is looked up in the table once. Tests: `order_tests` (every interleaving of two sources, a
+//! restart between them), `order_props` (random interleavings and restarts against a model).
+//!
+//! Not covered: the sweep (`ContextIndex::sweep_aliases`) forgets the aliases of blocks no
+//! holder keeps once aliases outnumber blocks twice over, and when it runs depends on the block
+//! count, so on the order. Which of those aliases are still in the map (and in the records)
+//! therefore depends on the order too, and a store object that names a forgotten hash stays under
+//! the hash until an engine announces the block again, which moves it. A store written by an
+//! earlier version may hold a pair under a hash that has an alias: it stays there until removed
+//! (a removal by hash still finds it, `context::removal`). A hash whose alias moves to another
+//! key (one hash published for two contents) moves nothing already keyed.
 //!
 //! # Repeated announcements
 //!
@@ -474,6 +510,12 @@ mod table;
 mod keys_tests;
 #[cfg(test)]
 mod model_check;
+#[cfg(test)]
+mod order_fixture;
+#[cfg(test)]
+mod order_props;
+#[cfg(test)]
+mod order_tests;
 #[cfg(test)]
 mod tests;
 

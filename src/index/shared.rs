@@ -29,6 +29,7 @@ pub(crate) struct Shared {
     /// Pairs keyed by a published hash rather than a derived key (see "Keys" in the module doc):
     /// while there are any, a query from tokens also walks the registered profile's chain.
     pub raw_pairs: AtomicU64,
-    /// Blocks whose contents came with an unknown parent, so they are keyed by their hash.
+    /// Blocks whose contents came with an unknown parent, so they are keyed by their hash (or
+    /// its alias's key, see "Order of sources" in the module doc).
     pub unlinked: AtomicU64,
 }

@@ -24,4 +24,5 @@ mod ingest;
 mod recorded;
 mod replicas;
 mod scenarios;
+mod source_order;
 mod storage_faults;

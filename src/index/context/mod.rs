@@ -2,6 +2,7 @@
 
 mod holders;
 pub mod persist;
+mod rekey;
 mod removal;
 pub mod restore;
 
@@ -47,7 +48,7 @@ pub struct ApplyReport {
     /// Of `stored`, blocks keyed by the key derived from their contents (see "Keys").
     pub translated: u64,
     /// Of `stored`, blocks whose contents came with a parent this context never saw (joined
-    /// mid-stream): keyed by their published hash instead.
+    /// mid-stream): keyed by the key their published hash's alias names, else by the hash.
     pub unlinked: u64,
 }
 
@@ -77,6 +78,8 @@ pub struct ContextIndex {
     pub(super) watermarks: HashMap<SubscriptionKey, super::image::Watermark>,
     /// Engine hashes whose alias was added, moved or dropped since the last checkpoint.
     pub(super) alias_dirty: Vec<u64>,
+    /// `alias_dirty[..rekey_from]` had their blocks re-keyed (see `rekey`); set per batch.
+    rekey_from: usize,
     /// Alias count above which the next sweep runs (see `sweep_aliases`).
     next_alias_sweep: usize,
     /// Sweeps so far.
@@ -114,6 +117,7 @@ impl ContextIndex {
             dirty: Vec::new(),
             watermarks: HashMap::new(),
             alias_dirty: Vec::new(),
+            rekey_from: 0,
             next_alias_sweep: 0,
             alias_sweeps: 0,
             persisted: false,
@@ -149,6 +153,7 @@ impl ContextIndex {
             derived,
         } = &mut scratch;
         let mut seen = SeenHolders::default();
+        self.rekey_from = self.alias_dirty.len();
         // The first chained store's parent is the one alias lookup of a batch that nothing
         // prefetched (later ones find the store before them gathered): its line comes in while
         // the holder is looked up.
@@ -461,8 +466,10 @@ impl ContextIndex {
         1 + state.repeats.get(&(key, bit)).copied().unwrap_or(0)
     }
 
-    /// Apply the gathered stores (see [`store_run::apply`]) and count what they added.
-    /// Returns how many were repeats (counted, see [`HolderState::repeats`]).
+    /// Apply the gathered stores (see [`store_run::apply`]) and count what they added, then move
+    /// the blocks kept under hashes that gained an alias meanwhile to their derived keys (before
+    /// any later op of the batch names them). Returns how many were repeats (counted, see
+    /// [`HolderState::repeats`]).
     fn store_run(&mut self, run: &mut StoreRun) -> u64 {
         let added = store_run::apply(
             &self.shared.table,
@@ -479,6 +486,7 @@ impl ContextIndex {
         shared
             .raw_pairs
             .fetch_add(added.raw_pairs, Ordering::Relaxed);
+        self.rekey_new_aliases();
         added.repeats
     }
 
