@@ -33,6 +33,12 @@ pub struct EngineStored {
     /// Per block, a digest of its other extra keys (multimodal items, prompt embeddings), 0 for
     /// none; empty when no block has any. They keep such blocks apart from plain ones.
     pub extras: Vec<u64>,
+    /// Whether the event says everything besides its tokens and adapter that entered its hashes:
+    /// SGLang's schema writes `cache_salt` whenever it is set, vLLM's `extra_keys` is optional
+    /// and an event without it (absent or `nil`) leaves a salt or other extras unsaid. Blocks
+    /// of an event that does not carry them are keyed by derived keys only when the registered
+    /// profile proves them plain (`docs/engine-events.md`, "Events without their extras").
+    pub extras_carried: bool,
     pub tier: Tier,
 }
 

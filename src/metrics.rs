@@ -148,7 +148,7 @@ pub fn render(s: &Scrape<'_>) -> String {
             svc.status.connected
         );
     }
-    let per_service: [PerService; 13] = [
+    let per_service: [PerService; 14] = [
         (
             "conductor_batches_applied_total",
             "Publisher batches applied",
@@ -211,6 +211,11 @@ pub fn render(s: &Scrape<'_>) -> String {
             "conductor_invalid_events_total",
             "Single events rejected in good batches",
             |i| i.status.invalid_events,
+        ),
+        (
+            "conductor_blocks_kept_as_published_total",
+            "Blocks of events without their extras, not proven plain, kept under published hashes",
+            |i| i.status.blocks_kept_as_published,
         ),
     ];
     for (name, help, get) in per_service {

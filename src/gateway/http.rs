@@ -479,6 +479,7 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
             "hash_check_mismatch_rate": st.hash_check_mismatch_rate, "engine_recipe": st.engine_recipe,
             "translating": st.hash_check == HashCheckState::Mismatch, "batches": st.seq.applied,
             "events": st.events, "ignored": st.ignored, "refused": st.refused,
+            "blocks_kept_as_published": st.blocks_kept_as_published,
             "decode_errors": st.decode_errors,
             "frame_errors": st.frame_errors, "invalid_events": st.invalid_events,
             "oversized_messages": st.oversized_messages, "disconnects": st.disconnects,

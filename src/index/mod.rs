@@ -61,10 +61,12 @@
 //!
 //! A block the index cannot derive is kept under its published hash ("raw"): an event whose
 //! parent this context never saw (a subscriber that joined mid-stream; guessing the parent would
-//! risk a false hit), a store object whose hash has no alias yet (until it has one, see "Order
-//! of sources" below), schema 1 data, and what migrations 5 and 6 kept when the derived-key
-//! function changed (`migrations/`). Those keys
-//! are what the registered profile computes when it matches the engine, so while any raw pair
+//! risk a false hit), an event that leaves its extras out and that the registered profile does
+//! not prove plain (sent by published hash, see `subscription::plain_proof`), a store object
+//! whose hash has no alias yet (until it has one, see "Order of sources" below),
+//! schema 1 data, and what migrations 5 and 6 kept when the
+//! derived-key function changed (`migrations/`). Those keys are what the registered profile
+//! computes when it matches the engine (for the query's salt), so while any raw pair
 //! exists (`Shared::raw_pairs`, counted per holder) a query from tokens also walks the
 //! registered profile's chain as each block's second key ([`crate::hashing::PrefixKeys::alt_key`])
 //! and a block counts when held under either. Raw and derived keys are both 64-bit and meet only

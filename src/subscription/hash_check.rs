@@ -11,15 +11,18 @@
 //! publisher that changes its recipe mid-life is flagged), `ok` when all of them matched. The
 //! status also reports the window's mismatch rate. Some honest blocks cannot match: multimodal
 //! keys enter vLLM's hash in a form its events do not carry, so such a publisher reads
-//! `mismatch` with a rate of its multimodal share.
+//! `mismatch` with a rate of its multimodal share. An event that leaves its extras out (vLLM's
+//! `extra_keys` absent or `nil`) is recomputed as a plain request: a match counts, a mismatch
+//! does not, since it may be a salt the event does not name rather than a wrong recipe.
 //!
 //! Query answers do not depend on this check: the index keys engine blocks by keys it derives
-//! from their contents (see `index`), so a mismatch only means the index is translating. What it
-//! adds is the engine's actual recipe for the status: when a chain-start block does not match the
-//! registered profile, the check tries the recipes the engine may really use
-//! ([`HashProfile::candidate_recipes`]: the other algorithm, `PYTHONHASHSEED` unset) and names the
-//! first that matches, or says why none can (a LoRA path or an adapter namespace the events do
-//! not carry).
+//! from their contents (see `index`), so a mismatch only means the index is translating. (Blocks
+//! of events without their extras are the exception: only a registered profile that reproduces
+//! them finds them, see `plain_proof`.) What the check adds is the engine's actual recipe for the
+//! status: when a chain-start block does not match the registered profile, the check tries the
+//! recipes the engine may really use ([`HashProfile::candidate_recipes`]: the other algorithm,
+//! `PYTHONHASHSEED` unset) and names the first that matches, or says why none can (a LoRA path or
+//! an adapter namespace the events do not carry).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -172,6 +175,10 @@ impl HashCheck {
                 start + block
             };
             let step = hasher.step(parent.as_ref(), &raw[start..end], &mut self.scratch);
+            if step.key != *published && !event.extras_carried {
+                // Recomputed without the salt or extras the event leaves unsaid: no verdict.
+                break;
+            }
             if step.key != *published {
                 self.record(false);
                 if i == 0 && event.parent.is_none() && self.engine_recipe.is_none() {
@@ -278,8 +285,29 @@ mod tests {
             lora_name: lora.map(str::to_owned),
             cache_salt: None,
             extras: Vec::new(),
+            extras_carried: true,
             tier: Tier::Device,
         }
+    }
+
+    #[test]
+    fn an_event_without_its_extras_counts_when_it_matches_and_never_as_a_mismatch() {
+        let registered = config("42");
+        let profile = &registered.hash_profile;
+        let tokens: Vec<i64> = (1..=8).collect();
+        let salted = profile.hasher("", "s1");
+        let mut chain = salted.chain(4, &tokens);
+        let unsaid = |hashes: Vec<BlockHash>| EngineStored {
+            hashes,
+            extras_carried: false,
+            ..event(profile, None)
+        };
+        let mut check = HashCheck::new(&registered);
+        check.observe_stored(&unsaid((0..2).map(|i| chain.try_key(i).unwrap()).collect()));
+        assert_eq!(check.summary(), (HashCheckState::Unverified, 0, 0, 0.0));
+        assert_eq!(check.engine_recipe(), None);
+        check.observe_stored(&unsaid(event(profile, None).hashes));
+        assert_eq!(check.summary(), (HashCheckState::Ok, 2, 0, 0.0));
     }
 
     #[test]

@@ -84,6 +84,8 @@ pub struct AppliedBatch {
     pub ignored: Vec<IgnoreReason>,
     /// Events refused, by field.
     pub refused: Vec<(&'static str, u64)>,
+    /// Blocks sent by published hash because their event left its extras out unproven.
+    pub kept_as_published: u64,
     pub hash_check: HashCheckSummary,
     pub engine_recipe: Option<String>,
     pub last_batch_ts_ms: Option<u64>,
@@ -159,6 +161,7 @@ impl StatusChange {
         for &(field, count) in &applied.refused {
             *s.refused.entry(field).or_default() += count;
         }
+        s.blocks_kept_as_published += applied.kept_as_published;
         let check = applied.hash_check;
         s.hash_check = check.state;
         s.hash_check_ok = check.ok;
@@ -249,6 +252,7 @@ impl Ingest {
                 counts,
                 ignored,
                 refused,
+                kept_as_published: self.router.take_kept_as_published(),
                 hash_check: HashCheckSummary {
                     state,
                     ok,

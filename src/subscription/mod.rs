@@ -6,7 +6,8 @@
 //! [`ingest`] one payload decoded, rank-checked and routed (shared with `check`); [`ingest_step`]
 //! what the actor does with one payload, as data (batches, status change, warnings);
 //! [`marks`] the source's position for the contexts it fed; [`hash_check`] the runtime profile
-//! check; [`status`] what a subscription reports; [`warn_limit`] rate-limited warnings;
+//! check; [`plain_proof`] whether an event that leaves its extras out may have derived keys
+//! (used by [`route`]); [`status`] what a subscription reports; [`warn_limit`] rate-limited warnings;
 //! [`settings`] its bounds; [`actor`] the actix shell tying them together; [`directory`] the
 //! running subscriptions by key.
 
@@ -16,6 +17,7 @@ pub mod hash_check;
 pub mod ingest;
 pub mod ingest_step;
 pub mod marks;
+pub mod plain_proof;
 pub mod route;
 pub mod settings;
 pub mod socket;

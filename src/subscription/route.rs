@@ -7,6 +7,11 @@
 //! themselves (model, lora, block size), falling back to the registration's model and block size
 //! when the publisher leaves them out.
 //!
+//! Engine blocks go with their contents (for the index to key by derived keys) when their event
+//! carries tokens. An event that leaves its extras out goes so only when the registered profile
+//! proves it plain ([`PlainProof`]); otherwise it goes by its published hashes only, counted in
+//! [`Router::take_kept_as_published`].
+//!
 //! What a publisher's events may ask for is bounded, event by event (the rest of the batch still
 //! applies): a store's events stay in its registered tenant, their block sizes follow the
 //! registration rules, names are at most `max_name_bytes`, and one source feeds at most
@@ -21,6 +26,8 @@ use crate::events::{
 use crate::hashing::Strategy;
 use crate::hashing::derived::{self, BlockRule};
 use crate::model::{ContextKey, MAX_BLOCK_SIZE, PublisherConfig, normalize_tenant};
+
+use super::plain_proof::PlainProof;
 
 /// Bounds on what one source's events may create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +81,11 @@ pub struct Router {
     limits: RouteLimits,
     /// Refusals since the last [`Router::take_refused`].
     refused: Vec<Refused>,
+    /// Whether events that leave their extras out may have derived keys.
+    proof: PlainProof,
+    /// Blocks of such events sent by published hash since the last
+    /// [`Router::take_kept_as_published`].
+    kept_as_published: u64,
 }
 
 /// The ops of one batch for one context, in event order.
@@ -101,6 +113,8 @@ impl Router {
             tenant: config.tenant_id.clone(),
             limits: RouteLimits::default(),
             refused: Vec::new(),
+            proof: PlainProof::new(&config.hash_profile),
+            kept_as_published: 0,
         }
     }
 
@@ -112,6 +126,12 @@ impl Router {
     /// The events refused by [`Router::route`] since the last call.
     pub fn take_refused(&mut self) -> Vec<Refused> {
         std::mem::take(&mut self.refused)
+    }
+
+    /// Blocks of events without their extras that [`Router::route`] sent by published hash,
+    /// not proven plain, since the last call.
+    pub fn take_kept_as_published(&mut self) -> u64 {
+        std::mem::take(&mut self.kept_as_published)
     }
 
     fn refuse(&mut self, field: &'static str, detail: String) {
@@ -201,7 +221,13 @@ impl Router {
                         continue;
                     }
                     let holder = self.engine_holder.clone();
-                    let op = match block_contents(self.rule, &stored) {
+                    let contents = if self.proof.derivable(&stored) {
+                        block_contents(self.rule, &stored)
+                    } else {
+                        self.kept_as_published += stored.hashes.len() as u64;
+                        None
+                    };
+                    let op = match contents {
                         Some(contents) => IndexOp::StoreChained {
                             holder,
                             tier: stored.tier,
@@ -236,6 +262,7 @@ impl Router {
                     }
                 }
                 KvEvent::AllCleared => {
+                    self.proof.forget_all();
                     for context in &self.fed {
                         push(
                             &mut out,

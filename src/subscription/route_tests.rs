@@ -32,6 +32,7 @@ fn stored(lora: Option<&str>, block_size: u32) -> KvEvent {
         lora_name: lora.map(str::to_owned),
         cache_salt: None,
         extras: Vec::new(),
+        extras_carried: true,
         tier: Tier::Device,
     })
 }
@@ -299,6 +300,7 @@ fn engine_event(tokens: EventTokens, n_hashes: u64, block_size: u32) -> EngineSt
         lora_name: None,
         cache_salt: None,
         extras: Vec::new(),
+        extras_carried: true,
         tier: Tier::Device,
     }
 }
@@ -356,4 +358,107 @@ fn contents_that_do_not_split_into_the_published_blocks_are_not_used() {
         block_contents(rule, &salted).unwrap().root,
         derived::root("s")
     );
+}
+
+/// A prompt of 8 tokens as an engine hashing with `profile`, `lora` and `salt` publishes it in
+/// one event, without `extra_keys`.
+fn unsaid_event(profile: &HashProfile, lora: &str, salt: &str) -> EngineStored {
+    let tokens: Vec<i64> = (1..=8).collect();
+    let hasher = profile.hasher(lora, salt);
+    let mut chain = hasher.chain(4, &tokens);
+    EngineStored {
+        hashes: (0..2).map(|i| chain.try_key(i).unwrap()).collect(),
+        lora_name: (!lora.is_empty()).then(|| lora.to_owned()),
+        extras_carried: false,
+        ..engine_event(EventTokens::Flat(tokens.clone()), 2, 4)
+    }
+}
+
+#[test]
+fn an_event_without_its_extras_is_keyed_by_contents_only_when_the_profile_proves_it_plain() {
+    let mut cfg = config("", PublisherType::Vllm);
+    cfg.block_size = 4;
+    let profile = cfg.hash_profile.clone();
+    let query: Vec<i32> = (1..=8).collect();
+    for lora in ["", "ad"] {
+        let mut r = Router::new(&cfg);
+        let batch = DecodedBatch {
+            events: vec![
+                KvEvent::Stored(unsaid_event(&profile, lora, "s1")),
+                KvEvent::Stored(unsaid_event(&profile, lora, "")),
+            ],
+            ..Default::default()
+        };
+        let routed = r.route(batch, &mut Vec::new());
+        let (key, ops) = routed.into_iter().next().expect("one context");
+        assert_eq!(key.lora_name, lora);
+        assert!(
+            matches!(
+                ops.as_slice(),
+                [IndexOp::StoreAliased { .. }, IndexOp::StoreChained { .. }]
+            ),
+            "salted: by published hash; plain: proven, by contents: {ops:?}"
+        );
+        assert_eq!(r.take_kept_as_published(), 2, "the salted event's blocks");
+        assert_eq!(r.take_kept_as_published(), 0, "taken");
+
+        // Only the salted event, applied: found with its salt (through the registered
+        // profile), not without one nor with another.
+        let mut index = crate::index::ContextIndex::new(key, profile.clone());
+        index.apply(&crate::events::IndexBatch {
+            source: cfg.subscription_key(),
+            ops: ops[..1].to_vec(),
+        });
+        let device = |salt: &str| {
+            let hits = index.reader().query_tokens(&query, salt, None);
+            hits.hits["i"].rank_matches[&2].device
+        };
+        assert_eq!(
+            (device("s1"), device(""), device("s2")),
+            (8, 0, 0),
+            "{lora:?}"
+        );
+    }
+
+    // A clear forgets what was proven: a continuation of a block proven before it is not.
+    let mut r = Router::new(&cfg);
+    let whole = unsaid_event(&profile, "", "");
+    let first = EngineStored {
+        hashes: whole.hashes[..1].to_vec(),
+        tokens: Some(EventTokens::Flat((1..=4).collect())),
+        ..whole.clone()
+    };
+    let next = EngineStored {
+        hashes: whole.hashes[1..].to_vec(),
+        parent: Some(whole.hashes[0]),
+        tokens: Some(EventTokens::Flat((5..=8).collect())),
+        ..whole.clone()
+    };
+    let kinds = |r: &mut Router, events: Vec<KvEvent>| -> Vec<&'static str> {
+        let batch = DecodedBatch {
+            events,
+            ..Default::default()
+        };
+        let routed = r.route(batch, &mut Vec::new());
+        routed
+            .into_iter()
+            .flat_map(|(_, ops)| ops)
+            .map(|op| match op {
+                IndexOp::StoreChained { .. } => "chained",
+                IndexOp::StoreAliased { .. } => "aliased",
+                _ => "other",
+            })
+            .collect()
+    };
+    let events = vec![
+        KvEvent::Stored(first),
+        KvEvent::Stored(next.clone()),
+        KvEvent::AllCleared,
+        KvEvent::Stored(next),
+    ];
+    assert_eq!(
+        kinds(&mut r, events),
+        ["chained", "chained", "other", "aliased"]
+    );
+    assert_eq!(r.take_kept_as_published(), 1);
 }

@@ -57,6 +57,10 @@ pub struct SubscriptionStatus {
     pub refused: BTreeMap<&'static str, u64>,
     /// Routed ops refused because the target context has another hash profile.
     pub profile_conflicts: u64,
+    /// Blocks of events that leave their extras out (vLLM `extra_keys` absent or `nil`) and
+    /// that the registered profile did not prove plain: kept under their published hashes
+    /// (see `plain_proof`).
+    pub blocks_kept_as_published: u64,
     pub hash_check: HashCheckState,
     pub hash_check_ok: u64,
     pub hash_check_mismatch: u64,

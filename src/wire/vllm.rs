@@ -48,7 +48,8 @@ pub(crate) struct RawEvent<'a> {
     group_idx: Option<i64>,
     spec_kind: Option<&'a str>,
     sliding_window: Option<i64>,
-    /// Entries of `extra_keys` (one per block hash when present).
+    /// Entries of `extra_keys` (one per block hash when present); `None` when the key is absent
+    /// or `nil`, which leaves the extras unsaid, where an array (even empty) says them.
     extra_keys: Option<Vec<RawExtra<'a>>>,
 }
 
@@ -108,7 +109,7 @@ pub(crate) fn decode_event(
     if let Some(key) = ALL_KEYS.iter().find(|k| missing & k.bit() != 0) {
         return invalid(key.name(), Problem::Missing);
     }
-    admit(raw, tag, projection)
+    admit(raw, tag, engine, projection)
 }
 
 fn read_map<'a>(r: &mut Reader<'a>, engine: Engine) -> EventResult<RawEvent<'a>> {
@@ -408,7 +409,12 @@ fn full_attention(kind: Option<&str>, sliding_window: Option<i64>) -> bool {
 
 /// Apply the domain rules: validation first (an invalid event is an error even when it would be
 /// ignored), then the ignore rules in order cache group, spec kind, medium.
-fn admit(raw: RawEvent<'_>, tag: Tag, projection: IndexProjection) -> EventResult<Outcome> {
+fn admit(
+    raw: RawEvent<'_>,
+    tag: Tag,
+    engine: Engine,
+    projection: IndexProjection,
+) -> EventResult<Outcome> {
     match tag {
         Tag::Cleared => Ok(Outcome::Event(KvEvent::AllCleared)),
         Tag::Removed => {
@@ -457,6 +463,9 @@ fn admit(raw: RawEvent<'_>, tag: Tag, projection: IndexProjection) -> EventResul
                 RawTokens::Pairs(pairs) => EventTokens::Bigram(pairs),
             });
             let lora_name = non_empty(raw.lora_name);
+            // SGLang writes `cache_salt` whenever it is set; vLLM says its extras only in
+            // `extra_keys`, which its schema lets a publisher leave out.
+            let extras_carried = engine == Engine::Sglang || raw.extra_keys.is_some();
             let (extras, vllm_salt) = split_extras(
                 raw.extra_keys.as_deref().unwrap_or_default(),
                 lora_name.as_deref(),
@@ -470,6 +479,7 @@ fn admit(raw: RawEvent<'_>, tag: Tag, projection: IndexProjection) -> EventResul
                 lora_name,
                 cache_salt: non_empty(raw.cache_salt).or(vllm_salt),
                 extras,
+                extras_carried,
                 tier,
             })))
         }

@@ -15,6 +15,7 @@ mod durability;
 mod durable_state;
 mod e2e_mixed;
 mod e2e_query;
+mod extras;
 mod fixtures;
 mod hostile;
 mod http_api;

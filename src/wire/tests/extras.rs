@@ -1,6 +1,6 @@
 //! vLLM's untagged `extra_keys`: the cache salt and the other extras the index keys blocks by.
 
-use super::{V, arr, batch, decode_vllm, i, ints, map, s};
+use super::{V, arr, batch, decode_sglang, decode_vllm, i, ints, invalid_fields, map, s, with};
 use crate::events::KvEvent;
 
 fn stored(parent: V, lora: V, extra_keys: V) -> V {
@@ -15,6 +15,16 @@ fn stored(parent: V, lora: V, extra_keys: V) -> V {
         ("lora_name", lora),
         ("extra_keys", extra_keys),
     ])
+}
+
+/// Whether the one stored event of `payload` carries its extras (its `extras_carried`).
+fn carried(b: Result<crate::events::DecodedBatch, crate::wire::EnvelopeError>) -> bool {
+    let b = b.unwrap();
+    assert!(b.invalid.is_empty(), "{:?}", b.invalid);
+    match &b.events[..] {
+        [KvEvent::Stored(e)] => e.extras_carried,
+        other => panic!("{other:?}"),
+    }
 }
 
 /// (cache_salt, extras) of the one stored event.
@@ -71,4 +81,46 @@ fn other_extras_give_each_block_its_own_digest() {
     let (salt, extras) = split(stored(i(9), V::Nil, later));
     assert_eq!(salt, None);
     assert!(extras[0] != 0 && extras[1] == 0);
+}
+
+#[test]
+fn absent_or_nil_extra_keys_leave_the_extras_unsaid_and_an_array_says_them() {
+    let plain = stored(V::Nil, V::Nil, arr([V::Nil, V::Nil]));
+    let vllm = |event: &V| carried(decode_vllm(&batch(vec![event.clone()])));
+    assert!(vllm(&plain), "[nil, nil]: a plain request, said");
+    assert!(!vllm(&with(&plain, "extra_keys", None)), "absent");
+    assert!(!vllm(&with(&plain, "extra_keys", Some(V::Nil))), "nil");
+    // Absent or nil, the salt and the other extras are unknown, not empty.
+    assert_eq!(split(with(&plain, "extra_keys", None)), (None, vec![]));
+    // An empty array still needs one entry per block: it is not "unsaid" but wrong.
+    let empty = with(&plain, "extra_keys", Some(arr([])));
+    let b = decode_vllm(&batch(vec![empty.clone()])).unwrap();
+    assert_eq!(invalid_fields(&b), vec![(0, "extra_keys".to_owned())]);
+    // With no blocks, the empty array is one entry per block: said.
+    let no_blocks = with(
+        &with(&empty, "block_hashes", Some(arr([]))),
+        "token_ids",
+        Some(arr([])),
+    );
+    assert!(vllm(&no_blocks));
+    // Older positional events end before `extra_keys`: unsaid.
+    let positional = V::A(vec![
+        s("BlockStored"),
+        ints(&[1, 2]),
+        V::Nil,
+        ints(&[1, 2, 3, 4]),
+        i(2),
+        V::Nil,
+    ]);
+    assert!(!vllm(&positional));
+    // SGLang's schema writes `cache_salt` whenever it is set: an SGLang event says its extras.
+    let sglang = map(&[
+        ("type", s("BlockStored")),
+        ("block_hashes", ints(&[1])),
+        ("parent_block_hash", V::Nil),
+        ("token_ids", ints(&[1, 2])),
+        ("block_size", i(2)),
+        ("lora_id", V::Nil),
+    ]);
+    assert!(carried(decode_sglang(&batch(vec![sglang]))));
 }

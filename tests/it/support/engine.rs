@@ -35,9 +35,20 @@ pub fn block_keys(
     block_size: u32,
     lora: &str,
 ) -> Vec<u64> {
+    salted_block_keys(profile, tokens, block_size, lora, "")
+}
+
+/// [`block_keys`] of a request with `cache_salt` (`""` for none).
+pub fn salted_block_keys(
+    profile: &serde_json::Value,
+    tokens: &[i32],
+    block_size: u32,
+    lora: &str,
+    cache_salt: &str,
+) -> Vec<u64> {
     use mooncake_conductor::hashing::PrefixKeys;
     let profile = resolve(profile);
-    let hasher = profile.hasher(lora, "");
+    let hasher = profile.hasher(lora, cache_salt);
     let mut chain = hasher.chain(block_size, tokens);
     (0..chain.num_blocks()).map(|i| chain.key(i).0).collect()
 }
@@ -94,6 +105,19 @@ pub fn vllm_stored(
         ("group_idx", Value::from(0)),
         ("kv_cache_spec_kind", s("full_attention")),
     ])
+}
+
+/// `event` (a map) without `key`, as a publisher that leaves an optional field out sends it.
+pub fn without(event: Value, key: &str) -> Value {
+    match event {
+        Value::Map(pairs) => Value::Map(
+            pairs
+                .into_iter()
+                .filter(|(k, _)| k.as_str() != Some(key))
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
 pub fn vllm_removed(hashes: &[u64], medium: &str) -> Value {
