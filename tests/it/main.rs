@@ -13,6 +13,7 @@ mod durability;
 mod durable_state;
 mod e2e_mixed;
 mod e2e_query;
+mod etcd_reset;
 mod fixtures;
 mod hostile;
 mod http_api;
