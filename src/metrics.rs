@@ -78,9 +78,21 @@ pub struct Scrape<'a> {
     pub checkpoint_failures: u64,
     /// Registrations refused by the policy, by label.
     pub registrations_refused: &'a std::collections::BTreeMap<&'static str, u64>,
-    /// With registrations shared through etcd: whether its watch is up, and the revision the
-    /// registrations are synchronised to.
-    pub etcd: Option<(bool, i64)>,
+    /// With registrations shared through etcd.
+    pub etcd: Option<EtcdGauges>,
+}
+
+/// The gauges of registrations shared through etcd.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdGauges {
+    /// Whether the watch is established.
+    pub up: bool,
+    /// The revision the registrations are synchronised to.
+    pub revision: i64,
+    /// Registrations run here that etcd does not hold, since a suspected reset.
+    pub held: usize,
+    /// Suspected resets so far, by reason label (every reason, 0 included).
+    pub resets: Vec<(&'static str, u64)>,
 }
 
 /// Gauges a part of the service adds to `/metrics` on its own (the gateway renders them without
@@ -105,19 +117,43 @@ pub fn render(s: &Scrape<'_>) -> String {
         "1 while checkpoint writes fail (the service serves from memory and retries)",
         &[("", s.storage_degraded as u64)],
     );
-    if let Some((up, revision)) = s.etcd {
+    if let Some(etcd) = &s.etcd {
         gauge(
             w,
             "conductor_registry_etcd_up",
             "1 while the etcd watch of the shared registrations is established",
-            &[("", up as u64)],
+            &[("", etcd.up as u64)],
         );
         gauge(
             w,
             "conductor_registry_etcd_revision",
             "The etcd revision the shared registrations are synchronised to",
-            &[("", revision.max(0) as u64)],
+            &[("", etcd.revision.max(0) as u64)],
         );
+        gauge(
+            w,
+            "conductor_registry_reset_suspected",
+            "1 while registrations are served that etcd lost in a suspected reset (see /health)",
+            &[("", (etcd.held > 0) as u64)],
+        );
+        gauge(
+            w,
+            "conductor_registry_registrations_held",
+            "Registrations served that etcd does not hold, since a suspected reset",
+            &[("", etcd.held as u64)],
+        );
+        header(
+            w,
+            "conductor_registry_resets_suspected_total",
+            "counter",
+            "etcd listings that did not continue the history followed (suspected resets), by reason",
+        );
+        for (reason, n) in &etcd.resets {
+            let _ = writeln!(
+                w,
+                "conductor_registry_resets_suspected_total{{reason=\"{reason}\"}} {n}"
+            );
+        }
     }
     header(
         w,

@@ -249,7 +249,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             Err(e) => tracing::error!(service = %key, "registry unavailable: {e}"),
         }
     }
-    // Registrations shared through etcd: what etcd holds wins over what this replica restored.
+    // Registrations shared through etcd: what etcd holds wins over what this replica restored,
+    // unless etcd lost them (then nothing is removed; `registry::shared::reset`).
     let sync_stop = CancellationToken::new();
     // Set once etcd's first listing is applied: a bootstrapping replica waits for it.
     let (listed, listed_rx) = tokio::sync::watch::channel(false);
@@ -264,22 +265,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             } else {
                 restored.clone()
             };
-            let state = SyncState::new(&etcd.prefix, restored).with_seed(seed);
-            let prefix = etcd.prefix.clone();
-            // A synced write: off the runtime's threads, like the other blocking store calls.
-            let synced = Box::new(move || {
-                let _ = listed.send(true);
-                tokio::task::spawn_blocking(move || {
-                    if let Err(e) = marker::mark_synced(store.as_ref(), &prefix) {
-                        tracing::warn!("cannot record that this replica follows etcd: {e}");
-                    }
-                });
-            });
+            // The history it followed tells an etcd that lost the fleet's registrations from
+            // a fleet that removed them (see `registry::shared::reset`).
+            let history = marker::history(store.as_ref(), &etcd.prefix);
+            let state = SyncState::new(&etcd.prefix, restored)
+                .with_seed(seed)
+                .with_history(history);
             Some(tokio::spawn(shared.clone().run(
                 state,
                 registry.clone(),
                 sync_stop.clone(),
-                synced,
+                store,
+                listed,
             )))
         }
         _ => None,

@@ -19,7 +19,8 @@ pub enum Access {
     Health,
     /// Queries, listings, status, metrics.
     Read,
-    /// `register`, `unregister`.
+    /// `register`, `unregister`, and the answers to a suspected etcd reset
+    /// (`/registry/reupload`, `/registry/accept`).
     Write,
 }
 

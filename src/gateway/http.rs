@@ -30,6 +30,7 @@ use crate::registry::ServiceInfo;
 use crate::subscription::status::HashCheckState;
 
 use super::http_body::{HitsBody, hits_msgpack};
+use super::http_registry;
 
 /// The bounds on request bodies.
 #[derive(Debug, Clone, Copy)]
@@ -68,6 +69,8 @@ pub fn router(ops: Ops, limits: BodyLimits) -> Router {
         .route("/global_view", get(global_view))
         .route("/services", get(services))
         .route("/services/status", get(services_status))
+        .route("/registry/reupload", post(registry_reupload))
+        .route("/registry/accept", post(registry_accept))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -106,7 +109,7 @@ async fn require_token(
     next: axum::middleware::Next,
 ) -> Response {
     let access = match request.uri().path() {
-        "/register" | "/unregister" => Access::Write,
+        "/register" | "/unregister" | "/registry/reupload" | "/registry/accept" => Access::Write,
         "/health" => Access::Health,
         _ => Access::Read,
     };
@@ -489,7 +492,22 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
             "pending_batches": st.pending_batches, "backpressure_waits": st.backpressure_waits,
         })
     });
-    listing(rows.collect::<Vec<Json>>(), format)
+    let rows = rows.collect::<Vec<Json>>();
+    match http_registry::status_section(&state.ops) {
+        None => listing(rows, format),
+        Some(registry) => {
+            let body = json!({"count": rows.len(), "services": rows, "registry": registry});
+            encode(StatusCode::OK, &body, format)
+        }
+    }
+}
+
+async fn registry_reupload(State(state): State<Http>, headers: HeaderMap) -> Response {
+    http_registry::reupload(&state.ops, get_format(&headers)).await
+}
+
+async fn registry_accept(State(state): State<Http>, headers: HeaderMap) -> Response {
+    http_registry::accept(&state.ops, get_format(&headers)).await
 }
 
 async fn health(State(state): State<Http>, headers: HeaderMap) -> Response {

@@ -6,8 +6,9 @@
 //! [`msgpack_de`]) into [`value`]'s fields; [`body_budget`] the bytes of large bodies in flight;
 //! [`grpc`] the tonic service and
 //! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API, [`http_register`] its
-//! `/register` checks, [`http_reply`] its answer formats and error bodies and [`http_body`] its
-//! query answers; [`workers`] the threads both servers run on.
+//! `/register` checks, [`http_reply`] its answer formats and error bodies, [`http_body`] its
+//! query answers and [`http_registry`] the shared registry's status and operator commands;
+//! [`workers`] the threads both servers run on.
 //!
 //! # Transport settings, and why
 //!
@@ -49,6 +50,7 @@ pub mod grpc_wire;
 pub mod http;
 pub mod http_body;
 pub mod http_register;
+pub mod http_registry;
 pub mod http_reply;
 pub mod msgpack_de;
 pub mod ops;

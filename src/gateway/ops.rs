@@ -13,10 +13,22 @@ use crate::gateway::registration::{FieldNames, MAX_BLOCK_SIZE, RegistrationInput
 use crate::index::{ContextView, IndexStats, QueryHits};
 use crate::metrics::{QueryMetrics, Scrape, Transport};
 use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
+use crate::registry::shared::command::Reuploaded;
+use crate::registry::shared::report::Held;
 use crate::registry::{
     ContextDirectory, ListServices, Register, RegisterOutcome, Registry, ServiceInfo, Unregister,
 };
 use crate::storage::health::StorageHealth;
+
+/// What `/services/status` says of registrations shared through etcd.
+#[derive(Debug, Clone)]
+pub struct RegistryStatus {
+    pub etcd_up: bool,
+    pub revision: i64,
+    pub on_reset: &'static str,
+    /// Registrations served that etcd lost, while some are.
+    pub held: Option<Held>,
+}
 
 /// A prefix query, transport-neutral.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -105,9 +117,45 @@ impl Ops {
         self
     }
 
-    /// Why checkpoints are not landing, while they are not (the service keeps serving).
+    /// Why the service is degraded while it keeps serving: checkpoints not landing, or
+    /// registrations served that etcd lost in a suspected reset.
     pub fn degraded_reason(&self) -> Option<String> {
-        self.storage.degraded()
+        let held = (self.shared.as_ref())
+            .and_then(|e| e.reset_report().held())
+            .map(|h| h.describe());
+        match (self.storage.degraded(), held) {
+            (Some(storage), Some(held)) => Some(format!("{storage}; {held}")),
+            (storage, held) => storage.or(held),
+        }
+    }
+
+    /// The shared registry's section of `/services/status`: `None` without etcd.
+    pub fn registry_status(&self) -> Option<RegistryStatus> {
+        let e = self.shared.as_ref()?;
+        Some(RegistryStatus {
+            etcd_up: e.is_up(),
+            revision: e.revision(),
+            on_reset: e.on_reset().as_str(),
+            held: e.reset_report().held(),
+        })
+    }
+
+    /// `POST /registry/reupload`: write every registration held since a suspected etcd reset
+    /// back into etcd.
+    pub async fn reupload_held(&self) -> Result<Reuploaded, OpError> {
+        self.etcd()?.reupload_held().await
+    }
+
+    /// `POST /registry/accept`: an operator confirms etcd's listing; every held registration
+    /// is stopped. The service keys stopped.
+    pub async fn accept_held(&self) -> Result<Vec<String>, OpError> {
+        self.etcd()?.accept_held().await
+    }
+
+    fn etcd(&self) -> Result<&crate::registry::shared::etcd::EtcdRegistry, OpError> {
+        self.shared.as_deref().ok_or_else(|| {
+            OpError::not_found("registrations are not shared through etcd on this replica")
+        })
     }
 
     pub fn with_max_query_tokens(mut self, max: usize) -> Self {
@@ -304,7 +352,14 @@ impl Ops {
             storage_degraded: self.storage.degraded().is_some(),
             checkpoint_failures: self.storage.failures_total(),
             registrations_refused: &refused,
-            etcd: self.shared.as_ref().map(|e| (e.is_up(), e.revision())),
+            etcd: self.shared.as_ref().map(|e| crate::metrics::EtcdGauges {
+                up: e.is_up(),
+                revision: e.revision(),
+                held: e.reset_report().held().map_or(0, |h| h.services.len()),
+                resets: (e.reset_report().detected().into_iter())
+                    .map(|(reason, n)| (reason.label(), n))
+                    .collect(),
+            }),
         });
         for section in &self.sections {
             section.render(&mut text);

@@ -323,12 +323,18 @@ impl Handler<Unregister> for Registry {
             return AtomicResponse::new(Box::pin(work.into_actor(self)));
         };
         let delete_key = key.clone();
+        let follower = shared.clone();
         let delete = async move { shared.delete(&delete_key).await };
         AtomicResponse::new(Box::pin(delete.into_actor(self).then(
             move |deleted, act, _| {
                 let work: LocalWork = match deleted {
                     Err(e) => Box::pin(async move { Err(e) }),
-                    Ok(existed) => match act.begin_unregister(key) {
+                    Ok(existed) => match act.begin_unregister(key.clone()) {
+                        // Run here but not in etcd: held since a suspected reset, and now gone.
+                        Ok(work) if !existed => {
+                            follower.forget_held(key);
+                            work
+                        }
                         Ok(work) => work,
                         // Deleted in etcd, not running here yet: nothing more to stop.
                         Err(_) if existed => Box::pin(async { Ok(()) }),

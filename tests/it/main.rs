@@ -16,6 +16,7 @@ mod durable_state;
 mod e2e_mixed;
 mod e2e_query;
 mod extras;
+mod etcd_reset;
 mod fixtures;
 mod hostile;
 mod http_api;

@@ -39,7 +39,7 @@ pub(crate) async fn endpoints(server: &Server) -> Vec<(String, String)> {
     out
 }
 
-fn registration(instance: &str, endpoint: &str) -> Value {
+pub(crate) fn registration(instance: &str, endpoint: &str) -> Value {
     engine::http_registration(&engine::registration(
         instance,
         (endpoint, None),
@@ -91,7 +91,7 @@ pub(crate) async fn etcd_up(server: &Server) -> Option<bool> {
     Some(line.ends_with(" 1"))
 }
 
-async fn device_hits(server: &Server, instance: &str, tokens: &[i32]) -> i64 {
+pub(crate) async fn device_hits(server: &Server, instance: &str, tokens: &[i32]) -> i64 {
     let r = grpc_query(server, "m", tokens.to_vec(), 4).await;
     r.hits.get(instance).map_or(0, |h| h.device)
 }

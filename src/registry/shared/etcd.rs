@@ -1,27 +1,26 @@
 //! The etcd side of shared registrations: the compare-and-swap writes a register or unregister
-//! makes, and the task that follows the prefix (list, then watch from the next revision;
-//! reconnect with back-off; list again after a compaction) and hands the changes to the registry.
+//! makes, the reads the follower makes (the listing with the fleet's epoch, the epoch alone),
+//! and the operator's commands to that follower ([`super::follow`], the task that follows the
+//! prefix and hands the changes to the registry).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actix::Recipient;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
+    TxnOp, TxnOpResponse,
 };
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{mpsc, oneshot};
 
-use super::EtcdConfig;
-use super::sync::{
-    ApplyShared, Event, Kv, Step, SyncState, endpoint_key, registration_key, registrations_prefix,
-};
+use super::command::{Command, Reuploaded};
+use super::report::ResetReport;
+use super::reset::{Listed, epoch_key, new_epoch};
+use super::sync::{Kv, endpoint_key, registration_key, registrations_prefix};
+use super::{EtcdConfig, OnReset};
 use crate::durability::codec::{decode_registration, registration_value};
-use crate::error::{Code, OpError};
+use crate::error::OpError;
 use crate::model::{PublisherConfig, SubscriptionKey};
-
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Each get of a transaction's answer, in order: the value and modification revision of the key,
 /// `None` for a key that is absent.
@@ -69,11 +68,16 @@ pub enum Created {
 }
 
 pub struct EtcdRegistry {
-    config: EtcdConfig,
+    pub(super) config: EtcdConfig,
     options: ConnectOptions,
     client: Mutex<Option<Client>>,
-    up: AtomicBool,
-    revision: AtomicI64,
+    pub(super) up: AtomicBool,
+    pub(super) revision: AtomicI64,
+    /// What is held since a suspected reset, and how many were suspected.
+    pub(super) report: ResetReport,
+    commands: mpsc::UnboundedSender<Command>,
+    /// The follower's end of `commands`, until it starts.
+    pub(super) inbox: Mutex<Option<mpsc::UnboundedReceiver<Command>>>,
 }
 
 impl EtcdRegistry {
@@ -103,13 +107,62 @@ impl EtcdRegistry {
             }
             options = options.with_tls(t);
         }
+        let (commands, inbox) = mpsc::unbounded_channel();
         Ok(Arc::new(EtcdRegistry {
             config,
             options,
             client: Mutex::new(None),
             up: AtomicBool::new(false),
             revision: AtomicI64::new(0),
+            report: ResetReport::default(),
+            commands,
+            inbox: Mutex::new(Some(inbox)),
         }))
+    }
+
+    /// What is held since a suspected reset, and the resets suspected so far.
+    pub fn reset_report(&self) -> &ResetReport {
+        &self.report
+    }
+
+    pub fn on_reset(&self) -> OnReset {
+        self.config.on_reset
+    }
+
+    /// An operator's `POST /registry/reupload`: write every held registration back into etcd.
+    pub async fn reupload_held(&self) -> Result<Reuploaded, OpError> {
+        self.ask(Command::Reupload).await?
+    }
+
+    /// An operator's `POST /registry/accept`: etcd's listing is right, stop every held
+    /// registration (and drop its blocks). The service keys stopped.
+    pub async fn accept_held(&self) -> Result<Vec<String>, OpError> {
+        self.ask(Command::Accept).await
+    }
+
+    /// The registry stopped `key` without etcd holding it (an unregister of a held
+    /// registration): it is no longer held.
+    pub fn forget_held(&self, key: SubscriptionKey) {
+        let _ = self.commands.send(Command::Forget(key));
+    }
+
+    /// Hand a command to the follower and wait for its answer. The follower takes commands
+    /// between watch responses and while it waits to reconnect, so the wait is bounded by
+    /// a connection attempt.
+    async fn ask<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, OpError> {
+        let (reply, answer) = oneshot::channel();
+        if self.commands.send(command(reply)).is_err() {
+            return Err(OpError::unavailable("the etcd follower has stopped"));
+        }
+        let limit = self.timeout() * 3 + Duration::from_millis(self.config.connect_timeout_ms);
+        match tokio::time::timeout(limit, answer).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(_)) => Err(OpError::unavailable("the etcd follower has stopped")),
+            Err(_) => Err(self.unavailable(format!("no answer within {limit:?}"))),
+        }
     }
 
     /// Whether the watch is established (etcd answers).
@@ -122,11 +175,11 @@ impl EtcdRegistry {
         self.revision.load(Ordering::Relaxed)
     }
 
-    fn timeout(&self) -> Duration {
+    pub(super) fn timeout(&self) -> Duration {
         Duration::from_millis(self.config.request_timeout_ms)
     }
 
-    fn unavailable(&self, why: impl std::fmt::Display) -> OpError {
+    pub(super) fn unavailable(&self, why: impl std::fmt::Display) -> OpError {
         OpError::unavailable(format!(
             "etcd ({}) is unavailable: {why}; registrations cannot change until it answers \
              (the known ones are still served)",
@@ -134,7 +187,7 @@ impl EtcdRegistry {
         ))
     }
 
-    async fn client(&self) -> Result<Client, String> {
+    pub(super) async fn client(&self) -> Result<Client, String> {
         if let Some(c) = self.client.lock().ok().and_then(|c| c.clone()) {
             return Ok(c);
         }
@@ -270,218 +323,69 @@ impl EtcdRegistry {
         )))
     }
 
-    /// Follow the prefix until `stop`: every change is applied by the registry, in etcd's order.
-    /// `synced` runs once, after the first listing has been applied (see
-    /// [`super::marker`]).
-    pub async fn run(
-        self: Arc<Self>,
-        mut state: SyncState,
-        registry: impl Into<Recipient<ApplyShared>>,
-        stop: CancellationToken,
-        synced: Box<dyn FnOnce() + Send>,
-    ) {
-        let registry = registry.into();
-        let mut synced = Some(synced);
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let outcome = tokio::select! {
-                _ = stop.cancelled() => return,
-                r = self.follow(&mut state, &registry, &mut synced) => r,
-            };
-            match outcome {
-                Ok(()) => backoff = Duration::from_millis(100),
-                Err(Broken::RegistryGone) => return,
-                Err(Broken::Etcd(e)) => {
-                    if self.up.swap(false, Ordering::Relaxed) {
-                        tracing::warn!(
-                            registrations = state.registrations(),
-                            revision = state.revision(),
-                            "etcd unavailable ({e}); serving the known registrations, changes \
-                             are refused until it returns"
-                        );
-                    } else {
-                        tracing::debug!("etcd still unavailable: {e}");
-                    }
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-            }
-        }
-    }
-
-    /// One connection's worth: list if needed, then watch until the stream breaks (an error) or
-    /// must be replaced by a listing (`Ok`).
-    async fn follow(
-        &self,
-        state: &mut SyncState,
-        registry: &Recipient<ApplyShared>,
-        synced: &mut Option<Box<dyn FnOnce() + Send>>,
-    ) -> Result<(), Broken> {
-        let client = self.client().await.map_err(Broken::Etcd)?;
+    /// The registrations under the prefix and the fleet's epoch, read in one transaction (so at
+    /// one revision), with what etcd's header says of the history they belong to.
+    pub(super) async fn list(&self) -> Result<(Vec<Kv>, Listed), String> {
         let prefix = registrations_prefix(&self.config.prefix);
-        if state.next_step() == Step::List {
-            let mut kv = client.kv_client();
-            let get = kv.get(prefix.clone(), Some(GetOptions::new().with_prefix()));
-            let resp = match tokio::time::timeout(self.timeout(), get).await {
-                Ok(r) => r.map_err(|e| Broken::Etcd(e.to_string()))?,
-                Err(_) => return Err(Broken::Etcd("listing timed out".into())),
-            };
-            let seed = state.take_seed(resp.kvs().is_empty());
-            if !seed.is_empty() {
-                self.upload(state, seed).await?;
-                // Listed again, now with them.
-                return Ok(());
-            }
-            let revision = resp.header().map_or(0, |h| h.revision());
-            let kvs = resp.kvs().iter().map(|kv| Kv {
+        let txn = Txn::new().and_then([
+            TxnOp::get(prefix, Some(GetOptions::new().with_prefix())),
+            TxnOp::get(epoch_key(&self.config.prefix), None),
+        ]);
+        let resp = self.txn(txn).await.map_err(|e| e.message)?;
+        let mut gets = resp.op_responses().into_iter().filter_map(|op| match op {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let (Some(registrations), Some(epoch)) = (gets.next(), gets.next()) else {
+            return Err("etcd answered the listing without its two reads".into());
+        };
+        let kvs = (registrations.kvs().iter())
+            .map(|kv| Kv {
                 key: kv.key().to_vec(),
                 value: kv.value().to_vec(),
                 mod_revision: kv.mod_revision(),
-            });
-            let changes = state.apply_list(kvs.collect::<Vec<_>>(), revision);
-            tracing::info!(
-                registrations = state.registrations(),
-                revision,
-                changes = changes.len(),
-                "etcd registrations listed"
-            );
-            self.apply(registry, changes, state).await?;
-            if let Some(synced) = synced.take() {
-                synced();
-            }
-        }
-        let Step::Watch { from } = state.next_step() else {
-            return Ok(());
+            })
+            .collect();
+        let epoch = epoch.kvs().first();
+        let epoch = epoch.map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+        let header = resp.header();
+        let listed = Listed {
+            revision: header.map_or(0, |h| h.revision()),
+            cluster_id: header.map_or(0, |h| h.cluster_id()),
+            epoch,
         };
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(from)
-            .with_progress_notify();
-        let mut watch = client.watch_client();
-        let stream = watch.watch(prefix, Some(options));
-        // Bounded by the connect timeout: while etcd is away this is the call that waits.
-        let connect = Duration::from_millis(self.config.connect_timeout_ms);
-        let mut stream = match tokio::time::timeout(connect, stream).await {
-            Ok(r) => r.map_err(|e| Broken::Etcd(e.to_string()))?,
-            Err(_) => return Err(Broken::Etcd("watch not created in time".into())),
-        };
-        loop {
-            let resp = match stream.message().await {
-                Ok(Some(resp)) => resp,
-                Ok(None) => return Err(Broken::Etcd("the watch stream ended".into())),
-                Err(e) => return Err(Broken::Etcd(e.to_string())),
-            };
-            let header_revision = resp.header().map_or(0, |h| h.revision());
-            tracing::debug!(
-                header_revision,
-                created = resp.created(),
-                events = resp.events().len(),
-                "etcd watch response"
-            );
-            if resp.compact_revision() > 0 || resp.canceled() {
-                tracing::warn!(
-                    compacted_to = resp.compact_revision(),
-                    reason = resp.cancel_reason(),
-                    "etcd watch history is gone; listing the registrations again"
-                );
-                state.resync();
-                return Ok(());
-            }
-            if resp.created() {
-                if !state.watch_created(header_revision) {
-                    tracing::warn!(
-                        header_revision,
-                        applied = state.revision(),
-                        "etcd is behind the revision already applied (restored or replaced); \
-                         listing the registrations again"
-                    );
-                    return Ok(());
-                }
-                if !self.up.swap(true, Ordering::Relaxed) {
-                    tracing::info!(
-                        from,
-                        registrations = state.registrations(),
-                        "etcd registrations synchronised; watching"
-                    );
-                }
-            }
-            if resp.created() {
-                continue;
-            }
-            if resp.events().is_empty() {
-                state.progress(header_revision);
-                self.revision.store(state.revision(), Ordering::Relaxed);
-                continue;
-            }
-            let events = resp.events().iter().filter_map(|e| {
-                let kv = e.kv()?;
-                Some(match e.event_type() {
-                    EventType::Put => Event::Put(Kv {
-                        key: kv.key().to_vec(),
-                        value: kv.value().to_vec(),
-                        mod_revision: kv.mod_revision(),
-                    }),
-                    EventType::Delete => Event::Delete {
-                        key: kv.key().to_vec(),
-                        mod_revision: kv.mod_revision(),
-                    },
-                })
-            });
-            let changes = state.apply_events(events.collect::<Vec<_>>());
-            self.apply(registry, changes, state).await?;
-        }
+        Ok((kvs, listed))
     }
 
-    /// Create this replica's own registrations in an etcd that holds none (a replica switched
-    /// to etcd), as registers would; one etcd refuses is logged and left out, and if etcd goes
-    /// away meanwhile the seed waits for the next listing.
-    async fn upload(
-        &self,
-        state: &mut SyncState,
-        seed: Vec<PublisherConfig>,
-    ) -> Result<(), Broken> {
-        tracing::info!(
-            registrations = seed.len(),
-            "etcd holds no registrations yet: uploading this replica's own"
-        );
-        for (i, config) in seed.iter().enumerate() {
-            match self.create(config).await {
-                Ok(_) => {}
-                Err(e) if e.code != Code::ConductorUnavailable => tracing::warn!(
-                    service = %config.subscription_key(),
-                    "own registration not uploaded to etcd: {}",
-                    e.message
-                ),
-                Err(e) => {
-                    state.restore_seed(seed[i..].to_vec());
-                    return Err(Broken::Etcd(e.message));
-                }
-            }
-        }
-        Ok(())
+    /// The fleet's epoch and etcd's header alone: checked before a watch resumes.
+    pub(super) async fn read_epoch(&self) -> Result<Listed, String> {
+        let txn = Txn::new().and_then([TxnOp::get(epoch_key(&self.config.prefix), None)]);
+        let resp = self.txn(txn).await.map_err(|e| e.message)?;
+        let epoch = got(&resp).into_iter().next().flatten();
+        let header = resp.header();
+        Ok(Listed {
+            revision: header.map_or(0, |h| h.revision()),
+            cluster_id: header.map_or(0, |h| h.cluster_id()),
+            epoch: epoch.map(|(value, _)| String::from_utf8_lossy(&value).into_owned()),
+        })
     }
 
-    async fn apply(
-        &self,
-        registry: &Recipient<ApplyShared>,
-        changes: Vec<super::sync::Change>,
-        state: &SyncState,
-    ) -> Result<(), Broken> {
-        if !changes.is_empty() {
-            registry
-                .send(ApplyShared(changes))
-                .await
-                .map_err(|_| Broken::RegistryGone)?;
+    /// Write a new epoch into an etcd that holds none (only if still absent: replicas racing
+    /// here agree on the first one); the epoch etcd holds afterwards.
+    pub(super) async fn ensure_epoch(&self) -> Result<String, String> {
+        let key = epoch_key(&self.config.prefix);
+        let epoch = new_epoch();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), epoch.clone(), None)])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = self.txn(txn).await.map_err(|e| e.message)?;
+        if resp.succeeded() {
+            return Ok(epoch);
         }
-        self.revision.store(state.revision(), Ordering::Relaxed);
-        Ok(())
+        match got(&resp).into_iter().next().flatten() {
+            Some((value, _)) => Ok(String::from_utf8_lossy(&value).into_owned()),
+            None => Err("the epoch changed while it was being written; retry".into()),
+        }
     }
-}
-
-enum Broken {
-    Etcd(String),
-    RegistryGone,
 }

@@ -10,9 +10,20 @@
 //! listing, if etcd holds no registration under the prefix and this store never synchronised
 //! with it (`marker`), each is created in etcd as a register would; otherwise etcd's listing
 //! decides, as always.
+//!
+//! An etcd that comes back without the fleet's registrations (wiped, reinstalled, restored from
+//! an older backup, another cluster on the same endpoints) is told from the fleet's own removals
+//! by the history a replica followed ([`reset`]): such a listing removes nothing. The replica
+//! keeps running what etcd lost (*held*), reports it ([`report`]), and writes it back into etcd
+//! (`on_reset: "reupload"`, the default) or waits for an operator (`"hold"`), who writes it back
+//! or confirms the removal ([`command::Command`]).
 
+pub mod command;
 pub mod etcd;
+pub mod follow;
 pub mod marker;
+pub mod report;
+pub mod reset;
 pub mod sync;
 
 use std::fmt;
@@ -38,6 +49,25 @@ pub struct EtcdTls {
     pub domain: Option<String>,
 }
 
+/// What a replica does when a listing suggests etcd lost the fleet's registrations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnReset {
+    /// Write the held registrations back (each created only if absent).
+    #[default]
+    Reupload,
+    /// Keep them held and reported until an operator writes them back or confirms the removal.
+    Hold,
+}
+
+impl OnReset {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OnReset::Reupload => "reupload",
+            OnReset::Hold => "hold",
+        }
+    }
+}
+
 /// How to reach etcd. `Debug` never prints the password.
 #[derive(Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
@@ -49,6 +79,7 @@ pub struct EtcdConfig {
     /// A register or unregister that etcd has not answered by then fails as unavailable.
     pub request_timeout_ms: u64,
     pub connect_timeout_ms: u64,
+    pub on_reset: OnReset,
 }
 
 impl fmt::Debug for EtcdConfig {
@@ -60,6 +91,7 @@ impl fmt::Debug for EtcdConfig {
             .field("tls", &self.tls)
             .field("request_timeout_ms", &self.request_timeout_ms)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("on_reset", &self.on_reset)
             .finish()
     }
 }
@@ -85,6 +117,7 @@ impl EtcdConfig {
             tls: None,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            on_reset: OnReset::default(),
         };
         let (mut user, mut password) = (None, None);
         for (key, v) in etcd {
@@ -127,6 +160,13 @@ impl EtcdConfig {
                     }
                 }
                 "tls" => config.tls = Some(parse_tls(v).map_err(|(f, m)| bad(&f, &m))?),
+                "on_reset" => {
+                    config.on_reset = match v.as_str() {
+                        Some("reupload") => OnReset::Reupload,
+                        Some("hold") => OnReset::Hold,
+                        _ => return Err(bad(&field, "must be \"reupload\" or \"hold\"")),
+                    }
+                }
                 _ => return Err(bad(&field, "unknown key")),
             }
         }
@@ -217,6 +257,7 @@ mod tests {
         assert_eq!(c.prefix, DEFAULT_PREFIX);
         assert_eq!(c.request_timeout_ms, DEFAULT_REQUEST_TIMEOUT_MS);
         assert!(c.user.is_none() && c.tls.is_none());
+        assert_eq!(c.on_reset, OnReset::Reupload);
     }
 
     #[test]
@@ -224,13 +265,14 @@ mod tests {
         let mut c = EtcdConfig::parse(&json!({"etcd": {
             "endpoints": ["https://a:2379", "https://b:2379"], "prefix": "/x/",
             "user": "conductor", "password": "s3cret", "request_timeout_ms": 500,
-            "connect_timeout_ms": 700,
+            "connect_timeout_ms": 700, "on_reset": "hold",
             "tls": {"ca_file": "ca.pem", "cert_file": "c.pem", "key_file": "k.pem", "domain": "etcd"}
         }}))
         .unwrap();
         assert_eq!(c.prefix, "/x/");
         assert_eq!(c.user, Some(("conductor".into(), "s3cret".into())));
         assert_eq!((c.request_timeout_ms, c.connect_timeout_ms), (500, 700));
+        assert_eq!(c.on_reset, OnReset::Hold);
         let tls = c.tls.clone().unwrap();
         assert_eq!(tls.domain.as_deref(), Some("etcd"));
         assert_eq!(tls.ca_file, Some(PathBuf::from("ca.pem")));
@@ -292,6 +334,10 @@ mod tests {
             (
                 json!({"etcd": {"endpoints": ["http://a:1"], "typo": 1}}),
                 "registry.etcd.typo",
+            ),
+            (
+                json!({"etcd": {"endpoints": ["http://a:1"], "on_reset": "wipe"}}),
+                "registry.etcd.on_reset",
             ),
         ];
         for (value, field) in cases {

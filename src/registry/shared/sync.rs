@@ -7,9 +7,16 @@
 //! sends the resulting [`Change`]s to the registry, which applies them idempotently: starting a
 //! registration it already runs with the same configuration changes nothing, stopping one it does
 //! not run is a no-op.
+//!
+//! A listing that does not continue the history this replica followed ([`super::reset`]) stops
+//! nothing: what it lacks is *held*, still run, until etcd holds it again (written back, by this
+//! replica or another) or an operator confirms the removal ([`SyncState::accept_held`]). Watch
+//! events are the fleet's own changes in that history, so they apply as they come, the deletion
+//! of the last registration included.
 
 use std::collections::BTreeMap;
 
+use super::reset::{History, Listed, Suspicion, judge};
 use crate::durability::codec::decode_registration;
 use crate::model::{PublisherConfig, SubscriptionKey};
 
@@ -60,6 +67,8 @@ struct Known {
     config: PublisherConfig,
     /// 0 for a registration recovered from the local store and not yet seen in etcd.
     mod_revision: i64,
+    /// Run here although etcd does not hold it: a suspected reset removed it.
+    held: bool,
 }
 
 #[derive(Debug)]
@@ -75,6 +84,14 @@ pub struct SyncState {
     /// This replica's own registrations, to create in etcd at the first listing if it holds
     /// none (see the module doc of [`super`]).
     seed: Vec<PublisherConfig>,
+    /// The history followed: from the store at start, then from each listing.
+    followed: Option<History>,
+    /// The history last handed out to be stored.
+    persisted: Option<History>,
+    /// Why registrations are held, while some are.
+    suspicion: Option<Suspicion>,
+    /// The latest suspected reset, until the driver takes it to count and log.
+    detected: Option<Suspicion>,
 }
 
 impl SyncState {
@@ -88,6 +105,7 @@ impl SyncState {
                 let known = Known {
                     config,
                     mod_revision: 0,
+                    held: false,
                 };
                 (key, known)
             })
@@ -99,7 +117,18 @@ impl SyncState {
             needs_list: true,
             invalid: 0,
             seed: Vec::new(),
+            followed: None,
+            persisted: None,
+            suspicion: None,
+            detected: None,
         }
+    }
+
+    /// The history this replica's store says it followed (see [`super::marker`]).
+    pub fn with_history(mut self, history: Option<History>) -> Self {
+        self.followed.clone_from(&history);
+        self.persisted = history;
+        self
     }
 
     /// Registrations to create in etcd if its first listing holds none.
@@ -143,24 +172,35 @@ impl SyncState {
         self.invalid
     }
 
-    /// The whole prefix as of `revision`: everything not in it is stopped, everything new or
-    /// changed is (re)started. Stops come first, so a changed registration releases its endpoint
-    /// before its new configuration claims it.
-    pub fn apply_list(&mut self, kvs: impl IntoIterator<Item = Kv>, revision: i64) -> Vec<Change> {
-        let mut listed = BTreeMap::new();
+    /// The whole prefix as `listed` describes it: everything not in it is stopped, everything new
+    /// or changed is (re)started. Stops come first, so a changed registration releases its
+    /// endpoint before its new configuration claims it. A listing that does not continue the
+    /// followed history (see [`super::reset::judge`]) stops nothing: what it lacks is held.
+    pub fn apply_list(&mut self, kvs: impl IntoIterator<Item = Kv>, listed: Listed) -> Vec<Change> {
+        let mut etcd = BTreeMap::new();
         for kv in kvs {
             if let Some((key, config)) = self.decode(&kv.key, &kv.value) {
                 let known = Known {
                     config,
                     mod_revision: kv.mod_revision,
+                    held: false,
                 };
-                listed.insert(key, known);
+                etcd.insert(key, known);
             }
         }
+        let suspicion = self.judge_listing(&etcd, &listed);
         let mut stops = Vec::new();
         let mut starts = Vec::new();
-        for (key, old) in &self.known {
-            match listed.get(key) {
+        let new_starts: Vec<Change> = (etcd.iter())
+            .filter(|(key, _)| !self.known.contains_key(*key))
+            .map(|(_, new)| Change::Start(new.config.clone()))
+            .collect();
+        let mut held = BTreeMap::new();
+        for (key, old) in std::mem::take(&mut self.known) {
+            match etcd.get(&key) {
+                None if old.held || suspicion.is_some() => {
+                    held.insert(key, Known { held: true, ..old });
+                }
                 None => stops.push(Change::Stop(old.config.subscription_key())),
                 Some(new) if new.config != old.config => {
                     stops.push(Change::Stop(old.config.subscription_key()));
@@ -169,18 +209,142 @@ impl SyncState {
                 Some(_) => {}
             }
         }
-        for (key, new) in &listed {
-            if !self.known.contains_key(key) {
-                starts.push(Change::Start(new.config.clone()));
+        starts.extend(new_starts);
+        self.known = etcd;
+        self.known.extend(held);
+        // Even one lower than before: a listing is the whole state etcd now holds, and the
+        // watch goes on from it.
+        self.revision = listed.revision;
+        self.needs_list = false;
+        let cluster_id = match (listed.cluster_id, &self.followed) {
+            (0, Some(h)) => h.cluster_id,
+            (id, _) => id,
+        };
+        self.followed = Some(History {
+            epoch: listed.epoch,
+            cluster_id,
+            revision: listed.revision,
+        });
+        if let Some(s) = suspicion {
+            self.detected = Some(s.clone());
+            if self.known.values().any(|k| k.held) {
+                self.suspicion = Some(s);
             }
         }
-        self.known = listed;
-        // A listing is the whole state at its revision, even one lower than before (an etcd
-        // restored from an older backup or replaced by a new cluster).
-        self.revision = revision;
-        self.needs_list = false;
+        self.settle();
         stops.extend(starts);
         stops
+    }
+
+    /// Whether a listing continues the followed history; `None` when it does.
+    fn judge_listing(&self, etcd: &BTreeMap<String, Known>, listed: &Listed) -> Option<Suspicion> {
+        let followed = self.followed.as_ref().map(|h| History {
+            revision: h.revision.max(self.revision),
+            ..h.clone()
+        });
+        let regressed =
+            self.known.iter().find_map(|(key, old)| {
+                let new = etcd.get(key)?;
+                (!old.held && old.mod_revision > new.mod_revision && new.mod_revision > 0)
+                    .then_some((key.as_str(), new.mod_revision, old.mod_revision))
+            });
+        let running = self.known.values().any(|k| !k.held);
+        judge(
+            followed.as_ref(),
+            listed,
+            regressed,
+            etcd.is_empty() && running,
+        )
+    }
+
+    /// Take the epoch this replica wrote (or found written) into an etcd that listed none.
+    pub fn adopt_epoch(&mut self, epoch: String) {
+        if let Some(h) = &mut self.followed {
+            h.epoch = Some(epoch);
+        }
+    }
+
+    /// Whether etcd, read again before a watch resumes, still holds the followed history; when
+    /// not, the next step lists (and judges the listing).
+    pub fn resumes(&mut self, now: &Listed) -> bool {
+        let followed = self.followed.as_ref().map(|h| History {
+            revision: h.revision.max(self.revision),
+            ..h.clone()
+        });
+        if judge(followed.as_ref(), now, None, false).is_some() {
+            self.needs_list = true;
+            return false;
+        }
+        true
+    }
+
+    /// Drop the suspicion once nothing is held any more.
+    fn settle(&mut self) {
+        if !self.known.values().any(|k| k.held) {
+            self.suspicion = None;
+        }
+    }
+
+    /// Registrations run here that etcd does not hold, since a suspected reset.
+    pub fn held(&self) -> Vec<PublisherConfig> {
+        let held = self.known.values().filter(|k| k.held);
+        held.map(|k| k.config.clone()).collect()
+    }
+
+    /// Why registrations are held, while some are.
+    pub fn suspicion(&self) -> Option<&Suspicion> {
+        self.suspicion.as_ref()
+    }
+
+    /// The latest suspected reset, once (to count and log).
+    pub fn take_detected(&mut self) -> Option<Suspicion> {
+        self.detected.take()
+    }
+
+    /// An operator confirmed what etcd holds: every held registration is stopped.
+    pub fn accept_held(&mut self) -> Vec<Change> {
+        let held: Vec<String> = (self.known.iter())
+            .filter(|(_, k)| k.held)
+            .map(|(key, _)| key.clone())
+            .collect();
+        let mut stops = Vec::new();
+        for key in held {
+            if let Some(k) = self.known.remove(&key) {
+                stops.push(Change::Stop(k.config.subscription_key()));
+            }
+        }
+        self.settle();
+        stops
+    }
+
+    /// The registry stopped a held registration itself (an unregister etcd had nothing to
+    /// delete for): it is no longer held.
+    pub fn forget_held(&mut self, key: &SubscriptionKey) {
+        let name = key.to_string();
+        if self.known.get(&name).is_some_and(|k| k.held) {
+            self.known.remove(&name);
+        }
+        self.settle();
+    }
+
+    /// The history to store, when it changed and nothing is held: a store never records a
+    /// history that lacks registrations it still runs, so a restart judges the same listing
+    /// the same way.
+    pub fn take_persist(&mut self) -> Option<History> {
+        if self.known.values().any(|k| k.held) {
+            return None;
+        }
+        let followed = self.followed.as_ref()?;
+        followed.epoch.as_ref()?;
+        let history = History {
+            revision: followed.revision.max(self.revision),
+            ..followed.clone()
+        };
+        if self.persisted.as_ref() == Some(&history) {
+            return None;
+        }
+        self.persisted = Some(history.clone());
+        Some(history)
     }
 
     /// Events of one watch response, in order. Events at or below the revision already applied
@@ -206,6 +370,7 @@ impl SyncState {
                 Event::Put(kv) => self.decode(&kv.key, &kv.value).map(|(_, config)| Known {
                     config,
                     mod_revision,
+                    held: false,
                 }),
                 Event::Delete { .. } => None,
             };
@@ -225,6 +390,7 @@ impl SyncState {
                 }
             }
         }
+        self.settle();
         changes
     }
 
@@ -234,12 +400,15 @@ impl SyncState {
         self.revision = self.revision.max(header_revision);
     }
 
-    /// A watch was created and etcd reports its store at `header_revision`. A store behind what
-    /// was applied is not the history this replica followed (a restore or a new cluster): the
-    /// watch would wait for revisions that mean something else, so list again instead. Returns
-    /// whether the watch may be used.
-    pub fn watch_created(&mut self, header_revision: i64) -> bool {
-        if header_revision < self.revision {
+    /// A watch was created and etcd reports its store at `header_revision`, as `cluster_id`. A
+    /// store behind what was applied, or another cluster, is not the history this replica
+    /// followed (a restore or a new cluster): the watch would wait for revisions that mean
+    /// something else, so list again instead (and judge the listing). Returns whether the
+    /// watch may be used.
+    pub fn watch_created(&mut self, header_revision: i64, cluster_id: u64) -> bool {
+        let followed = self.followed.as_ref().map_or(0, |h| h.cluster_id);
+        let other_cluster = followed != 0 && cluster_id != 0 && followed != cluster_id;
+        if header_revision < self.revision || other_cluster {
             self.needs_list = true;
             return false;
         }

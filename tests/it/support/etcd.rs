@@ -96,6 +96,15 @@ impl Etcd {
         }
     }
 
+    /// Stop it, delete its data and start a new, empty etcd on the same ports and member name:
+    /// what a wiped or freshly reinstalled etcd looks like to its clients (a single member
+    /// started with the same flags even gets the same cluster id).
+    pub async fn wipe(&mut self) {
+        self.stop();
+        std::fs::remove_dir_all(self.dir.path().join("data")).expect("delete etcd data");
+        self.restart().await;
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
     }
