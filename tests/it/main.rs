@@ -19,6 +19,7 @@ mod http_api;
 mod http_errors;
 mod http_golden;
 mod ingest;
+mod liveness;
 mod recorded;
 mod replicas;
 mod scenarios;
