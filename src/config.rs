@@ -19,8 +19,8 @@ use crate::registry::policy::{
     DEFAULT_MAX_NAME_BYTES, DEFAULT_MAX_SUBSCRIPTIONS, HostRule, RegistrationPolicy,
 };
 use crate::subscription::settings::{
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_UNREACHABLE_GRACE, SocketTimings,
-    SubscriptionSettings,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_UNREACHABLE_GRACE,
+    SocketTimings, SubscriptionSettings,
 };
 use crate::subscription::zmtp::Heartbeat;
 

@@ -114,10 +114,7 @@ pub async fn run_live<S: FrameSink>(
     let mut backoff = timings.backoff_initial;
     let mut first = true;
     loop {
-        let attempt = tokio::time::timeout(
-            timings.connect_timeout,
-            open_sub(&endpoint, settings),
-        );
+        let attempt = tokio::time::timeout(timings.connect_timeout, open_sub(&endpoint, settings));
         let outcome = tokio::select! {
             _ = cancel.cancelled() => return,
             outcome = attempt => outcome,
@@ -167,10 +164,7 @@ pub async fn run_live<S: FrameSink>(
     }
 }
 
-async fn open_sub(
-    endpoint: &str,
-    settings: SubscriptionSettings,
-) -> Result<Connection, ZmtpError> {
+async fn open_sub(endpoint: &str, settings: SubscriptionSettings) -> Result<Connection, ZmtpError> {
     let mut connection = Connection::connect(
         endpoint,
         SocketType::Sub,

@@ -108,7 +108,10 @@ async fn a_frozen_path_is_noticed_within_the_timeout_and_healed_through_replay_o
     let server = start_server(60_000).await;
     let (publisher, relay) = subscribed(&server).await;
     // The publisher speaks 3.1, so it is pinged, with the timeout as TTL (in tenths of a second).
-    eventually("PINGs", WAIT, || async { (publisher.pings() >= 2).then_some(()) }).await;
+    eventually("PINGs", WAIT, || async {
+        (publisher.pings() >= 2).then_some(())
+    })
+    .await;
     assert_eq!(publisher.last_ttl(), Some((TIMEOUT_MS / 100) as u16));
     let subscriptions = publisher.subscriptions();
 

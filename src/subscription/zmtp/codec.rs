@@ -294,7 +294,10 @@ mod tests {
         for (major, minor) in [(3, 1), (3, 2), (4, 0)] {
             let mut g = greeting();
             (g[10], g[11]) = (major, minor);
-            assert!(check_greeting(&g).unwrap().answers_ping(), "{major}.{minor}");
+            assert!(
+                check_greeting(&g).unwrap().answers_ping(),
+                "{major}.{minor}"
+            );
         }
     }
 
@@ -310,7 +313,10 @@ mod tests {
         );
         // Rounded up, and capped at what two bytes hold.
         assert_eq!(&ping(Duration::from_millis(1), b"")[7..9], &[0, 1]);
-        assert_eq!(&ping(Duration::from_secs(100_000), b"")[7..9], &[0xFF, 0xFF]);
+        assert_eq!(
+            &ping(Duration::from_secs(100_000), b"")[7..9],
+            &[0xFF, 0xFF]
+        );
         let long = ping(Duration::from_secs(1), &[9; 40]);
         assert_eq!(long.len(), 2 + 5 + 2 + MAX_PING_CONTEXT);
     }

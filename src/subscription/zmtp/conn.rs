@@ -185,7 +185,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     }
 
     fn silent(&self, now: Instant) -> ZmtpError {
-        let timeout = self.liveness.heartbeat().map_or(Duration::ZERO, |h| h.timeout);
+        let timeout = self
+            .liveness
+            .heartbeat()
+            .map_or(Duration::ZERO, |h| h.timeout);
         let silent_at = self.liveness.silent_at().unwrap_or(now);
         ZmtpError::Silent {
             silent_for: timeout + now.saturating_duration_since(silent_at),
@@ -198,7 +201,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         match self.liveness.due(now) {
             Due::Nothing => Ok(()),
             Due::Ping(n) => {
-                let ttl = self.liveness.heartbeat().map_or(Duration::ZERO, |h| h.timeout);
+                let ttl = self
+                    .liveness
+                    .heartbeat()
+                    .map_or(Duration::ZERO, |h| h.timeout);
                 let ping = codec::ping(ttl, &n.to_be_bytes());
                 self.write_bounded(&ping).await
             }

@@ -230,7 +230,9 @@ async fn a_3_1_peer_is_pinged_every_interval_and_its_pongs_keep_the_connection()
         let (flags, body) = peer_reads_frame(&mut peer).await;
         assert_eq!((flags, body), (FLAG_COMMAND, ping_body(n)));
         assert_eq!(t0.elapsed(), n as u32 * HB.interval);
-        peer.write_all(&codec::pong(&n.to_be_bytes())).await.unwrap();
+        peer.write_all(&codec::pong(&n.to_be_bytes()))
+            .await
+            .unwrap();
     }
     peer.write_all(&codec::encode_message(&[b"t", b"m"]))
         .await
@@ -241,7 +243,10 @@ async fn a_3_1_peer_is_pinged_every_interval_and_its_pongs_keep_the_connection()
     // declared at 3 s.
     let t1 = Instant::now();
     let e = conn.recv().await.unwrap_err();
-    assert!(matches!(e, ZmtpError::Silent { .. }) && e.is_timeout(), "{e}");
+    assert!(
+        matches!(e, ZmtpError::Silent { .. }) && e.is_timeout(),
+        "{e}"
+    );
     assert_eq!(t1.elapsed(), HB.timeout);
     drop(conn);
     let mut sent = Vec::new();
