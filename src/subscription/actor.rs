@@ -460,7 +460,7 @@ impl Handler<LinkLost> for SubscriptionActor {
             if loss.timed_out {
                 tracing::warn!(
                     service = %self.key, endpoint = %self.config.endpoint, reason = %loss.reason, suppressed,
-                    "publisher silent past publisher_timeout_ms; reconnecting (its blocks are kept for publisher_unreachable_grace_ms)"
+                    "publisher silent past publisher_timeout_ms; reconnecting, its blocks kept for the grace"
                 );
             } else {
                 tracing::warn!(

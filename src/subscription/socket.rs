@@ -6,9 +6,10 @@
 //! The live task connects with a short timeout in a retry loop with backoff (an absent publisher
 //! never blocks start-up or registration), and reconnects the same way whenever the connection
 //! ends: the peer closed it, broke the protocol, sent a message over the bound, or went silent
-//! (a publisher of ZMTP 3.1 or later is pinged, see `zmtp`; every socket has TCP keepalive). Backoff resets
-//! only after a connection delivered a message, so a peer that misbehaves at once is retried at
-//! most every `backoff_max`. A replay request uses a fresh connection and is bounded by timeouts.
+//! (a publisher of ZMTP 3.1 or later is pinged, see `zmtp`; every socket has TCP keepalive).
+//! Backoff resets only after a connection delivered a message, so a peer that misbehaves at once
+//! is retried at most every `backoff_max`. A replay request uses a fresh connection and is
+//! bounded by timeouts.
 //!
 //! [`zmtp`]: super::zmtp
 
