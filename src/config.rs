@@ -18,7 +18,11 @@ use crate::gateway::auth::Tokens;
 use crate::registry::policy::{
     DEFAULT_MAX_NAME_BYTES, DEFAULT_MAX_SUBSCRIPTIONS, HostRule, RegistrationPolicy,
 };
-use crate::subscription::settings::{SocketTimings, SubscriptionSettings};
+use crate::subscription::settings::{
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_UNREACHABLE_GRACE,
+    SocketTimings, SubscriptionSettings,
+};
+use crate::subscription::zmtp::Heartbeat;
 
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG_JSON: &str = include_str!("../config/default.json");
@@ -45,6 +49,8 @@ pub const DEFAULT_WARNING_INTERVAL_MS: u64 = 10_000;
 const DEFAULT_MAX_QUERY_TOKENS: u64 = 4 << 20;
 /// Four bodies at the default body limit.
 const DEFAULT_INFLIGHT_BODY_BYTES: u64 = 256 * 1024 * 1024;
+/// Heartbeat interval and timeout at most: the TTL a PING carries holds 6553.5 s.
+const MAX_PUBLISHER_TIMING_MS: u64 = 6_553_500;
 /// A base model, a few dozen adapters and block sizes: more is a misconfigured or hostile
 /// publisher (each context is an actor and an index of its own).
 pub const DEFAULT_MAX_CONTEXTS_PER_SOURCE: u64 = 64;
@@ -78,6 +84,12 @@ pub struct Config {
     pub max_replay_held_bytes: u64,
     /// Each kind of per-subscription warning is logged at most once per interval.
     pub warning_interval_ms: u64,
+    /// How often a publisher speaking ZMTP 3.1 is pinged (and the TCP keepalive interval).
+    pub publisher_heartbeat_ms: u64,
+    /// A pinged publisher silent this long is disconnected and reconnected.
+    pub publisher_timeout_ms: u64,
+    /// A publisher without a live connection this long has its source dropped.
+    pub publisher_unreachable_grace_ms: u64,
     /// Most token ids in one query (and block hashes in one query by hash), both transports.
     pub max_query_tokens: usize,
     /// Bytes of large HTTP request bodies (over 1 MiB each) held at once; a request that cannot
@@ -235,6 +247,9 @@ impl Config {
             max_publisher_message_bytes: DEFAULT_PUBLISHER_MESSAGE_LIMIT,
             max_replay_held_bytes: DEFAULT_REPLAY_HELD_LIMIT,
             warning_interval_ms: DEFAULT_WARNING_INTERVAL_MS,
+            publisher_heartbeat_ms: DEFAULT_HEARTBEAT_INTERVAL.as_millis() as u64,
+            publisher_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT.as_millis() as u64,
+            publisher_unreachable_grace_ms: DEFAULT_UNREACHABLE_GRACE.as_millis() as u64,
             max_query_tokens: DEFAULT_MAX_QUERY_TOKENS as usize,
             http_inflight_body_bytes: DEFAULT_INFLIGHT_BODY_BYTES,
             auth_tokens: Tokens::default(),
@@ -310,6 +325,18 @@ impl Config {
                 }
                 "warning_interval_ms" => {
                     config.warning_interval_ms =
+                        positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
+                }
+                "publisher_heartbeat_ms" => {
+                    config.publisher_heartbeat_ms =
+                        positive(value, MAX_PUBLISHER_TIMING_MS).map_err(|m| err(field, m))?
+                }
+                "publisher_timeout_ms" => {
+                    config.publisher_timeout_ms =
+                        positive(value, MAX_PUBLISHER_TIMING_MS).map_err(|m| err(field, m))?
+                }
+                "publisher_unreachable_grace_ms" => {
+                    config.publisher_unreachable_grace_ms =
                         positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
                 }
                 "max_query_tokens" => {
@@ -413,6 +440,16 @@ impl Config {
                 _ => return Err(err(field, "unknown configuration key".into())),
             }
         }
+        if config.publisher_timeout_ms <= config.publisher_heartbeat_ms {
+            return Err(err(
+                Some("publisher_timeout_ms"),
+                format!(
+                    "must be longer than publisher_heartbeat_ms ({}): a publisher needs a PING \
+                     to answer before it counts as silent",
+                    config.publisher_heartbeat_ms
+                ),
+            ));
+        }
         Ok(config)
     }
 }
@@ -449,10 +486,19 @@ impl Config {
         }
     }
 
-    /// What every subscription is started with (the socket timings are not configurable).
+    /// What every subscription is started with (of the socket timings, only the heartbeat is
+    /// configurable).
     pub fn subscription_settings(&self) -> SubscriptionSettings {
+        let ms = std::time::Duration::from_millis;
         SubscriptionSettings {
-            timings: SocketTimings::default(),
+            timings: SocketTimings {
+                heartbeat: Heartbeat {
+                    interval: ms(self.publisher_heartbeat_ms),
+                    timeout: ms(self.publisher_timeout_ms),
+                },
+                ..SocketTimings::default()
+            },
+            unreachable_grace: ms(self.publisher_unreachable_grace_ms),
             max_message_bytes: self.max_publisher_message_bytes as usize,
             max_held_bytes: self.max_replay_held_bytes as usize,
             warn_interval: std::time::Duration::from_millis(self.warning_interval_ms),

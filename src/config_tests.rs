@@ -181,3 +181,48 @@ fn log_levels_are_case_insensitive() {
     assert_eq!(LogLevel::parse(Some("")), Ok(LogLevel::Info));
     assert!(LogLevel::parse(Some("verbose")).is_err());
 }
+
+#[test]
+fn publisher_liveness_keys() {
+    let c = Config::embedded_default();
+    assert_eq!(
+        (
+            c.publisher_heartbeat_ms,
+            c.publisher_timeout_ms,
+            c.publisher_unreachable_grace_ms
+        ),
+        (5_000, 15_000, 30_000)
+    );
+    let c = Config::parse(
+        r#"{"publisher_heartbeat_ms": 200, "publisher_timeout_ms": 1000,
+            "publisher_unreachable_grace_ms": 1500}"#,
+        "c",
+    )
+    .unwrap();
+    let s = c.subscription_settings();
+    assert_eq!(
+        s.timings.heartbeat,
+        Heartbeat {
+            interval: std::time::Duration::from_millis(200),
+            timeout: std::time::Duration::from_millis(1000),
+        }
+    );
+    assert_eq!(s.unreachable_grace, std::time::Duration::from_millis(1500));
+    // A timeout no longer than the interval would give up on a peer before it could answer.
+    let e = Config::parse(
+        r#"{"publisher_heartbeat_ms": 2000, "publisher_timeout_ms": 2000}"#,
+        "c",
+    )
+    .unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("publisher_timeout_ms"));
+    for key in [
+        "publisher_heartbeat_ms",
+        "publisher_timeout_ms",
+        "publisher_unreachable_grace_ms",
+    ] {
+        let e = Config::parse(&format!(r#"{{"{key}": 0}}"#), "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some(key));
+    }
+    let e = Config::parse(r#"{"publisher_timeout_ms": 7000000}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("publisher_timeout_ms"));
+}

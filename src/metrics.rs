@@ -184,7 +184,7 @@ pub fn render(s: &Scrape<'_>) -> String {
             svc.status.connected
         );
     }
-    let per_service: [PerService; 14] = [
+    let per_service: [PerService; 16] = [
         (
             "conductor_batches_applied_total",
             "Publisher batches applied",
@@ -237,6 +237,16 @@ pub fn render(s: &Scrape<'_>) -> String {
             "conductor_disconnects_total",
             "Live publisher connections that ended and were reconnected",
             |i| i.status.disconnects,
+        ),
+        (
+            "conductor_publisher_timeouts_total",
+            "Live publisher connections given up after publisher_timeout_ms of silence",
+            |i| i.status.timeouts,
+        ),
+        (
+            "conductor_publisher_unreachable_drops_total",
+            "Sources dropped after publisher_unreachable_grace_ms without a live connection",
+            |i| i.status.unreachable_drops,
         ),
         (
             "conductor_decode_errors_total",

@@ -486,6 +486,7 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
             "decode_errors": st.decode_errors,
             "frame_errors": st.frame_errors, "invalid_events": st.invalid_events,
             "oversized_messages": st.oversized_messages, "disconnects": st.disconnects,
+            "timeouts": st.timeouts, "unreachable_drops": st.unreachable_drops,
             "rank_mismatches": st.rank_mismatches, "gaps": st.seq.gaps, "restarts": st.seq.restarts,
             "replays_ok": st.seq.replays_ok, "replays_failed": st.seq.replays_failed,
             "sources_dropped": st.seq.sources_dropped,

@@ -1,6 +1,12 @@
 //! The subscription actor: a thin shell that feeds socket input to [`SeqState`], runs what it
 //! must apply through the [`Ingest`] step, hands the batches to the context actors, and spawns
 //! the socket tasks.
+//!
+//! A publisher that is away (its live connection lost, or never made) keeps its blocks for
+//! `unreachable_grace`: a brief partition costs nothing. On its return, the last applied batch
+//! is checked through the replay socket as after a restart of the Conductor, so a publisher that
+//! restarted meanwhile is found and its stale blocks dropped. Past the grace its source is
+//! dropped, and rebuilt from its replay buffer once it is back (see `docs/zmtp.md`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,6 +54,15 @@ pub struct SubscriptionActor {
     incarnation: u64,
     /// How many times this subscription dropped its source.
     generation: u64,
+    /// The mark of the last batch applied, to check on reconnect that the publisher still has it.
+    last_mark: Option<Watermark>,
+    /// Whether the live connection is up, and whether it ever was.
+    connected: bool,
+    ever_connected: bool,
+    /// Bumped on every (re)connection: a grace timer of an earlier absence finds it changed.
+    link_epoch: u64,
+    /// The source was dropped for being away: rebuild it from the replay buffer on its return.
+    rebuild_on_return: bool,
 }
 
 impl SubscriptionActor {
@@ -98,6 +113,11 @@ impl SubscriptionActor {
             waiting_hand_offs: 0,
             incarnation,
             generation: 0,
+            last_mark: resume_after,
+            connected: false,
+            ever_connected: false,
+            link_epoch: 0,
+            rebuild_on_return: false,
             config,
         }
     }
@@ -107,6 +127,65 @@ impl SubscriptionActor {
     pub fn note_dropped_at_recovery(&mut self) {
         self.seq.note_dropped();
         self.generation += 1;
+    }
+
+    /// The publisher is away from now on: unless it is back within the grace, drop its source.
+    fn start_grace(&mut self, ctx: &mut Context<Self>) {
+        let epoch = self.link_epoch;
+        ctx.run_later(self.settings.unreachable_grace, move |act, ctx| {
+            act.grace_expired(epoch, ctx);
+        });
+    }
+
+    fn grace_expired(&mut self, epoch: u64, ctx: &mut Context<Self>) {
+        if epoch != self.link_epoch || self.connected {
+            return; // it came back meanwhile
+        }
+        // A replay still running belongs to the dropped state: its answers are ignored.
+        if let Some(replay) = self.replay_cancel.take() {
+            replay.cancel();
+            self.replay_generation += 1;
+        }
+        let actions = self.seq.on_unreachable();
+        if actions.is_empty() {
+            return; // it owns nothing
+        }
+        self.rebuild_on_return = true;
+        self.status.update(|s| s.unreachable_drops += 1);
+        if let Some(suppressed) = self.warn_due("unreachable") {
+            tracing::warn!(
+                service = %self.key, endpoint = %self.config.endpoint, suppressed,
+                grace = ?self.settings.unreachable_grace,
+                "publisher unreachable past its grace; dropping its blocks until it is back"
+            );
+        }
+        self.perform(actions, ctx);
+    }
+
+    /// The live connection is up. After an absence, check through the replay socket that the
+    /// publisher is still the process that sent our last batch (as after a restart of the
+    /// Conductor), or rebuild its source if it was dropped meanwhile.
+    fn on_connected(&mut self, ctx: &mut Context<Self>) {
+        self.link_epoch += 1;
+        self.connected = true;
+        let reconnect = std::mem::replace(&mut self.ever_connected, true);
+        self.status.update(|s| s.connected = true);
+        let rebuild = std::mem::take(&mut self.rebuild_on_return);
+        if self.config.replay_endpoint.is_empty() || self.seq.is_replaying() {
+            return;
+        }
+        let actions = if rebuild {
+            self.seq.begin_from_start()
+        } else if let Some(mark) = self
+            .last_mark
+            .filter(|m| reconnect && self.seq.last_applied() == Some(m.seq))
+        {
+            self.seq.resume_verified(mark.seq, mark.digest);
+            self.seq.begin_catch_up()
+        } else {
+            return;
+        };
+        self.perform(actions, ctx);
     }
 
     /// Bring every context this source fed up to the last batch it consumed (see
@@ -220,6 +299,7 @@ impl SubscriptionActor {
             seq,
             digest: payload_digest(payload),
         };
+        self.last_mark = Some(mark);
         let IngestStep {
             batches,
             mut status,
@@ -301,6 +381,8 @@ impl Actor for SubscriptionActor {
         // After recovery, ask for what was published while the Conductor was down.
         let actions = self.seq.begin_catch_up();
         self.perform(actions, ctx);
+        // Recovered blocks of a publisher that never comes back do not stay for ever either.
+        self.start_grace(ctx);
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
@@ -369,27 +451,44 @@ impl Handler<LiveFrames> for SubscriptionActor {
 impl Handler<Connected> for SubscriptionActor {
     type Result = ();
 
-    fn handle(&mut self, _: Connected, _ctx: &mut Context<Self>) {
-        self.status.update(|s| s.connected = true);
+    fn handle(&mut self, _: Connected, ctx: &mut Context<Self>) {
+        self.on_connected(ctx);
     }
 }
 
 impl Handler<LinkLost> for SubscriptionActor {
     type Result = ();
 
-    fn handle(&mut self, msg: LinkLost, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: LinkLost, ctx: &mut Context<Self>) {
         let loss = msg.0;
         self.status.update(|s| {
             s.connected = false;
             s.disconnects += 1;
             s.oversized_messages += u64::from(loss.oversized);
+            s.timeouts += u64::from(loss.timed_out);
         });
-        let kind = if loss.oversized { "oversized" } else { "link" };
+        // The first loss of a connection starts the grace; a failed handshake while away does
+        // not start it again.
+        if std::mem::replace(&mut self.connected, false) {
+            self.start_grace(ctx);
+        }
+        let kind = match (loss.oversized, loss.timed_out) {
+            (true, _) => "oversized",
+            (_, true) => "timeout",
+            _ => "link",
+        };
         if let Some(suppressed) = self.warn_due(kind) {
-            tracing::warn!(
-                service = %self.key, endpoint = %self.config.endpoint, reason = %loss.reason, suppressed,
-                "publisher connection dropped; reconnecting"
-            );
+            if loss.timed_out {
+                tracing::warn!(
+                    service = %self.key, endpoint = %self.config.endpoint, reason = %loss.reason, suppressed,
+                    "publisher silent past publisher_timeout_ms; reconnecting, its blocks kept for the grace"
+                );
+            } else {
+                tracing::warn!(
+                    service = %self.key, endpoint = %self.config.endpoint, reason = %loss.reason, suppressed,
+                    "publisher connection dropped; reconnecting"
+                );
+            }
         }
     }
 }

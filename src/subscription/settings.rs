@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use super::zmtp::Heartbeat;
+
 #[derive(Debug, Clone, Copy)]
 pub struct SubscriptionSettings {
     pub timings: SocketTimings,
@@ -16,7 +18,19 @@ pub struct SubscriptionSettings {
     pub max_contexts: usize,
     /// Longest model or adapter name an event may create a context for.
     pub max_name_bytes: usize,
+    /// A publisher unreachable this long (no live connection) has its source dropped; until
+    /// then its blocks stay (see `docs/zmtp.md`).
+    pub unreachable_grace: Duration,
 }
+
+/// A PING every 5 s costs a few bytes per publisher and finds a frozen path within 15 s: three
+/// intervals, so one late PONG on a busy publisher is no reason to reconnect.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
+/// A publisher away for 30 s (45 s after its path froze) has its blocks dropped: long enough for
+/// a brief partition or a publisher's quick restart, short enough that answers do not keep
+/// pointing at an engine that is gone.
+pub const DEFAULT_UNREACHABLE_GRACE: Duration = Duration::from_secs(30);
 
 /// Timeouts and backoff of the socket tasks.
 #[derive(Debug, Clone, Copy)]
@@ -29,6 +43,9 @@ pub struct SocketTimings {
     pub replay_idle_timeout: Duration,
     /// Longest whole replay.
     pub replay_total_timeout: Duration,
+    /// PINGs to a publisher that speaks ZMTP 3.1, and when a silent one is given up; also the
+    /// sockets' TCP keepalive.
+    pub heartbeat: Heartbeat,
 }
 
 impl Default for SocketTimings {
@@ -39,6 +56,10 @@ impl Default for SocketTimings {
             backoff_max: Duration::from_secs(2),
             replay_idle_timeout: Duration::from_secs(2),
             replay_total_timeout: Duration::from_secs(30),
+            heartbeat: Heartbeat {
+                interval: DEFAULT_HEARTBEAT_INTERVAL,
+                timeout: DEFAULT_HEARTBEAT_TIMEOUT,
+            },
         }
     }
 }

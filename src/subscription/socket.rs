@@ -5,9 +5,11 @@
 //!
 //! The live task connects with a short timeout in a retry loop with backoff (an absent publisher
 //! never blocks start-up or registration), and reconnects the same way whenever the connection
-//! ends: the peer closed it, broke the protocol, or sent a message over the bound. Backoff resets
-//! only after a connection delivered a message, so a peer that misbehaves at once is retried at
-//! most every `backoff_max`. A replay request uses a fresh connection and is bounded by timeouts.
+//! ends: the peer closed it, broke the protocol, sent a message over the bound, or went silent
+//! (a publisher of ZMTP 3.1 or later is pinged, see `zmtp`; every socket has TCP keepalive).
+//! Backoff resets only after a connection delivered a message, so a peer that misbehaves at once
+//! is retried at most every `backoff_max`. A replay request uses a fresh connection and is
+//! bounded by timeouts.
 //!
 //! [`zmtp`]: super::zmtp
 
@@ -73,6 +75,9 @@ pub trait FrameSink: Send + Sync + 'static {
 pub struct LinkLoss {
     /// A message over `max_publisher_message_bytes` (or a command over its bound) was announced.
     pub oversized: bool,
+    /// The publisher went silent: no answer to our PINGs within the heartbeat timeout, or no
+    /// answer to the kernel's keepalive probes.
+    pub timed_out: bool,
     pub reason: String,
 }
 
@@ -80,6 +85,7 @@ impl LinkLoss {
     fn of(error: &ZmtpError) -> Self {
         LinkLoss {
             oversized: error.is_oversized(),
+            timed_out: error.is_timeout(),
             reason: error.to_string(),
         }
     }
@@ -109,10 +115,7 @@ pub async fn run_live<S: FrameSink>(
     let mut backoff = timings.backoff_initial;
     let mut first = true;
     loop {
-        let attempt = tokio::time::timeout(
-            timings.connect_timeout,
-            open_sub(&endpoint, settings.max_message_bytes),
-        );
+        let attempt = tokio::time::timeout(timings.connect_timeout, open_sub(&endpoint, settings));
         let outcome = tokio::select! {
             _ = cancel.cancelled() => return,
             outcome = attempt => outcome,
@@ -162,8 +165,14 @@ pub async fn run_live<S: FrameSink>(
     }
 }
 
-async fn open_sub(endpoint: &str, max_message_bytes: usize) -> Result<Connection, ZmtpError> {
-    let mut connection = Connection::connect(endpoint, SocketType::Sub, max_message_bytes).await?;
+async fn open_sub(endpoint: &str, settings: SubscriptionSettings) -> Result<Connection, ZmtpError> {
+    let mut connection = Connection::connect(
+        endpoint,
+        SocketType::Sub,
+        settings.max_message_bytes,
+        Some(settings.timings.heartbeat),
+    )
+    .await?;
     connection.subscribe_all().await?;
     Ok(connection)
 }
@@ -245,7 +254,12 @@ async fn replay_exchange<S: FrameSink>(
     settings: SubscriptionSettings,
 ) -> Result<bool, ZmtpError> {
     let timings = settings.timings;
-    let connect = Connection::connect(endpoint, SocketType::Dealer, settings.max_message_bytes);
+    let connect = Connection::connect(
+        endpoint,
+        SocketType::Dealer,
+        settings.max_message_bytes,
+        Some(timings.heartbeat),
+    );
     let mut connection = tokio::time::timeout(timings.connect_timeout, connect)
         .await
         .map_err(|_| {

@@ -37,6 +37,7 @@ pub enum DropReason {
     ReplayIncomplete,
     ReplayFailed,
     ReplayOverflow,
+    PublisherUnreachable,
 }
 
 impl DropReason {
@@ -47,6 +48,7 @@ impl DropReason {
             DropReason::ReplayIncomplete => "replay_incomplete",
             DropReason::ReplayFailed => "replay_failed",
             DropReason::ReplayOverflow => "replay_overflow",
+            DropReason::PublisherUnreachable => "publisher_unreachable",
         }
     }
 }
@@ -231,6 +233,20 @@ impl SeqState {
         vec![Action::RequestReplay {
             from_seq: self.stream_start,
         }]
+    }
+
+    /// The publisher stayed unreachable past its grace: what it owns can no longer be vouched for.
+    /// Drop it (if it owns anything) and forget the position, so that the stream is taken up
+    /// afresh when the publisher is back (`begin_from_start`, or the first live batch). A replay
+    /// in progress is abandoned with it.
+    pub fn on_unreachable(&mut self) -> Vec<Action> {
+        self.verify = None;
+        self.replay = None;
+        let mut actions = Vec::new();
+        if self.last.take().is_some() {
+            self.drop_source(DropReason::PublisherUnreachable, &mut actions);
+        }
+        actions
     }
 
     /// A batch from the live stream.

@@ -383,3 +383,30 @@ fn seq_u64_max_never_wraps_or_panics() {
         ]
     );
 }
+
+#[test]
+fn an_unreachable_publisher_is_dropped_once_and_taken_up_afresh() {
+    let mut s = SeqState::new(0, true, 100);
+    live(&mut s, &[0, 1, 2]);
+    assert_eq!(trace(&s.on_unreachable()), ["D:publisher_unreachable"]);
+    assert_eq!((s.last_applied(), s.phase()), (None, Phase::Resyncing));
+    assert!(s.on_unreachable().is_empty(), "nothing left to drop");
+    assert_eq!(s.counters().sources_dropped, 1);
+    // Back: the whole buffer is asked for, and the rebuilt stream goes live.
+    assert_eq!(trace(&s.begin_from_start()), ["R:0"]);
+    assert!(live(&mut s, &[4]).is_empty(), "held while replaying");
+    let replayed: Vec<String> = [0, 1, 2, 3]
+        .into_iter()
+        .flat_map(|q| trace(&s.on_replayed(q, p(q), digest(q))))
+        .collect();
+    assert_eq!(replayed, ["0", "1", "2", "3"]);
+    assert_eq!(trace(&s.on_replay_end()), ["4"]);
+    assert_eq!(s.phase(), Phase::Live);
+    // A replay in progress is abandoned with the source; its late answers are ignored.
+    let mut s = SeqState::new(0, true, 100);
+    live(&mut s, &[0]);
+    assert_eq!(live(&mut s, &[5]), ["R:1"]);
+    assert_eq!(trace(&s.on_unreachable()), ["D:publisher_unreachable"]);
+    assert!(s.on_replayed(1, p(1), digest(1)).is_empty());
+    assert!(!s.is_replaying());
+}

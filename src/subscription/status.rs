@@ -40,8 +40,14 @@ pub struct SubscriptionStatus {
     /// Messages (live or replayed) refused for announcing more than the configured bound; each
     /// one dropped its connection.
     pub oversized_messages: u64,
-    /// Live connections that ended (closed, broken or oversized) and were reconnected.
+    /// Live connections that ended (closed, broken, oversized or silent) and were reconnected.
     pub disconnects: u64,
+    /// Of those, connections to a publisher that went silent: no answer to our PINGs within
+    /// `publisher_timeout_ms`, or to the kernel's keepalive probes.
+    pub timeouts: u64,
+    /// Times the publisher stayed without a live connection past
+    /// `publisher_unreachable_grace_ms` and its source was dropped.
+    pub unreachable_drops: u64,
     /// Payloads whose envelope could not be decoded.
     pub decode_errors: u64,
     /// Single events rejected inside otherwise good batches.

@@ -1,5 +1,5 @@
-//! The byte layout of ZMTP 3.0 with the NULL mechanism, without any I/O: the greeting, frame
-//! headers, and the commands this subscriber sends or must understand.
+//! The byte layout of ZMTP 3.0 and 3.1 with the NULL mechanism, without any I/O: the greeting,
+//! frame headers, and the commands this subscriber sends or must understand.
 
 use super::ZmtpError;
 
@@ -39,20 +39,37 @@ impl SocketType {
     }
 }
 
-/// Our greeting: signature, version 3.0, mechanism NULL, client role. Announcing 3.0 makes a
-/// 3.1 peer fall back to 3.0 rules, so subscriptions travel as messages (see [`subscribe_all`]).
+/// Our greeting: signature, version 3.1, mechanism NULL, client role. 3.1 is what lets us send
+/// PING (and what makes libzmq answer it); everything else we send is valid 3.0 as well, so a
+/// 3.0 peer is served by the same bytes (see `docs/zmtp.md`).
 pub fn greeting() -> [u8; GREETING_LEN] {
     let mut g = [0u8; GREETING_LEN];
     g[0] = 0xFF;
     g[9] = 0x7F;
     g[10] = 3;
-    g[11] = 0;
+    g[11] = 1;
     g[12..16].copy_from_slice(b"NULL");
     g
 }
 
+/// The ZMTP version a peer's greeting announced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PeerVersion {
+    pub major: u8,
+    pub minor: u8,
+}
+
+impl PeerVersion {
+    /// Whether the peer speaks ZMTP 3.1 or later, which defines PING and PONG. A 3.0 peer is
+    /// never pinged: it would not answer, and may not even accept an unknown command.
+    pub fn answers_ping(self) -> bool {
+        self >= PeerVersion { major: 3, minor: 1 }
+    }
+}
+
 /// Check a peer's greeting: the signature, a 3.x (or later) version, and the NULL mechanism.
-pub fn check_greeting(g: &[u8; GREETING_LEN]) -> Result<(), ZmtpError> {
+/// Returns the version it announced.
+pub fn check_greeting(g: &[u8; GREETING_LEN]) -> Result<PeerVersion, ZmtpError> {
     if g[0] != 0xFF || g[9] & 0x01 != 0x01 {
         return Err(ZmtpError::Protocol("not a ZMTP greeting".into()));
     }
@@ -70,7 +87,10 @@ pub fn check_greeting(g: &[u8; GREETING_LEN]) -> Result<(), ZmtpError> {
             String::from_utf8_lossy(&mechanism[..name_len])
         )));
     }
-    Ok(())
+    Ok(PeerVersion {
+        major: g[10],
+        minor: g[11],
+    })
 }
 
 /// Append one frame (header and body) to `out`.
@@ -128,6 +148,21 @@ pub fn pong(context: &[u8]) -> Vec<u8> {
     encode_command(b"PONG", context)
 }
 
+/// The most context a PING may carry (ZMTP 3.1).
+pub const MAX_PING_CONTEXT: usize = 16;
+
+/// A PING (ZMTP 3.1 heartbeat): the TTL, 2 bytes big-endian in tenths of a second (how long the
+/// peer may wait for our next traffic before it gives the connection up; 0: no limit), then a
+/// context of at most 16 bytes that the peer's PONG echoes. `ttl` is rounded up to a tenth of a
+/// second and capped at the largest TTL the field holds (6553.5 s); a longer context is cut.
+pub fn ping(ttl: std::time::Duration, context: &[u8]) -> Vec<u8> {
+    let tenths = ttl.as_millis().div_ceil(100).min(u128::from(u16::MAX)) as u16;
+    let mut body = Vec::with_capacity(2 + MAX_PING_CONTEXT);
+    body.extend_from_slice(&tenths.to_be_bytes());
+    body.extend_from_slice(&context[..context.len().min(MAX_PING_CONTEXT)]);
+    encode_command(b"PING", &body)
+}
+
 /// Subscribe to every topic, in ZMTP 3.0's form: a one-frame message `0x01` + topic (empty).
 /// libzmq (pyzmq), which vLLM and SGLang publish with, and zmq.rs accept this form from a 3.0
 /// peer.
@@ -144,7 +179,10 @@ pub enum Command<'a> {
     Error(String),
     /// PING (ZMTP 3.1 heartbeat): answered with PONG and this context.
     Ping { context: &'a [u8] },
-    /// Anything else (PONG, SUBSCRIBE sent to us, future commands): ignored.
+    /// PONG: the answer to one of our PINGs, with that PING's context. Like any byte from the
+    /// peer, it shows the connection alive.
+    Pong { context: &'a [u8] },
+    /// Anything else (SUBSCRIBE sent to us, future commands): ignored.
     Other,
 }
 
@@ -178,9 +216,12 @@ pub fn parse_command(body: &[u8]) -> Result<Command<'_>, ZmtpError> {
             // Two bytes of TTL, then up to 16 bytes of context.
             let context = data.get(2..).unwrap_or_default();
             Ok(Command::Ping {
-                context: &context[..context.len().min(16)],
+                context: &context[..context.len().min(MAX_PING_CONTEXT)],
             })
         }
+        b"PONG" => Ok(Command::Pong {
+            context: &data[..data.len().min(MAX_PING_CONTEXT)],
+        }),
         _ => Ok(Command::Other),
     }
 }
@@ -223,16 +264,16 @@ mod tests {
     fn our_greeting_is_accepted_by_our_own_check() {
         let g = greeting();
         assert_eq!(g.len(), 64);
-        assert_eq!((g[0], g[9], g[10], g[11]), (0xFF, 0x7F, 3, 0));
+        assert_eq!((g[0], g[9], g[10], g[11]), (0xFF, 0x7F, 3, 1));
         assert_eq!(&g[12..16], b"NULL");
         assert!(g[16..].iter().all(|&b| b == 0), "padding, client, filler");
-        check_greeting(&g).unwrap();
+        assert!(check_greeting(&g).unwrap().answers_ping());
     }
 
     #[test]
     fn greetings_of_old_versions_or_other_mechanisms_are_refused() {
         let mut g = greeting();
-        g[10] = 2;
+        (g[10], g[11]) = (2, 0);
         assert!(check_greeting(&g).unwrap_err().to_string().contains("2.0"));
         let mut g = greeting();
         g[12..17].copy_from_slice(b"CURVE");
@@ -246,8 +287,53 @@ mod tests {
         g[0] = b'G'; // an HTTP server, say
         assert!(check_greeting(&g).is_err());
         let mut g = greeting();
-        g[11] = 1; // 3.1 is fine
-        check_greeting(&g).unwrap();
+        g[11] = 0; // 3.0 is fine, but not pinged
+        let v = check_greeting(&g).unwrap();
+        assert_eq!(v, PeerVersion { major: 3, minor: 0 });
+        assert!(!v.answers_ping());
+        for (major, minor) in [(3, 1), (3, 2), (4, 0)] {
+            let mut g = greeting();
+            (g[10], g[11]) = (major, minor);
+            assert!(
+                check_greeting(&g).unwrap().answers_ping(),
+                "{major}.{minor}"
+            );
+        }
+    }
+
+    #[test]
+    fn ping_carries_its_ttl_in_tenths_of_a_second_and_at_most_16_bytes_of_context() {
+        use std::time::Duration;
+        let frame = ping(Duration::from_millis(1500), b"ctx");
+        // A short command frame: flags, size, then `\x04PING`, TTL 15 (BE), context.
+        assert_eq!(frame, b"\x04\x0a\x04PING\x00\x0fctx".to_vec());
+        assert_eq!(
+            parse_command(&frame[2..]).unwrap(),
+            Command::Ping { context: b"ctx" }
+        );
+        // Rounded up, and capped at what two bytes hold.
+        assert_eq!(&ping(Duration::from_millis(1), b"")[7..9], &[0, 1]);
+        assert_eq!(
+            &ping(Duration::from_secs(100_000), b"")[7..9],
+            &[0xFF, 0xFF]
+        );
+        let long = ping(Duration::from_secs(1), &[9; 40]);
+        assert_eq!(long.len(), 2 + 5 + 2 + MAX_PING_CONTEXT);
+    }
+
+    #[test]
+    fn pong_is_parsed_with_the_context_it_echoes() {
+        let frame = pong(b"\x00\x00\x00\x07");
+        assert_eq!(
+            parse_command(&frame[2..]).unwrap(),
+            Command::Pong {
+                context: b"\x00\x00\x00\x07"
+            }
+        );
+        assert_eq!(
+            parse_command(b"\x04PONG").unwrap(),
+            Command::Pong { context: b"" }
+        );
     }
 
     #[test]

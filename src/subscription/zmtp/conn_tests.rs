@@ -2,8 +2,12 @@
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
+use std::time::Duration;
+
+use tokio::time::Instant;
+
 use super::codec::{self, FLAG_COMMAND, FLAG_LONG, FLAG_MORE, GREETING_LEN, SocketType};
-use super::{Connection, ZmtpError};
+use super::{Connection, Heartbeat, ZmtpError};
 
 fn ready_of(socket_type: &str) -> Vec<u8> {
     let mut body = vec![5];
@@ -19,7 +23,14 @@ fn ready_of(socket_type: &str) -> Vec<u8> {
 
 /// The peer's side of a handshake: greet, read our greeting and READY, answer as `peer_type`.
 async fn peer_handshake(peer: &mut DuplexStream, peer_type: &str) -> Vec<u8> {
-    peer.write_all(&codec::greeting()).await.unwrap();
+    peer_handshake_as(peer, peer_type, 1).await
+}
+
+/// [`peer_handshake`] announcing ZMTP 3.`minor`.
+async fn peer_handshake_as(peer: &mut DuplexStream, peer_type: &str, minor: u8) -> Vec<u8> {
+    let mut greeting = codec::greeting();
+    greeting[11] = minor;
+    peer.write_all(&greeting).await.unwrap();
     let mut ours = [0u8; GREETING_LEN];
     peer.read_exact(&mut ours).await.unwrap();
     let mut header = [0u8; 2];
@@ -175,4 +186,131 @@ async fn sub_sends_the_3_0_subscription_and_dealer_sends_frames() {
     let mut wire = [0u8; 3];
     peer.read_exact(&mut wire).await.unwrap();
     assert_eq!(wire, [0, 1, 1]);
+}
+
+const HB: Heartbeat = Heartbeat {
+    interval: Duration::from_secs(1),
+    timeout: Duration::from_secs(3),
+};
+
+/// A SUB connected to a PUB that announced ZMTP 3.`minor`, with the heartbeat `HB`.
+async fn sub_with_heartbeat(minor: u8) -> (Connection<DuplexStream>, DuplexStream) {
+    let (ours, mut peer) = tokio::io::duplex(1 << 16);
+    let (conn, _) = tokio::join!(
+        Connection::handshake(ours, SocketType::Sub, 1 << 20),
+        peer_handshake_as(&mut peer, "PUB", minor)
+    );
+    (conn.unwrap().with_heartbeat(Some(HB)), peer)
+}
+
+/// The next frame the peer reads: flags and body.
+async fn peer_reads_frame(peer: &mut DuplexStream) -> (u8, Vec<u8>) {
+    let mut header = [0u8; 2];
+    peer.read_exact(&mut header).await.unwrap();
+    let mut body = vec![0u8; header[1] as usize];
+    peer.read_exact(&mut body).await.unwrap();
+    (header[0], body)
+}
+
+/// The body of our PING number `n`: TTL 30 tenths (the 3 s timeout), context `n`.
+fn ping_body(n: u64) -> Vec<u8> {
+    let mut body = b"\x04PING\x00\x1e".to_vec();
+    body.extend_from_slice(&n.to_be_bytes());
+    body
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_3_1_peer_is_pinged_every_interval_and_its_pongs_keep_the_connection() {
+    let (mut conn, mut peer) = sub_with_heartbeat(1).await;
+    assert!(conn.pings());
+    let t0 = Instant::now();
+    let reader = tokio::spawn(async move { (conn.recv().await, conn) });
+    // Ten intervals, each PING answered: well past the timeout, and still connected.
+    for n in 1..=10 {
+        let (flags, body) = peer_reads_frame(&mut peer).await;
+        assert_eq!((flags, body), (FLAG_COMMAND, ping_body(n)));
+        assert_eq!(t0.elapsed(), n as u32 * HB.interval);
+        peer.write_all(&codec::pong(&n.to_be_bytes()))
+            .await
+            .unwrap();
+    }
+    peer.write_all(&codec::encode_message(&[b"t", b"m"]))
+        .await
+        .unwrap();
+    let (frames, mut conn) = reader.await.unwrap();
+    assert_eq!(frames.unwrap().len(), 2);
+    // A peer that stops answering is given up after the timeout: PINGs at 1 s and 2 s, silence
+    // declared at 3 s.
+    let t1 = Instant::now();
+    let e = conn.recv().await.unwrap_err();
+    assert!(
+        matches!(e, ZmtpError::Silent { .. }) && e.is_timeout(),
+        "{e}"
+    );
+    assert_eq!(t1.elapsed(), HB.timeout);
+    drop(conn);
+    let mut sent = Vec::new();
+    peer.read_to_end(&mut sent).await.unwrap();
+    assert_eq!(sent.len(), 2 * (2 + ping_body(11).len()), "two PINGs");
+}
+
+#[tokio::test(start_paused = true)]
+async fn any_traffic_counts_as_alive_and_a_message_split_by_the_timer_arrives_whole() {
+    let (mut conn, mut peer) = sub_with_heartbeat(1).await;
+    let wire = codec::encode_message(&[b"topic", &[7u8; 100]]);
+    let writer = tokio::spawn(async move {
+        // Never a PONG: only message bytes, each part within the timeout of the previous one.
+        let (first, rest) = wire.split_at(60);
+        peer.write_all(first).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        peer.write_all(rest).await.unwrap();
+        peer
+    });
+    let frames = conn.recv().await.unwrap();
+    assert_eq!(frames[0].as_ref(), b"topic");
+    assert_eq!(frames[1].as_ref(), &[7u8; 100]);
+    let mut peer = writer.await.unwrap();
+    // Meanwhile PINGs went out (at 1 s and 2 s) and nothing was lost to them.
+    assert_eq!(peer_reads_frame(&mut peer).await.1, ping_body(1));
+    assert_eq!(peer_reads_frame(&mut peer).await.1, ping_body(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_3_0_peer_is_never_pinged_nor_timed_out() {
+    let (mut conn, mut peer) = sub_with_heartbeat(0).await;
+    assert!(!conn.pings());
+    assert_eq!(conn.peer_version().minor, 0);
+    // An hour of silence: still waiting, and not a byte sent.
+    let waited = tokio::time::timeout(Duration::from_secs(3600), conn.recv()).await;
+    assert!(waited.is_err(), "still waiting for the peer");
+    drop(conn);
+    let mut sent = Vec::new();
+    peer.read_to_end(&mut sent).await.unwrap();
+    assert!(sent.is_empty(), "{sent:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_held_up_by_its_consumer_does_not_blame_the_peer() {
+    let (mut conn, mut peer) = sub_with_heartbeat(1).await;
+    peer.write_all(&codec::encode_message(&[b"a"]))
+        .await
+        .unwrap();
+    conn.recv().await.unwrap();
+    // The consumer takes 10 s (back-pressure) before it reads again; the next message comes
+    // 1.5 s after that: within the timeout of when we listened again.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let writer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        peer.write_all(&codec::encode_message(&[b"b"]))
+            .await
+            .unwrap();
+        peer
+    });
+    assert_eq!(conn.recv().await.unwrap()[0].as_ref(), b"b");
+    // One PING when it listened again (none in a burst for the missed slots), one a second later.
+    let mut peer = writer.await.unwrap();
+    drop(conn);
+    let mut sent = Vec::new();
+    peer.read_to_end(&mut sent).await.unwrap();
+    assert_eq!(sent.len(), 2 * (2 + ping_body(1).len()), "{sent:?}");
 }

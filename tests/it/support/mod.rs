@@ -6,10 +6,12 @@
 pub mod engine;
 pub mod etcd;
 pub mod grpc;
+pub mod heartbeat_pub;
 pub mod http;
 pub mod player;
 pub mod proxy;
 pub mod raw_zmtp;
+pub mod relay;
 pub mod server;
 pub mod tool;
 
