@@ -388,6 +388,11 @@ impl SeqState {
             }
             return actions;
         }
+        // The replay brought the source up to the held batches: it is rebuilt as far as the
+        // buffer allows (a further drop below marks it rebuilding again).
+        if self.last.is_some() {
+            self.resyncing = false;
+        }
         let next = self.last.map_or(self.stream_start, after);
         // The first held batch must follow what the replay delivered; if the replay stopped short,
         // the batches between are lost for good.

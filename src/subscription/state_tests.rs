@@ -410,3 +410,23 @@ fn an_unreachable_publisher_is_dropped_once_and_taken_up_afresh() {
     assert!(s.on_replayed(1, p(1), digest(1)).is_empty());
     assert!(!s.is_replaying());
 }
+
+/// A source rebuilt by a replay that delivers every batch, the held ones included, is live
+/// again once the replay ends (a restarted publisher whose first new batch was lost).
+#[test]
+fn a_replay_that_rebuilds_the_source_ends_live() {
+    let mut s = SeqState::new(0, true, 100);
+    assert_eq!(live(&mut s, &[0, 1, 2, 3]), ["0", "1", "2", "3"]);
+    // The publisher restarted; its batch 0 was lost on the way, batch 1 is a regression.
+    assert_eq!(live(&mut s, &[1]), ["D:publisher_restarted", "R:0"]);
+    assert!(live(&mut s, &[2]).is_empty(), "held while replaying");
+    let replayed: Vec<String> = (0..3)
+        .flat_map(|q| trace(&s.on_replayed(q, p(q), digest(q))))
+        .collect();
+    assert_eq!(replayed, ["0", "1", "2"]);
+    assert!(
+        trace(&s.on_replay_end()).is_empty(),
+        "every held batch was replayed"
+    );
+    assert_eq!(s.phase(), Phase::Live);
+}

@@ -41,7 +41,7 @@ enum Variant {
 }
 
 fn config() -> Value {
-    json!({"checkpoint_interval_ms": 100, "max_contexts_per_source": 256})
+    json!({"checkpoint_interval_ms": 20, "max_contexts_per_source": 256})
 }
 
 /// The service under test: killed by its failpoint at most once, then started again on its
@@ -235,7 +235,7 @@ async fn deliver(victim: &mut Victim, fleet: &mut Fleet) {
             let row = status["services"]
                 .as_array()
                 .and_then(|a| a.iter().find(|s| s["service"] == *service));
-            let live = row.is_some_and(|s| s["phase"] == "live");
+            let live = row.is_some_and(|s| s["state"] == "live");
             if !(live && row.is_some_and(|s| s["last_seq"] == json!(newest))) {
                 behind.push(*service);
                 player.resend(newest).await;
@@ -272,8 +272,13 @@ async fn everything(victim: &mut Victim) -> Vec<String> {
 }
 
 /// Run the scenario against `victim` (the reference, when `uninterrupted`, sees the
-/// RestartWhileDown variant's publisher restart live); its answers once everything is delivered.
-async fn scenario(variant: Variant, victim: &mut Victim, uninterrupted: bool) -> Vec<String> {
+/// RestartWhileDown variant's publisher restart live); its answers once everything is delivered,
+/// and the publishers, which must stay up until the answers are compared.
+async fn scenario(
+    variant: Variant,
+    victim: &mut Victim,
+    uninterrupted: bool,
+) -> (Vec<String>, Fleet) {
     let mut fleet = Fleet {
         ranks: [Player::start(true, 0).await, Player::start(true, 0).await],
         store: Player::start(true, 1).await,
@@ -334,13 +339,21 @@ async fn scenario(variant: Variant, victim: &mut Victim, uninterrupted: bool) ->
         }
         deliver(victim, &mut fleet).await;
     }
-    everything(victim).await
+    // Asked once nothing crashed meanwhile: a restart while asking answers before its catch-up.
+    loop {
+        let crashes = victim.crashes;
+        let answers = everything(victim).await;
+        if victim.crashes == crashes {
+            return (answers, fleet);
+        }
+        deliver(victim, &mut fleet).await;
+    }
 }
 
 /// The scenario without a crash, then once for each k, killed after its k-th store write.
 async fn every_crash_point(variant: Variant) {
     let mut reference = Victim::start(None).await;
-    let expected = scenario(variant, &mut reference, true).await;
+    let (expected, _fleet) = scenario(variant, &mut reference, true).await;
     assert!(
         expected.iter().any(|a| a.contains(&many_model(MANY - 1))),
         "the reference holds the many contexts"
@@ -354,12 +367,17 @@ async fn every_crash_point(variant: Variant) {
         let mut k = 1;
         loop {
             let mut victim = Victim::start(Some((segment, k))).await;
-            let mut answers = scenario(variant, &mut victim, false).await;
+            // The publishers stay up until the answers are compared.
+            let (mut answers, _fleet) = scenario(variant, &mut victim, false).await;
             // Settled: a batch consumed may still be on its way to a context.
             let deadline = Instant::now() + WAIT;
             while answers != expected && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 answers = everything(&mut victim).await;
+            }
+            if answers != expected {
+                let log = victim.server.as_ref().map(Server::log).unwrap_or_default();
+                eprintln!("--- the restarted service's log:\n{log}");
             }
             for (got, want) in answers.iter().zip(&expected) {
                 assert_eq!(
