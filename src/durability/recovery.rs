@@ -171,7 +171,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
 /// older position of the source than the record (a round writes the position the source had
 /// before any context was asked, so every context it covers is at or past it). Every other
 /// source present in a context is dropped from all of them (see the module doc), and contexts
-/// left empty go.
+/// left empty go unless a registered source still feeds them.
 pub fn settle(
     registrations: BTreeMap<String, (PublisherConfig, u64)>,
     rebuilt: Vec<ContextIndex>,
@@ -221,7 +221,10 @@ pub fn settle(
             }
             index.detach_source(&source);
         }
-        if !index.is_empty_and_detached() {
+        // An empty context a source still feeds stays, as it does in the running service
+        // (its source's next batch may store into it again).
+        let fed = sources.keys().any(|s| index.watermark(s).is_some());
+        if !index.is_empty_and_detached() || fed {
             contexts.push(index);
         }
     }

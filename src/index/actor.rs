@@ -79,6 +79,7 @@ pub struct DetachSource(pub SubscriptionKey);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DetachOutcome {
     pub removed: u64,
+    /// Empty, no rank listed, and no other source feeds it: the context can go.
     pub empty_and_detached: bool,
 }
 
@@ -185,7 +186,7 @@ impl Handler<DetachSource> for ContextActor {
         let removed = self.index.detach_source(&msg.0);
         MessageResult(DetachOutcome {
             removed,
-            empty_and_detached: self.index.is_empty_and_detached(),
+            empty_and_detached: self.index.is_empty_and_detached() && !self.index.is_fed(),
         })
     }
 }

@@ -84,6 +84,12 @@ impl ContextIndex {
         self.watermarks.get(source).copied()
     }
 
+    /// Some source has a position here: it feeds this context (which then stays, even empty,
+    /// as recovery keeps it: see `durability::recovery::settle`).
+    pub fn is_fed(&self) -> bool {
+        !self.watermarks.is_empty()
+    }
+
     /// Every source with a holder or a listing here, sorted.
     pub fn sources_present(&self) -> Vec<SubscriptionKey> {
         let mut all: Vec<SubscriptionKey> = self
