@@ -318,10 +318,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     if let Some(sync) = sync {
         let _ = sync.await;
     }
-    let _ = registry.send(ShutdownAll).await;
-    // The last checkpoint runs after every subscription stopped, so it holds all they applied.
+    // One round while the subscriptions still run records each source's position; the last
+    // one, after every subscription stopped, holds all they applied (its contexts are ahead of
+    // those positions, which a restart replays from: docs/durability.md).
     checkpoint_stop.cancel();
-    if let Ok(mut checkpointer) = checkpoints.await {
+    let checkpointer = checkpoints.await.ok();
+    let mut checkpointer = match checkpointer {
+        Some(mut checkpointer) => {
+            checkpointer.checkpoint().await;
+            Some(checkpointer)
+        }
+        None => None,
+    };
+    let _ = registry.send(ShutdownAll).await;
+    if let Some(checkpointer) = checkpointer.as_mut() {
         let report = checkpointer.checkpoint().await;
         tracing::info!(
             contexts = report.contexts,

@@ -18,7 +18,7 @@ use super::sources::Restored;
 use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
 
 use super::codec;
-use crate::storage::{Cf, KvStore, StorageError};
+use crate::storage::{Cf, KvOp, KvStore, StorageError};
 
 /// A registration as recovery loads it.
 #[derive(Debug, Clone)]
@@ -66,7 +66,20 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
         );
         Ok(())
     })?;
-    let sources = super::sources::read_sources(store)?;
+    let mut sources = super::sources::read_sources(store)?;
+    if crate::storage::migrations::read_version(store)?.is_some_and(|v| v < 7) {
+        // A store read as it is (the offline commands never migrate): its sources resume as
+        // migration 7 would have them.
+        for op in crate::storage::source_records::add_source_records(store)? {
+            if let KvOp::Put { key, value, .. } = op
+                && let Some(source) = std::str::from_utf8(&key)
+                    .ok()
+                    .and_then(SubscriptionKey::parse)
+            {
+                sources.insert(source, codec::decode_source(&value)?);
+            }
+        }
+    }
     let mut headers: Vec<([u8; 8], ContextKey, crate::hashing::HashProfile)> = Vec::new();
     store.scan_prefix(Cf::Contexts, b"", &mut |key, value| {
         let ctx: [u8; 8] = key.try_into().map_err(|_| StorageError::Corrupt {
