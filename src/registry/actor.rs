@@ -150,6 +150,11 @@ impl Registry {
                 if dropped_at_recovery {
                     actor.note_dropped_at_recovery();
                 }
+                if restored.is_some() && resume_after.is_none() {
+                    // Restored without a position: its publisher's whole buffer is asked for at
+                    // once, not after a live batch an idle publisher may never send.
+                    actor.replay_from_start_at_start();
+                }
                 actor
             })
         };

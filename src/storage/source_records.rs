@@ -1,7 +1,7 @@
 //! Migration 7's step (`migrations/0007_source_records.md`): every registration gets the source
 //! record recovery resumes it from. Before schema 7 a source resumed from the lowest position
-//! among the contexts it fed, so that position becomes its record, under incarnation 0, the
-//! incarnation every registration written before schema 7 reads as.
+//! among the contexts it fed, so that position becomes its record, under the registration's
+//! incarnation (0, the incarnation of every registration written before schema 7).
 //!
 //! The byte layout is `durability::codec`'s (a watermark key is the context id, 8 bytes, then
 //! the service key text; a registration's key is the service key text; a source record is the
@@ -14,8 +14,13 @@ use super::{Cf, KvOp, KvStore, StorageError};
 
 pub fn add_source_records(store: &dyn KvStore) -> Result<Vec<KvOp>, StorageError> {
     let mut registered = Vec::new();
-    store.scan_prefix(Cf::Registrations, b"", &mut |k, _| {
-        registered.push(k.to_vec());
+    store.scan_prefix(Cf::Registrations, b"", &mut |k, v| {
+        // Registrations before schema 7 carry no incarnation (0); one that does keeps its own.
+        let incarnation = serde_json::from_slice::<serde_json::Value>(v)
+            .ok()
+            .and_then(|r| r.get("incarnation")?.as_u64())
+            .unwrap_or(0);
+        registered.push((k.to_vec(), incarnation));
         Ok(())
     })?;
     let mut lowest: HashMap<Vec<u8>, [u8; 16]> = HashMap::new();
@@ -35,9 +40,9 @@ pub fn add_source_records(store: &dyn KvStore) -> Result<Vec<KvOp>, StorageError
     })?;
     Ok(registered
         .into_iter()
-        .filter_map(|key| {
+        .filter_map(|(key, incarnation)| {
             let mark = lowest.get(&key)?;
-            let mut value = 0u64.to_be_bytes().to_vec();
+            let mut value = incarnation.to_be_bytes().to_vec();
             value.extend_from_slice(mark);
             Some(KvOp::Put {
                 cf: Cf::Sources,

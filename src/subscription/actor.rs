@@ -52,6 +52,9 @@ pub struct SubscriptionActor {
     waiting_hand_offs: usize,
     /// The registration's incarnation (`durability::sources`).
     incarnation: u64,
+    /// Ask for the publisher's whole buffer when the actor starts (a restored registration
+    /// without a position).
+    from_start: bool,
     /// How many times this subscription dropped its source.
     generation: u64,
     /// The mark of the last batch applied, to check on reconnect that the publisher still has it.
@@ -112,6 +115,7 @@ impl SubscriptionActor {
             replay_cancel: None,
             waiting_hand_offs: 0,
             incarnation,
+            from_start: false,
             generation: 0,
             last_mark: resume_after,
             connected: false,
@@ -120,6 +124,11 @@ impl SubscriptionActor {
             rebuild_on_return: false,
             config,
         }
+    }
+
+    /// Start by replaying the publisher's whole buffer (see `from_start`).
+    pub fn replay_from_start_at_start(&mut self) {
+        self.from_start = true;
     }
 
     /// Recovery dropped this source's blocks (no valid position vouched for them): count it as
@@ -378,8 +387,13 @@ impl Actor for SubscriptionActor {
             self.settings,
             self.cancel.clone(),
         ));
-        // After recovery, ask for what was published while the Conductor was down.
-        let actions = self.seq.begin_catch_up();
+        // After recovery, ask for what was published while the Conductor was down (all the
+        // publisher buffers, for a source restored without a position).
+        let actions = if self.from_start {
+            self.seq.begin_from_start()
+        } else {
+            self.seq.begin_catch_up()
+        };
         self.perform(actions, ctx);
         // Recovered blocks of a publisher that never comes back do not stay for ever either.
         self.start_grace(ctx);

@@ -363,7 +363,13 @@ async fn a_schema_4_database_rebuilds_its_derived_blocks_from_the_publishers_rep
     {
         let store =
             mooncake_conductor::storage::rocks::RocksStore::open(&dir.path().join("data")).unwrap();
-        store.write(vec![version_op(4)]).unwrap();
+        // A schema 4 store has no source records (schema 7 added them).
+        let no_sources = mooncake_conductor::storage::KvOp::DeleteRange {
+            cf: mooncake_conductor::storage::Cf::Sources,
+            from: Vec::new(),
+            to: vec![0xff; 64],
+        };
+        store.write(vec![no_sources, version_op(4)]).unwrap();
     }
     let server = Server::start_in(dir, json!({})).await;
     assert!(
@@ -375,7 +381,8 @@ async fn a_schema_4_database_rebuilds_its_derived_blocks_from_the_publishers_rep
     assert_eq!(
         (a[1].0, a[2].0),
         (0, 0),
-        "blocks under derived keys went with the migration"
+        "blocks under derived keys went with the migration: {}",
+        server.service_status("e|default|0").await
     );
     player.publish(store(3, "GPU")).await;
     deliver(&server, &mut player).await;
