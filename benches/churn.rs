@@ -16,7 +16,7 @@
 
 mod support;
 
-use mooncake_conductor::durability::checkpoint::{context_ops, put_registration};
+use mooncake_conductor::durability::checkpoint::context_ops;
 use mooncake_conductor::durability::recovery;
 use mooncake_conductor::events::{Holder, IndexBatch, IndexOp};
 use mooncake_conductor::index::{ContextIndex, Watermark};
@@ -143,7 +143,7 @@ impl Run {
 
     /// One round: instance `r` registers and is fed, instance `r - 1` unregisters, the steady
     /// instances and the store move their windows.
-    fn round(&mut self, store: &RocksStore, r: u64) {
+    fn round(&mut self, store: &RocksStore, r: u64, rounds: &mut support::Rounds) {
         let name = format!("churn-{r}");
         self.index.attach_rank(&source(&name), &name, 0);
         let own = 1_000_000 + r * 1_000;
@@ -163,7 +163,7 @@ impl Run {
         if r > 0 {
             let gone = format!("churn-{}", r - 1);
             self.index.detach_source(&source(&gone));
-            let _ = recovery_free_registration(store, &gone);
+            let _ = rounds.unregister(store, &source(&gone));
         }
         for s in 0..STEADY {
             let name = format!("steady-{s}");
@@ -200,19 +200,12 @@ impl Run {
     }
 }
 
-/// Unregistering deletes the registration before the context lets go of the source.
-fn recovery_free_registration(store: &RocksStore, instance: &str) -> Result<(), String> {
-    mooncake_conductor::durability::checkpoint::delete_registration(store, &source(instance))
-        .map_err(|e| e.to_string())
-}
-
-fn checkpoint(index: &mut ContextIndex, store: &RocksStore) -> usize {
+/// A checkpoint round as the service writes it (the context's changes and the source records
+/// that moved); the bytes of the context's part.
+fn checkpoint(index: &mut ContextIndex, store: &RocksStore, rounds: &mut support::Rounds) -> usize {
     let changes = index.take_changes();
-    let ops = context_ops(&changes);
-    let bytes = bytes_of(&ops);
-    if !ops.is_empty() {
-        store.write(ops).expect("checkpoint write");
-    }
+    let bytes = bytes_of(&context_ops(&changes));
+    rounds.round(changes, index, store);
     bytes
 }
 
@@ -235,11 +228,12 @@ fn main() {
     let path = dir.path().join("data");
     let store = RocksStore::open(&path).expect("open");
     migrations::migrate(&store, "churn").expect("migrate");
+    let mut checkpoints = support::Rounds::new();
     for s in 0..STEADY {
         let name = format!("steady-{s}");
-        put_registration(&store, &registration(&name, PublisherType::Vllm)).expect("register");
+        checkpoints.register(&store, &registration(&name, PublisherType::Vllm));
     }
-    put_registration(&store, &registration("store", PublisherType::Mooncake)).expect("register");
+    checkpoints.register(&store, &registration("store", PublisherType::Mooncake));
     let mut run = Run {
         index: ContextIndex::new(ContextKey::new("default", "churn", "", 16), profile()),
         seq: 0,
@@ -256,9 +250,9 @@ fn main() {
     );
     for r in 0..rounds {
         let name = format!("churn-{r}");
-        put_registration(&store, &registration(&name, PublisherType::Vllm)).expect("register");
-        run.round(&store, r);
-        window_bytes += checkpoint(&mut run.index, &store);
+        checkpoints.register(&store, &registration(&name, PublisherType::Vllm));
+        run.round(&store, r, &mut checkpoints);
+        window_bytes += checkpoint(&mut run.index, &store, &mut checkpoints);
         let stats = run.index.stats();
         most_holders = most_holders.max(stats.holders);
         if (r + 1) % 100 == 0 {
@@ -293,7 +287,9 @@ fn main() {
         }
     }
     // Idle: nothing changes, so nothing is written.
-    let idle: usize = (0..50).map(|_| checkpoint(&mut run.index, &store)).sum();
+    let idle: usize = (0..50)
+        .map(|_| checkpoint(&mut run.index, &store, &mut checkpoints))
+        .sum();
     store.compact().expect("compact");
     let compacted = sst_bytes(&path);
     let live = run.index.stats();

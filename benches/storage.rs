@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use mooncake_conductor::durability::checkpoint::{context_ops, put_registration};
 use mooncake_conductor::durability::recovery;
 use mooncake_conductor::events::{BlockContents, Holder, IndexBatch, IndexOp};
 use mooncake_conductor::hashing::derived;
@@ -87,8 +86,9 @@ fn raw_batch(source: u32, range: std::ops::Range<u64>) -> IndexBatch {
 fn fill_mixed(path: &std::path::Path, pairs: u64, raw_only: bool) {
     let store = RocksStore::open(path).expect("open");
     migrations::migrate(&store, "bench").expect("migrate");
+    let mut rounds = support::Rounds::new();
     for i in 0..SOURCES {
-        put_registration(&store, &registration(i)).expect("registration");
+        rounds.register(&store, &registration(i));
     }
     let mut index = ContextIndex::new(ContextKey::new("", "bench", "", 16), profile());
     let chunk = 200_000;
@@ -105,7 +105,7 @@ fn fill_mixed(path: &std::path::Path, pairs: u64, raw_only: bool) {
         if let Some(batch) = batch {
             let seq = c + 1;
             index.apply_sequenced(&batch, Watermark { seq, digest: seq });
-            checkpoint(&mut index, &store);
+            checkpoint(&mut index, &store, &mut rounds);
         }
     }
     store.compact().expect("compact");
@@ -148,18 +148,19 @@ fn migration(pairs: u64) {
     );
 }
 
-fn checkpoint(index: &mut ContextIndex, store: &dyn KvStore) -> usize {
+/// A checkpoint round as the service writes it: the context's changes and the source records.
+fn checkpoint(
+    index: &mut ContextIndex,
+    store: &dyn KvStore,
+    rounds: &mut support::Rounds,
+) -> usize {
     let changes = index.take_changes();
-    let pairs = changes.pairs.len();
-    store
-        .write(context_ops(&changes))
-        .expect("checkpoint write");
-    pairs
+    rounds.round(changes, index, store)
 }
 
 /// Fill a context with `pairs` (block, holder) pairs spread over 8 engines, checkpointing every
 /// 200 k changes like the running service would.
-fn fill(store: &dyn KvStore, pairs: u64) -> ContextIndex {
+fn fill(store: &dyn KvStore, pairs: u64, rounds: &mut support::Rounds) -> ContextIndex {
     let mut index = ContextIndex::new(ContextKey::new("", "bench", "", 16), profile());
     let mut seq = 0;
     let chunk = 200_000;
@@ -169,7 +170,7 @@ fn fill(store: &dyn KvStore, pairs: u64) -> ContextIndex {
         seq += 1;
         let batch = store_batch((seq % SOURCES as u64) as u32, start..end);
         index.apply_sequenced(&batch, Watermark { seq, digest: seq });
-        checkpoint(&mut index, store);
+        checkpoint(&mut index, store, rounds);
         start = end;
     }
     index
@@ -263,13 +264,14 @@ fn main() {
             let _ = std::fs::remove_dir_all(&path);
         }
         let started = Instant::now();
+        let mut rounds = support::Rounds::new();
         let mut index = {
             let store = RocksStore::open(&path).expect("open");
             migrations::migrate(&store, "bench").expect("migrate");
             for i in 0..SOURCES {
-                put_registration(&store, &registration(i)).expect("registration");
+                rounds.register(&store, &registration(i));
             }
-            let index = fill(&store, pairs);
+            let index = fill(&store, pairs, &mut rounds);
             store.compact().expect("compact");
             index
         };
@@ -279,6 +281,7 @@ fn main() {
         // Checkpoint cost per 1 k changed blocks on this large context (half stores of new
         // blocks, half removals), 100 rounds.
         let store = RocksStore::open(&path).expect("reopen");
+        let mut checkpoints = rounds;
         let mut rounds: Vec<Duration> = Vec::new();
         for r in 0..100u64 {
             let base = pairs + r * 1_000;
@@ -301,7 +304,7 @@ fn main() {
                 },
             );
             let t = Instant::now();
-            checkpoint(&mut index, &store);
+            checkpoint(&mut index, &store, &mut checkpoints);
             rounds.push(t.elapsed());
         }
         drop(store);
