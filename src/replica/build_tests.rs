@@ -45,7 +45,7 @@ fn chunks_of(contexts: Vec<ContextIndex>, registered: &[u32]) -> Vec<SnapshotChu
 }
 
 /// Feed every chunk as the pull does: registrations kept for the end.
-fn build(chunks: &[SnapshotChunk]) -> Result<Recovered, String> {
+pub(super) fn build(chunks: &[SnapshotChunk]) -> Result<Recovered, String> {
     let mut build = StreamBuild::default();
     let mut registrations = Vec::new();
     for chunk in chunks {

@@ -136,28 +136,12 @@ fn stored(n: i64, lora: Option<&str>) -> Vec<u8> {
     out
 }
 
-/// The snapshot's chunks loaded as a pull loads them: built as they arrive, then each source
+/// The snapshot's chunks loaded as a pull loads them: built as they arrive, each source
 /// resuming from the position the begin mark names.
 fn load(chunks: &[crate::gateway::pb::SnapshotChunk]) -> Recovered {
     let begin = chunks[0].begin.clone().expect("begin mark");
-    let mut build = StreamBuild::default();
-    let mut registrations = Vec::new();
-    for chunk in chunks {
-        let (regs, rest): (Vec<_>, Vec<_>) = ops_of(chunk).into_iter().partition(|op| {
-            matches!(
-                op,
-                KvOp::Put {
-                    cf: Cf::Registrations,
-                    ..
-                }
-            )
-        });
-        registrations.extend(regs);
-        build.feed(&rest).expect("in the store's order");
-    }
-    let records = super::cut_tests::records_of(chunks);
     assert!(!begin.sources.is_empty());
-    build.finish(&registrations, records).expect("built")
+    super::build_tests::build(chunks).expect("built")
 }
 
 #[test]
