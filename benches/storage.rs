@@ -280,7 +280,8 @@ fn main() {
         let disk = dir_bytes(&path);
 
         // Checkpoint cost per 1 k changed blocks on this large context (half stores of new
-        // blocks, half removals), 200 rounds, half of them (see below) the context's changes alone.
+        // blocks, half removals), 200 rounds, half of them (see below) the context's changes
+        // alone.
         let store = RocksStore::open(&path).expect("reopen");
         let mut checkpoints = rounds;
         let mut rounds: Vec<Duration> = Vec::new();
