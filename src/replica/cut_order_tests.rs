@@ -17,12 +17,10 @@ use crate::index::actor::Snapshot;
 use crate::index::directory::{ArbiterPool, ContextDirectory};
 use crate::model::{PublisherConfig, SubscriptionKey};
 use crate::registry::{ListServices, Origin, Register, Registry, SubscriptionDirectory};
+use crate::storage::KvStore;
 use crate::storage::memory::MemoryStore;
-use crate::storage::{Cf, KvOp, KvStore};
 
-use super::build::StreamBuild;
 use super::cut::Listing;
-use super::cut_tests::ops_of;
 
 /// One replica's moving parts, without its servers.
 struct Replica {
