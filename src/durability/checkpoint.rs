@@ -206,8 +206,8 @@ pub struct Round {
     pub report: CheckpointReport,
     pub first_error: Option<String>,
     ops: Vec<KvOp>,
-    /// Per context written: its key and what to mark dirty again on failure.
-    written: Vec<(ContextKey, MarkDirty)>,
+    /// The changes of every context written: on failure each goes back as a retry.
+    written: Vec<ContextChanges>,
     forgotten: Vec<ContextKey>,
     sources: SourceUpdate,
 }
@@ -235,12 +235,7 @@ impl CheckpointState {
         round.report.contexts += 1;
         round.report.pairs += changes.pairs.len();
         round.ops.extend(ops);
-        let retry = MarkDirty {
-            pairs: changes.pairs.iter().map(|p| (p.holder, p.block)).collect(),
-            aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
-            fresh: changes.fresh,
-        };
-        round.written.push((changes.key, retry));
+        round.written.push(changes);
     }
 
     /// Add the deletes of every persisted context that is no longer `live`.
@@ -278,8 +273,8 @@ impl CheckpointState {
         let ops = std::mem::take(&mut round.ops);
         match write_round(store, ops) {
             Ok(()) => {
-                for (key, _) in round.written.drain(..) {
-                    self.persisted.insert(key);
+                for changes in round.written.drain(..) {
+                    self.persisted.insert(changes.key);
                 }
                 round.report.forgotten = round.forgotten.len();
                 for key in round.forgotten.drain(..) {
@@ -299,7 +294,17 @@ impl CheckpointState {
                     "checkpoint write failed, retried next round: {e}"
                 );
                 round.first_error.get_or_insert_with(|| e.to_string());
-                let retries = std::mem::take(&mut round.written);
+                let retries = std::mem::take(&mut round.written)
+                    .into_iter()
+                    .map(|changes| {
+                        let retry = MarkDirty {
+                            pairs: changes.pairs.iter().map(|p| (p.holder, p.block)).collect(),
+                            aliases: changes.aliases.iter().map(|&(h, _)| h).collect(),
+                            fresh: changes.fresh,
+                        };
+                        (changes.key, retry)
+                    })
+                    .collect();
                 (round, retries)
             }
         }
