@@ -147,8 +147,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CoalescedWrites<T> {
     }
 }
 
-impl tonic::transport::server::Connected for CoalescedWrites<tokio::net::TcpStream> {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected
+    for CoalescedWrites<T>
+{
+    type ConnectInfo = T::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.io.connect_info()

@@ -8,7 +8,8 @@
 //! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API, [`http_register`] its
 //! `/register` checks, [`http_reply`] its answer formats and error bodies, [`http_body`] its
 //! query answers and [`http_registry`] the shared registry's status and operator commands;
-//! [`workers`] the threads both servers run on.
+//! [`workers`] the threads both servers run on; [`tls`] TLS on both servers (optional) and a
+//! replica's TLS towards its peer.
 //!
 //! # Transport settings, and why
 //!
@@ -57,6 +58,7 @@ pub mod ops;
 pub mod readiness;
 pub mod registration;
 pub mod request;
+pub mod tls;
 pub mod value;
 pub mod workers;
 

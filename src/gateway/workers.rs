@@ -13,11 +13,12 @@ use std::net::SocketAddr;
 use std::thread::JoinHandle;
 
 use futures::StreamExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::coalesce::CoalescedWrites;
+use crate::gateway::tls::{self, Conn, ServerTls};
 
 /// What each worker serves: both routers are cheap to clone (shared state behind `Arc`s).
 #[derive(Clone)]
@@ -45,6 +46,7 @@ impl Workers {
         http: TcpListener,
         grpc: TcpListener,
         routers: Routers,
+        tls: Option<ServerTls>,
         shutdown: CancellationToken,
     ) -> std::io::Result<Workers> {
         let mut handoffs = Vec::with_capacity(count);
@@ -56,11 +58,11 @@ impl Workers {
                 http: http_tx,
                 grpc: grpc_tx,
             });
-            let (routers, stop) = (routers.clone(), shutdown.clone());
+            let (routers, tls, stop) = (routers.clone(), tls.clone(), shutdown.clone());
             let local = http.local_addr()?;
             let thread = std::thread::Builder::new()
                 .name(format!("gateway-{n}"))
-                .spawn(move || serve(routers, local, http_rx, grpc_rx, stop))?;
+                .spawn(move || serve(routers, tls, local, http_rx, grpc_rx, stop))?;
             threads.push(thread);
         }
         let handoffs = std::sync::Arc::new(handoffs);
@@ -126,9 +128,10 @@ async fn accept(
 /// One worker: both servers on a single-threaded runtime until shutdown.
 fn serve(
     routers: Routers,
+    tls: Option<ServerTls>,
     http_local: SocketAddr,
     http: mpsc::UnboundedReceiver<std::net::TcpStream>,
-    mut grpc: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    grpc: mpsc::UnboundedReceiver<std::net::TcpStream>,
     shutdown: CancellationToken,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -142,6 +145,9 @@ fn serve(
         }
     };
     runtime.block_on(async move {
+        // The TLS handshakes (when configured) run here, on this worker, one task each.
+        let http = tls::connections(http, tls.clone(), tls::Port::Http);
+        let mut grpc = tls::connections(grpc, tls, tls::Port::Grpc);
         let stop = shutdown.clone();
         let http_server = axum::serve(
             Handed {
@@ -153,7 +159,7 @@ fn serve(
         .with_graceful_shutdown(async move { stop.cancelled().await });
         // One write per gRPC answer instead of h2's two (see `coalesce`).
         let incoming = futures::stream::poll_fn(move |cx| grpc.poll_recv(cx))
-            .map(|stream| TcpStream::from_std(stream).map(CoalescedWrites::new));
+            .map(|conn| Ok::<_, std::io::Error>(CoalescedWrites::new(conn)));
         let grpc_server = tonic::transport::Server::builder()
             // The transport settings and why are in `gateway`'s module doc; the ones that
             // matter are spelled out so that a changed tonic default cannot change them.
@@ -173,23 +179,22 @@ fn serve(
 
 /// The connections an accept loop handed to this worker, as axum's listener.
 struct Handed {
-    connections: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    connections: mpsc::UnboundedReceiver<Conn>,
     local: SocketAddr,
 }
 
 impl axum::serve::Listener for Handed {
-    type Io = TcpStream;
+    type Io = Conn;
     type Addr = SocketAddr;
 
-    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+    async fn accept(&mut self) -> (Conn, SocketAddr) {
         loop {
-            let Some(stream) = self.connections.recv().await else {
+            let Some(conn) = self.connections.recv().await else {
                 // No more connections: shutdown has begun, and axum stops on its signal.
                 return std::future::pending().await;
             };
-            let registered = TcpStream::from_std(stream);
-            match registered.and_then(|s| Ok((s.peer_addr()?, s))) {
-                Ok((peer, stream)) => return (stream, peer),
+            match conn.tcp().peer_addr() {
+                Ok(peer) => return (conn, peer),
                 Err(e) => tracing::debug!("handed connection dropped: {e}"),
             }
         }
