@@ -116,6 +116,12 @@ pub struct Config {
     pub bootstrap_attempts: u32,
     /// This replica's id in `/metrics` and in the snapshots it serves; `None`: the host name.
     pub replica_id: Option<String>,
+    /// TLS on both servers (`tls`); `None`: plain TCP.
+    pub tls: Option<crate::gateway::tls::ServerTlsFiles>,
+    /// The CA (and name) an `https://` `bootstrap_from` is checked against.
+    pub bootstrap_tls: Option<crate::gateway::tls::PeerTlsFiles>,
+    /// A plain `http://` `bootstrap_from` to a peer off this host is accepted (trusted network).
+    pub bootstrap_allow_plain_http: bool,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -262,6 +268,9 @@ impl Config {
             bootstrap_from: None,
             bootstrap_attempts: DEFAULT_BOOTSTRAP_ATTEMPTS,
             replica_id: None,
+            tls: None,
+            bootstrap_tls: None,
+            bootstrap_allow_plain_http: false,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -404,7 +413,8 @@ impl Config {
                     let text = text.ok_or_else(|| {
                         err(
                             field,
-                            "must be a peer's gRPC address, http://host:port".into(),
+                            "must be a peer's gRPC address, https://host:port or http://host:port"
+                                .into(),
                         )
                     })?;
                     config.bootstrap_from = Some(text.to_owned());
@@ -430,6 +440,21 @@ impl Config {
                         .ok_or_else(|| err(field, "must be a string of 1 to 256 bytes".into()))?;
                     config.replica_id = Some(text.to_owned());
                 }
+                "tls" => {
+                    let files = crate::gateway::tls::ServerTlsFiles::parse(value)
+                        .map_err(|(f, m)| err(Some(f.as_str()), m))?;
+                    config.tls = Some(files);
+                }
+                "bootstrap_tls" => {
+                    let files = crate::gateway::tls::PeerTlsFiles::parse(value)
+                        .map_err(|(f, m)| err(Some(f.as_str()), m))?;
+                    config.bootstrap_tls = Some(files);
+                }
+                "bootstrap_allow_plain_http" => {
+                    config.bootstrap_allow_plain_http = value
+                        .as_bool()
+                        .ok_or_else(|| err(field, "must be true or false".into()))?
+                }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {
                         Some("refuse") => false,
@@ -450,8 +475,55 @@ impl Config {
                 ),
             ));
         }
+        check_bootstrap_transport(&config).map_err(|(f, m)| err(Some(f), m))?;
         Ok(config)
     }
+}
+
+/// The token a bootstrapping replica presents, and the snapshot, cross the network in clear text
+/// over `http://`: accepted to a peer on this host, or with the explicit opt-in. See
+/// docs/security.md.
+fn check_bootstrap_transport(config: &Config) -> Result<(), (&'static str, String)> {
+    let peer = config.bootstrap_from.as_deref();
+    let https = peer.is_some_and(|p| p.starts_with("https://"));
+    match (peer, &config.bootstrap_tls) {
+        (Some(_), None) if https => Err((
+            "bootstrap_from",
+            "https:// needs `bootstrap_tls` with the `ca_file` the peer's certificate chains to"
+                .into(),
+        )),
+        (_, Some(_)) if !https => Err((
+            "bootstrap_tls",
+            "applies to an https:// `bootstrap_from` only".into(),
+        )),
+        (Some(peer), None) if !config.bootstrap_allow_plain_http && !is_loopback_url(peer) => {
+            Err((
+                "bootstrap_from",
+                format!(
+                    "{peer} is plain http:// to another host: the service token and the snapshot                      would cross the network in clear text; use https:// with `bootstrap_tls`,                      or set `bootstrap_allow_plain_http: true` on a network you trust"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The URL's host is `localhost` or a loopback address.
+fn is_loopback_url(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or_default();
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        v6.split(']').next().unwrap_or_default()
+    } else {
+        authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host)
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 fn port(value: &Value) -> Result<u16, String> {

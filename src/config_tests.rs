@@ -102,7 +102,8 @@ fn bootstrap_attempts_default_to_a_bound_and_zero_means_no_limit() {
 #[test]
 fn bootstrap_from_needs_an_http_address_and_replica_id_a_short_name() {
     let c = Config::parse(
-        r#"{"bootstrap_from": "http://10.0.0.5:50051", "replica_id": "r-1"}"#,
+        r#"{"bootstrap_from": "http://10.0.0.5:50051", "bootstrap_allow_plain_http": true,
+            "replica_id": "r-1"}"#,
         "c",
     )
     .unwrap();
@@ -119,6 +120,73 @@ fn bootstrap_from_needs_an_http_address_and_replica_id_a_short_name() {
         e.to_string().contains("broken.json") && e.to_string().contains("invalid JSON"),
         "{e}"
     );
+}
+
+#[test]
+fn plain_http_bootstrap_to_another_host_needs_the_opt_in() {
+    for peer in [
+        "http://10.0.0.5:50051",
+        "http://peer.example:1",
+        "http://[fd00::1]:1",
+    ] {
+        let e = Config::parse(&format!(r#"{{"bootstrap_from": "{peer}"}}"#), "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("bootstrap_from"), "{peer}");
+        assert!(e.message.contains("bootstrap_allow_plain_http"), "{e}");
+    }
+    for peer in ["http://127.0.0.1:1", "http://localhost:1", "http://[::1]:1"] {
+        let c = Config::parse(&format!(r#"{{"bootstrap_from": "{peer}"}}"#), "c").unwrap();
+        assert_eq!(c.bootstrap_from.as_deref(), Some(peer));
+    }
+    let e = Config::parse(r#"{"bootstrap_allow_plain_http": 1}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("bootstrap_allow_plain_http"));
+}
+
+#[test]
+fn https_bootstrap_needs_a_ca_and_tls_names_its_fields() {
+    let e = Config::parse(r#"{"bootstrap_from": "https://peer:1"}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("bootstrap_from"));
+    assert!(e.message.contains("bootstrap_tls"), "{e}");
+    let c = Config::parse(
+        r#"{"bootstrap_from": "https://peer:1", "bootstrap_tls": {"ca_file": "ca.pem", "domain": "p"}}"#,
+        "c",
+    )
+    .unwrap();
+    let tls = c.bootstrap_tls.expect("bootstrap_tls");
+    assert_eq!(tls.ca_file, std::path::Path::new("ca.pem"));
+    assert_eq!(tls.domain.as_deref(), Some("p"));
+    let e = Config::parse(
+        r#"{"bootstrap_from": "http://127.0.0.1:1", "bootstrap_tls": {"ca_file": "ca.pem"}}"#,
+        "c",
+    )
+    .unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("bootstrap_tls"));
+    let e = Config::parse(r#"{"bootstrap_tls": {"domain": "p"}}"#, "c").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("bootstrap_tls.ca_file"));
+
+    let c = Config::parse(
+        r#"{"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}"#,
+        "c",
+    )
+    .unwrap();
+    let tls = c.tls.expect("tls");
+    assert_eq!(tls.handshake_timeout_ms, 10_000);
+    assert_eq!(tls.key_file, std::path::Path::new("k.pem"));
+    for (bad, field) in [
+        (r#"{"cert_file": "c.pem"}"#, "tls.key_file"),
+        (r#"{"cert_file": "", "key_file": "k"}"#, "tls.cert_file"),
+        (
+            r#"{"cert_file": "c", "key_file": "k", "handshake_timeout_ms": 0}"#,
+            "tls.handshake_timeout_ms",
+        ),
+        (
+            r#"{"cert_file": "c", "key_file": "k", "certfile": "c"}"#,
+            "tls.certfile",
+        ),
+        (r#""c.pem""#, "tls"),
+    ] {
+        let e = Config::parse(&format!(r#"{{"tls": {bad}}}"#), "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some(field), "{bad}");
+    }
 }
 
 #[test]

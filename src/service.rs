@@ -67,6 +67,17 @@ pub fn run_until_signal(config: Config) -> Result<(), ServiceError> {
 
 /// Run the service until `shutdown` is cancelled. Must be called inside an actix System.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), ServiceError> {
+    // The PEM files are read once, here: a bad one stops the start, and a restart reloads them.
+    let server_tls = match &config.tls {
+        Some(files) => {
+            Some(crate::gateway::tls::ServerTls::load(files).map_err(ServiceError::Other)?)
+        }
+        None => None,
+    };
+    let peer_tls = match &config.bootstrap_tls {
+        Some(files) => Some(files.client_config().map_err(ServiceError::Other)?),
+        None => None,
+    };
     let http_addr = SocketAddr::new(config.bind_address, config.http_server_port);
     let rpc_addr = SocketAddr::new(config.bind_address, config.rpc_server_port);
     let http = tokio::net::TcpListener::bind(http_addr)
@@ -144,11 +155,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         );
     }
     let storage_health = Arc::new(StorageHealth::default());
-    let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone(), auth)
+    let mut ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone(), auth)
         .with_max_query_tokens(config.max_query_tokens)
         .with_shared(shared.clone())
         .with_storage_health(storage_health.clone())
         .with_metrics_section(replica.clone());
+    if let Some(tls) = &server_tls {
+        ops = ops.with_metrics_section(tls.counters.clone());
+        tracing::info!("both servers speak TLS only");
+    }
 
     // The servers answer before any subscription starts: whatever a publisher does at start,
     // `/health` says what the service is doing and an operator can look at `/services/status`.
@@ -187,7 +202,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
                 .add_service(reflection),
         }
     };
-    let gateway = Workers::start(threads, http, rpc, routers, shutdown.clone())
+    let gateway = Workers::start(threads, http, rpc, routers, server_tls, shutdown.clone())
         .map_err(|e| ServiceError::Other(format!("gateway workers: {e}")))?;
     tracing::info!(http = %http_local, grpc = %rpc_local, replica_id = %replica.replica_id(), "mooncake_conductor listening");
 
@@ -198,6 +213,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         let attempts = crate::replica::attempts::Attempts {
             peer,
             token: config.auth_tokens.first(),
+            tls: peer_tls.as_ref(),
             limit: config.bootstrap_attempts,
         };
         match attempts

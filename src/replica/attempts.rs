@@ -40,6 +40,8 @@ pub enum Outcome {
 pub struct Attempts<'a> {
     pub peer: &'a str,
     pub token: Option<&'a [u8]>,
+    /// The CA an `https://` peer is checked against (config `bootstrap_tls`).
+    pub tls: Option<&'a tonic::transport::ClientTlsConfig>,
     /// Attempts before starting empty; 0: no limit.
     pub limit: u32,
 }
@@ -149,7 +151,7 @@ impl Attempts<'_> {
                 return Err(PullError::Load(e, peer.to_owned()));
             }
         }
-        let pull = pull::pull(peer, self.token, store, progress);
+        let pull = pull::pull(peer, self.token, self.tls, store, progress);
         tokio::pin!(pull);
         let mut ticker = tokio::time::interval(Duration::from_millis(100));
         loop {

@@ -242,7 +242,9 @@ mod tests {
 
     fn config(peer: Option<&str>) -> Config {
         let text = match peer {
-            Some(p) => format!(r#"{{"bootstrap_from": "{p}"}}"#),
+            Some(p) => {
+                format!(r#"{{"bootstrap_from": "{p}", "bootstrap_allow_plain_http": true}}"#)
+            }
             None => "{}".to_owned(),
         };
         Config::parse(&text, "test").expect("config")

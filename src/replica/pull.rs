@@ -76,12 +76,13 @@ pub struct Pulled {
 pub async fn pull(
     peer: &str,
     token: Option<&[u8]>,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
     store: &Arc<dyn KvStore>,
     progress: &Progress,
 ) -> Result<Pulled, PullError> {
     let started = std::time::Instant::now();
     clear(store.as_ref()).map_err(|e| PullError::Load(e, peer.to_owned()))?;
-    let result = fetch(peer, token, store, progress).await;
+    let result = fetch(peer, token, tls, store, progress).await;
     let result = match result {
         Ok(fetched) => {
             tracing::info!(peer, elapsed = ?started.elapsed(), "snapshot received; loading it");
@@ -153,6 +154,7 @@ fn load(
 async fn fetch(
     peer: &str,
     token: Option<&[u8]>,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
     store: &Arc<dyn KvStore>,
     progress: &Progress,
 ) -> Result<Fetched, PullError> {
@@ -164,13 +166,20 @@ async fn fetch(
         peer: peer.to_owned(),
         reason,
     };
-    let endpoint = tonic::transport::Endpoint::from_shared(peer.to_owned())
+    let mut endpoint = tonic::transport::Endpoint::from_shared(peer.to_owned())
         .map_err(|e| unreachable(e.to_string()))?
         .connect_timeout(CONNECT_TIMEOUT)
         // HTTP/2's default 64 KiB window would have the peer wait for a window update every
         // 64 KiB of a stream of hundreds of megabytes.
         .initial_stream_window_size(WINDOW_BYTES)
         .initial_connection_window_size(WINDOW_BYTES);
+    // Config checks that an https:// peer comes with its CA, and a plain one is on this host or
+    // opted into (docs/security.md).
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls.clone())
+            .map_err(|e| unreachable(source_chain(&e)))?;
+    }
     let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
         .await
         .map_err(|_| unreachable(format!("no connection within {CONNECT_TIMEOUT:?}")))?
