@@ -29,3 +29,4 @@ mod replicas;
 mod scenarios;
 mod source_order;
 mod storage_faults;
+mod tls;

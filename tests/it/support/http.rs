@@ -56,7 +56,18 @@ pub async fn try_request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> std::io::Result<HttpResponse> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    request_over(stream, method, path, headers, body).await
+}
+
+/// One request over an open connection (TCP, or TLS for the TLS tests), read to its end.
+pub async fn request_over<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut stream: S,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<HttpResponse> {
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()

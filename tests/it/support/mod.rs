@@ -13,6 +13,7 @@ pub mod proxy;
 pub mod raw_zmtp;
 pub mod relay;
 pub mod server;
+pub mod tls;
 pub mod tool;
 
 use std::future::Future;
