@@ -15,6 +15,7 @@ mod codes;
 mod convert;
 mod idle;
 mod register;
+mod tls;
 mod transport;
 
 /// Generated from `proto/conductor.proto` by `build.rs` (client side only).
@@ -233,11 +234,21 @@ impl ConductorClient {
         let Ok(authorization) = authorization_from_env() else {
             return INVALID_PARAMS;
         };
+        // `CONDUCTOR_TLS_CA` (and `CONDUCTOR_TLS_DOMAIN`): an unusable CA or name is a bad
+        // parameter, like a bad token.
+        let host = conductor_addr.rsplit_once(':').map_or("", |(host, _)| host);
+        let Ok(tls) = tls::from_env(host) else {
+            return INVALID_PARAMS;
+        };
+        let uri = match &tls {
+            Some(_) => uri.replacen("http://", "https://", 1),
+            None => uri,
+        };
         let meta = Meta {
             timeout: request_timeout,
             authorization,
         };
-        let transport = Transport::new(conductor_addr.clone(), uri, connect_timeout);
+        let transport = Transport::new(conductor_addr.clone(), uri, connect_timeout, tls);
         let Some(rt) = self.runtime() else {
             return INTERNAL_ERROR;
         };

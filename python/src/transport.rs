@@ -43,9 +43,11 @@ pub(crate) struct Transport {
 struct Shared {
     /// `host:port` as given to setup() (resolved at each connect, as `Channel` did).
     addr: String,
-    /// `http://host:port`: every request's scheme and authority.
+    /// `http://host:port` (`https://` with TLS): every request's scheme and authority.
     origin: String,
     connect_timeout: Duration,
+    /// With `CONDUCTOR_TLS_CA`: each connection's TLS handshake (see `tls.rs`).
+    tls: Option<crate::tls::ClientTls>,
     /// `None` until connected, or after the connection was found closed.
     connection: Mutex<Option<Connection>>,
 }
@@ -58,12 +60,18 @@ struct Connection {
 
 impl Transport {
     /// A transport to `addr` (`host:port`) whose requests name `origin` (`http://host:port`).
-    pub(crate) fn new(addr: String, origin: String, connect_timeout: Duration) -> Transport {
+    pub(crate) fn new(
+        addr: String,
+        origin: String,
+        connect_timeout: Duration,
+        tls: Option<crate::tls::ClientTls>,
+    ) -> Transport {
         Transport {
             shared: Arc::new(Shared {
                 addr,
                 origin,
                 connect_timeout,
+                tls,
                 connection: Mutex::new(None),
             }),
         }
@@ -107,17 +115,10 @@ impl Transport {
         let tcp = tokio::net::TcpStream::connect(self.shared.addr.as_str()).await?;
         // A request leaves in one segment; without NODELAY it could wait for the last ACK.
         tcp.set_nodelay(true)?;
-        let (sender, connection) = h2::client::Builder::new()
-            .initial_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
-            .enable_push(false)
-            .handshake(tcp)
-            .await?;
-        // Ends when the server closes the connection or every handle to it is dropped.
-        let task = tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(Connection { sender, task })
+        match &self.shared.tls {
+            None => h2_over(tcp).await,
+            Some(tls) => h2_over(tls.connector.connect(tls.name.clone(), tcp).await?).await,
+        }
     }
 
     async fn unary(
@@ -204,4 +205,22 @@ impl http_body::Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         self.done
     }
+}
+
+/// The HTTP/2 handshake over `io` (TCP, or TLS over it), and the task that drives the connection.
+async fn h2_over<T>(io: T) -> Result<Connection, BoxError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = h2::client::Builder::new()
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .enable_push(false)
+        .handshake(io)
+        .await?;
+    // Ends when the server closes the connection or every handle to it is dropped.
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(Connection { sender, task })
 }

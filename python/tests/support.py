@@ -243,6 +243,26 @@ def bound_ports(log: Path, start: int, proc: subprocess.Popen, timeout: float = 
     raise RuntimeError(f"mooncake_conductor logged no bound ports within {timeout} s")
 
 
+def make_certs(directory: Path) -> Dict[str, Path]:
+    """A CA and a server certificate it signed for localhost and 127.0.0.1 (the `openssl`
+    command): paths under "ca", "cert" and "key"."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test-ca",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    openssl("req", "-new", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    (directory / "ext.cnf").write_text(
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+    )
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf")
+    return {"ca": directory / "ca.pem", "cert": directory / "server.pem", "key": directory / "server.key"}
+
+
 def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -259,11 +279,17 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float =
     raise RuntimeError(f"mooncake_conductor did not accept on port {port} within {timeout} s")
 
 
-def wait_for_ready(http_port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+def wait_for_ready(
+    http_port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0, tls_ca: Optional[Path] = None
+) -> None:
     """Waits for HTTP /health to answer 200: the listeners answer while subscriptions are
-    restored, and registration changes wait for that (and are refused after 10 s)."""
+    restored, and registration changes wait for that (and are refused after 10 s). With
+    `tls_ca`, over HTTPS checked against that CA."""
+    import ssl
     import urllib.error
     import urllib.request
+
+    scheme, context = ("https", ssl.create_default_context(cafile=str(tls_ca))) if tls_ca else ("http", None)
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -273,7 +299,8 @@ def wait_for_ready(http_port: int, proc: subprocess.Popen, log: Path, timeout: f
                 + log.read_text(errors="replace")[-4000:]
             )
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=1) as r:
+            url = f"{scheme}://127.0.0.1:{http_port}/health"
+            with urllib.request.urlopen(url, timeout=1, context=context) as r:
                 if r.status == 200:
                     return
         except (OSError, urllib.error.URLError):
@@ -292,7 +319,9 @@ class ConductorProcess:
         args: Sequence[str] = (),
         extra_config: Optional[Dict[str, object]] = None,
         env: Optional[Dict[str, str]] = None,
+        tls_ca: Optional[Path] = None,
     ) -> None:
+        self._tls_ca = tls_ca
         data_dir = workdir / "data"
         data_dir.mkdir(parents=True, exist_ok=True)
         config = workdir / "conductor.json"
@@ -333,7 +362,7 @@ class ConductorProcess:
             wait_for_port(self.rpc_port, self.proc, self.log)
             # The servers answer while subscriptions are restored; registration changes wait
             # for that, so a test starts once /health says ready.
-            wait_for_ready(self.http_port, self.proc, self.log)
+            wait_for_ready(self.http_port, self.proc, self.log, tls_ca=self._tls_ca)
         except Exception:
             self.stop()
             raise
