@@ -105,6 +105,15 @@ pub trait Section: Send + Sync {
 pub fn render(s: &Scrape<'_>) -> String {
     let mut out = String::with_capacity(4096);
     let w = &mut out;
+    let _ = writeln!(
+        w,
+        "# HELP conductor_build_info How this binary was built (docs/build.md)\n\
+         # TYPE conductor_build_info gauge\n\
+         conductor_build_info{{version=\"{}\",debug_assertions=\"{}\",test_hooks=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        cfg!(debug_assertions),
+        cfg!(feature = "failpoints"),
+    );
     gauge(
         w,
         "conductor_ready",
