@@ -18,6 +18,7 @@ mod e2e_query;
 mod etcd_reset;
 mod extras;
 mod fixtures;
+mod holder_records;
 mod hostile;
 mod http_api;
 mod http_errors;
