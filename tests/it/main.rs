@@ -25,6 +25,7 @@ mod http_errors;
 mod http_golden;
 mod ingest;
 mod liveness;
+mod play_hostile;
 mod recorded;
 mod replicas;
 mod scenarios;
