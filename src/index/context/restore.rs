@@ -26,7 +26,7 @@ use super::ContextIndex;
 
 /// Vacant ids a restore accepts below its holders (see [`Restorer::holder`]): at most
 /// [`VACANT_FLOOR`] plus [`VACANT_PER_HOLDER`] per holder record read. Each vacant id costs a
-/// holder slot (some 200 bytes), so without a bound one record of id 2^27 asked for gigabytes.
+/// holder slot (some 230 bytes), so without a bound one record of id 2^27 asked for gigabytes.
 /// A real context never comes near it: the writer reuses reclaimed ids before it takes a new one,
 /// so its largest id stays below the most holders it had at once (see `docs/durability.md`).
 pub const VACANT_FLOOR: usize = 1 << 16;
