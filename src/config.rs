@@ -54,6 +54,9 @@ const MAX_PUBLISHER_TIMING_MS: u64 = 6_553_500;
 /// A base model, a few dozen adapters and block sizes: more is a misconfigured or hostile
 /// publisher (each context is an actor and an index of its own).
 pub const DEFAULT_MAX_CONTEXTS_PER_SOURCE: u64 = 64;
+/// Default of `max_holders_per_context`: a store has one holder (backend) per node or rank, so a
+/// real fleet has hundreds at most (see `docs/engine-events.md`).
+pub const DEFAULT_MAX_HOLDERS_PER_CONTEXT: u64 = 1024;
 /// Snapshot attempts before an empty start: with the back-off between them (1, 2, 4, 8, 16 s),
 /// about half a minute for a peer to come back, or for the first replica of a new fleet to find
 /// there is none (see docs/replicas.md).
@@ -107,6 +110,8 @@ pub struct Config {
     pub max_name_bytes: u64,
     /// The most contexts one subscription's events may feed.
     pub max_contexts_per_source: u64,
+    /// The most holders (store backends) one subscription's events may create in one context.
+    pub max_holders_per_context: u64,
     /// Registrations shared with other replicas through etcd; `None`: this replica's own store.
     pub shared_registry: Option<crate::registry::shared::EtcdConfig>,
     /// A peer replica (`http://host:grpc_port`) to take a snapshot from when the data directory
@@ -258,6 +263,7 @@ impl Config {
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS as u64,
             max_name_bytes: DEFAULT_MAX_NAME_BYTES as u64,
             max_contexts_per_source: DEFAULT_MAX_CONTEXTS_PER_SOURCE,
+            max_holders_per_context: DEFAULT_MAX_HOLDERS_PER_CONTEXT,
             shared_registry: None,
             bootstrap_from: None,
             bootstrap_attempts: DEFAULT_BOOTSTRAP_ATTEMPTS,
@@ -392,6 +398,10 @@ impl Config {
                     config.max_contexts_per_source =
                         positive(value, 1 << 16).map_err(|m| err(field, m))?
                 }
+                "max_holders_per_context" => {
+                    config.max_holders_per_context =
+                        positive(value, 1 << 20).map_err(|m| err(field, m))?
+                }
                 "registry" => {
                     let etcd = crate::registry::shared::EtcdConfig::parse(value)
                         .map_err(|(f, m)| err(Some(f.as_str()), m))?;
@@ -503,6 +513,7 @@ impl Config {
             max_held_bytes: self.max_replay_held_bytes as usize,
             warn_interval: std::time::Duration::from_millis(self.warning_interval_ms),
             max_contexts: self.max_contexts_per_source as usize,
+            max_holders: self.max_holders_per_context as usize,
             max_name_bytes: self.max_name_bytes as usize,
         }
     }

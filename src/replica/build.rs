@@ -87,9 +87,7 @@ impl StreamBuild {
         match cf {
             Cf::Holders => {
                 let record = codec::decode_holder(holder_id(key), value).map_err(corrupt)?;
-                if !restorer.holder(&record) {
-                    return Err(format!("holder record {} out of order", record.id));
-                }
+                restorer.holder(&record)?;
             }
             Cf::Attachments => {
                 let a = codec::decode_attachment(value).map_err(corrupt)?;

@@ -151,6 +151,13 @@ fn records_out_of_the_stores_order_stop_the_build() {
         value.clear();
     }
     assert!(feed(bad).unwrap_err().contains("empty value"));
+    // A holder id far past what was sent: refused as it is read, before a slot is made for
+    // every id below it.
+    let mut far = ops[..2].to_vec();
+    if let KvOp::Put { key, .. } = &mut far[1] {
+        key[8..12].copy_from_slice(&(1u32 << 27).to_be_bytes());
+    }
+    assert!(feed(far).unwrap_err().contains("unused holder ids"));
     // The whole stream in order builds.
     assert!(feed(ops).is_ok());
 }
