@@ -59,6 +59,12 @@ pub const DEFAULT_MAX_CONTEXTS_PER_SOURCE: u64 = 64;
 /// there is none (see docs/replicas.md).
 pub const DEFAULT_BOOTSTRAP_ATTEMPTS: u32 = 6;
 const MAX_BOOTSTRAP_ATTEMPTS: u32 = 1_000_000;
+/// One snapshot pull, connection to end mark: 10 M pairs take about 10 s on a busy two-core
+/// machine, so five minutes is far above any honest peer and bounds a trickling one (see
+/// docs/replicas.md, "Bounds of a bootstrap").
+pub const DEFAULT_BOOTSTRAP_DEADLINE_MS: u64 = 300_000;
+/// Bytes of records one pull takes at most: about a billion pairs at 29 bytes each.
+pub const DEFAULT_BOOTSTRAP_MAX_BYTES: u64 = 32 << 30;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,6 +122,10 @@ pub struct Config {
     pub bootstrap_attempts: u32,
     /// This replica's id in `/metrics` and in the snapshots it serves; `None`: the host name.
     pub replica_id: Option<String>,
+    /// One snapshot pull is abandoned (a failed attempt) past this long.
+    pub bootstrap_deadline_ms: u64,
+    /// Bytes of records one snapshot pull takes at most; a peer sending more is refused.
+    pub bootstrap_max_bytes: u64,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -262,6 +272,8 @@ impl Config {
             bootstrap_from: None,
             bootstrap_attempts: DEFAULT_BOOTSTRAP_ATTEMPTS,
             replica_id: None,
+            bootstrap_deadline_ms: DEFAULT_BOOTSTRAP_DEADLINE_MS,
+            bootstrap_max_bytes: DEFAULT_BOOTSTRAP_MAX_BYTES,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -429,6 +441,14 @@ impl Config {
                     let text = text
                         .ok_or_else(|| err(field, "must be a string of 1 to 256 bytes".into()))?;
                     config.replica_id = Some(text.to_owned());
+                }
+                "bootstrap_deadline_ms" => {
+                    config.bootstrap_deadline_ms =
+                        positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
+                }
+                "bootstrap_max_bytes" => {
+                    config.bootstrap_max_bytes =
+                        positive(value, 1 << 44).map_err(|m| err(field, m))?
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {

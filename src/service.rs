@@ -199,6 +199,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             peer,
             token: config.auth_tokens.first(),
             limit: config.bootstrap_attempts,
+            bounds: crate::replica::receive::Limits::of(&config),
         };
         match attempts
             .run(&loaded.store, &readiness, &replica, &shutdown)

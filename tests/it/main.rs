@@ -6,6 +6,7 @@ mod support;
 mod auth;
 mod backpressure;
 mod bootstrap;
+mod bootstrap_deadline;
 mod bootstrap_retry;
 mod bounded_requests;
 mod caps;
