@@ -126,6 +126,9 @@ pub struct Config {
     pub bootstrap_deadline_ms: u64,
     /// Bytes of records one snapshot pull takes at most; a peer sending more is refused.
     pub bootstrap_max_bytes: u64,
+    /// Without a configured token, whether `Replica.Snapshot` is served to anyone (`"open"`)
+    /// or refused (`"auth"`, the default). With a token it always needs the token.
+    pub snapshot_export_open: bool,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -274,6 +277,7 @@ impl Config {
             replica_id: None,
             bootstrap_deadline_ms: DEFAULT_BOOTSTRAP_DEADLINE_MS,
             bootstrap_max_bytes: DEFAULT_BOOTSTRAP_MAX_BYTES,
+            snapshot_export_open: false,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -449,6 +453,20 @@ impl Config {
                 "bootstrap_max_bytes" => {
                     config.bootstrap_max_bytes =
                         positive(value, 1 << 44).map_err(|m| err(field, m))?
+                }
+                "snapshot_export" => {
+                    config.snapshot_export_open = match value.as_str() {
+                        Some("auth") => false,
+                        Some("open") => true,
+                        _ => {
+                            return Err(err(
+                                field,
+                                "must be \"auth\" (a token is needed) or \"open\" (anyone may \
+                                 take a snapshot when no token is configured)"
+                                    .into(),
+                            ));
+                        }
+                    }
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {

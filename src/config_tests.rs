@@ -250,3 +250,27 @@ fn bootstrap_bounds_default_and_are_positive() {
         assert_eq!(e.field.as_deref(), Some(key), "{bad}");
     }
 }
+
+#[test]
+fn snapshot_export_needs_a_token_unless_opened() {
+    let c = Config::parse("{}", "c").unwrap();
+    assert!(
+        !c.snapshot_export_open,
+        "refused without a token by default"
+    );
+    assert!(
+        Config::parse(r#"{"snapshot_export": "open"}"#, "c")
+            .unwrap()
+            .snapshot_export_open
+    );
+    assert!(
+        !Config::parse(r#"{"snapshot_export": "auth"}"#, "c")
+            .unwrap()
+            .snapshot_export_open
+    );
+    for bad in [r#""yes""#, "true", "1"] {
+        let e = Config::parse(&format!(r#"{{"snapshot_export": {bad}}}"#), "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("snapshot_export"), "{bad}");
+        assert!(e.message.contains("\"open\""), "{}", e.message);
+    }
+}

@@ -68,7 +68,8 @@ async fn metric(server: &Server, line_start: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_replica_bootstraps_from_a_peer_and_is_exact_when_ready() {
     let mut etcd = Etcd::start().await;
-    let shared = json!({"registry": etcd.registry("/boot/")});
+    // No token in this fleet: its replicas serve their snapshots to anyone (opted in).
+    let shared = json!({"registry": etcd.registry("/boot/"), "snapshot_export": "open"});
     let a = Server::start_with(shared.clone()).await;
     let b = Server::start_with(shared.clone()).await;
     let c = Server::start_with(shared.clone()).await;

@@ -28,5 +28,6 @@ mod liveness;
 mod recorded;
 mod replicas;
 mod scenarios;
+mod snapshot_export;
 mod source_order;
 mod storage_faults;
