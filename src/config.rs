@@ -62,6 +62,12 @@ pub const DEFAULT_MAX_HOLDERS_PER_CONTEXT: u64 = 1024;
 /// there is none (see docs/replicas.md).
 pub const DEFAULT_BOOTSTRAP_ATTEMPTS: u32 = 6;
 const MAX_BOOTSTRAP_ATTEMPTS: u32 = 1_000_000;
+/// One snapshot pull, connection to end mark: 10 M pairs take about 10 s on a busy two-core
+/// machine, so five minutes is far above any honest peer and bounds a trickling one (see
+/// docs/replicas.md, "Bounds of a bootstrap").
+pub const DEFAULT_BOOTSTRAP_DEADLINE_MS: u64 = 300_000;
+/// Bytes of records one pull takes at most: about a billion pairs at 29 bytes each.
+pub const DEFAULT_BOOTSTRAP_MAX_BYTES: u64 = 32 << 30;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +127,13 @@ pub struct Config {
     pub bootstrap_attempts: u32,
     /// This replica's id in `/metrics` and in the snapshots it serves; `None`: the host name.
     pub replica_id: Option<String>,
+    /// One snapshot pull is abandoned (a failed attempt) past this long.
+    pub bootstrap_deadline_ms: u64,
+    /// Bytes of records one snapshot pull takes at most; a peer sending more is refused.
+    pub bootstrap_max_bytes: u64,
+    /// Without a configured token, whether `Replica.Snapshot` is served to anyone (`"open"`)
+    /// or refused (`"auth"`, the default). With a token it always needs the token.
+    pub snapshot_export_open: bool,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -268,6 +281,9 @@ impl Config {
             bootstrap_from: None,
             bootstrap_attempts: DEFAULT_BOOTSTRAP_ATTEMPTS,
             replica_id: None,
+            bootstrap_deadline_ms: DEFAULT_BOOTSTRAP_DEADLINE_MS,
+            bootstrap_max_bytes: DEFAULT_BOOTSTRAP_MAX_BYTES,
+            snapshot_export_open: false,
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -439,6 +455,28 @@ impl Config {
                     let text = text
                         .ok_or_else(|| err(field, "must be a string of 1 to 256 bytes".into()))?;
                     config.replica_id = Some(text.to_owned());
+                }
+                "bootstrap_deadline_ms" => {
+                    config.bootstrap_deadline_ms =
+                        positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
+                }
+                "bootstrap_max_bytes" => {
+                    config.bootstrap_max_bytes =
+                        positive(value, 1 << 44).map_err(|m| err(field, m))?
+                }
+                "snapshot_export" => {
+                    config.snapshot_export_open = match value.as_str() {
+                        Some("auth") => false,
+                        Some("open") => true,
+                        _ => {
+                            return Err(err(
+                                field,
+                                "must be \"auth\" (a token is needed) or \"open\" (anyone may \
+                                 take a snapshot when no token is configured)"
+                                    .into(),
+                            ));
+                        }
+                    }
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {

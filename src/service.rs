@@ -144,11 +144,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         );
     }
     let storage_health = Arc::new(StorageHealth::default());
+    let export_counts = Arc::new(crate::replica::serve::ExportCounts::default());
     let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone(), auth)
         .with_max_query_tokens(config.max_query_tokens)
         .with_shared(shared.clone())
         .with_storage_health(storage_health.clone())
-        .with_metrics_section(replica.clone());
+        .with_metrics_section(replica.clone())
+        .with_metrics_section(export_counts.clone());
 
     // The servers answer before any subscription starts: whatever a publisher does at start,
     // `/health` says what the service is doing and an operator can look at `/services/status`.
@@ -163,16 +165,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| ServiceError::Other(format!("gRPC reflection: {e}")))?;
-        let snapshots = crate::gateway::pb_server::replica_server::ReplicaServer::new(
-            crate::replica::serve::SnapshotService::new(
-                ops.clone(),
-                loaded.store.clone(),
-                contexts.clone(),
-                subscriptions.clone(),
-                replica.replica_id().to_owned(),
-            ),
+        let snapshots = crate::replica::serve::SnapshotService::new(
+            ops.clone(),
+            loaded.store.clone(),
+            contexts.clone(),
+            subscriptions.clone(),
+            replica.replica_id().to_owned(),
         )
-        .max_encoding_message_size(crate::replica::format::MAX_CHUNK_BYTES);
+        .guarded(!config.auth_tokens.is_empty(), config.snapshot_export_open)
+        .counting(export_counts);
+        let snapshots = crate::gateway::pb_server::replica_server::ReplicaServer::new(snapshots)
+            .max_encoding_message_size(crate::replica::format::MAX_CHUNK_BYTES);
         Routers {
             http: crate::gateway::http::router(
                 ops.clone(),
@@ -199,6 +202,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             peer,
             token: config.auth_tokens.first(),
             limit: config.bootstrap_attempts,
+            bounds: crate::replica::receive::Limits::of(&config),
         };
         match attempts
             .run(&loaded.store, &readiness, &replica, &shutdown)

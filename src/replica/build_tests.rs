@@ -44,24 +44,13 @@ fn chunks_of(contexts: Vec<ContextIndex>, registered: &[u32]) -> Vec<SnapshotChu
     cut.into_chunks("peer".into(), 64 * 1024).collect()
 }
 
-/// Feed every chunk as the pull does: registrations kept for the end.
+/// Feed every chunk as the pull does.
 pub(super) fn build(chunks: &[SnapshotChunk]) -> Result<Recovered, String> {
     let mut build = StreamBuild::default();
-    let mut registrations = Vec::new();
     for chunk in chunks {
-        let (regs, rest): (Vec<_>, Vec<_>) = ops_of(chunk).into_iter().partition(|op| {
-            matches!(
-                op,
-                KvOp::Put {
-                    cf: Cf::Registrations,
-                    ..
-                }
-            )
-        });
-        registrations.extend(regs);
-        build.feed(&rest)?;
+        build.feed(&ops_of(chunk))?;
     }
-    build.finish(&registrations, records_of(chunks))
+    build.finish(records_of(chunks))
 }
 
 fn assert_same(built: &Recovered, recovered: &Recovered) {
