@@ -8,6 +8,7 @@ mod backpressure;
 mod bootstrap;
 mod bootstrap_retry;
 mod bounded_requests;
+mod budget;
 mod caps;
 mod convergence;
 mod crash_points;
