@@ -464,7 +464,11 @@ pub fn render_budget(w: &mut String, budget: &crate::index::Budget) {
         "counter",
         "Blocks the memory budget evicted (false misses, never stale hits); per context in /global_view",
     );
-    let _ = writeln!(w, "conductor_index_evicted_blocks_total {}", budget.evicted());
+    let _ = writeln!(
+        w,
+        "conductor_index_evicted_blocks_total {}",
+        budget.evicted()
+    );
     gauge(
         w,
         "conductor_index_budget_evicting",

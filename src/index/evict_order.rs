@@ -186,8 +186,9 @@ impl EvictOrder {
         for id in emptied {
             self.free_run(id);
         }
-        self.queue
-            .retain(|&(id, epoch)| self.runs[id as usize].live && self.runs[id as usize].epoch == epoch);
+        self.queue.retain(|&(id, epoch)| {
+            self.runs[id as usize].live && self.runs[id as usize].epoch == epoch
+        });
         // The runs compaction freed may have set it; their chains keep their turn in the queue.
         self.cascade = None;
     }
@@ -252,7 +253,11 @@ mod tests {
         order.push_run([4], Some(104), Some(102)); // conversation b
         let mut out = Vec::new();
         order.next_victims(1, &mut out);
-        assert_eq!(out, [3], "the prompt has children: conversation a goes first");
+        assert_eq!(
+            out,
+            [3],
+            "the prompt has children: conversation a goes first"
+        );
         order.next_victims(1, &mut out);
         assert_eq!(out, [10]);
         order.next_victims(3, &mut out);

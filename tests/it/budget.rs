@@ -23,7 +23,9 @@ const BLOCKS: usize = 8;
 const CONVERSATIONS: i32 = 6;
 
 fn tokens(c: i32) -> Vec<i32> {
-    (0..(BLOCKS as i32 * BS as i32)).map(|i| c * 1000 + i).collect()
+    (0..(BLOCKS as i32 * BS as i32))
+        .map(|i| c * 1000 + i)
+        .collect()
 }
 
 fn keys(c: i32) -> Vec<u64> {
@@ -113,13 +115,19 @@ fn metric(text: &str, name: &str) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_context_past_its_cap_answers_shorter_true_prefixes_before_and_after_a_restart() {
     let config = json!({"max_context_blocks": CAP});
-    let mut server = Server::start_with(config.clone()).await;
+    let server = Server::start_with(config.clone()).await;
     let mut player = Player::start(true, 0).await;
     let mut engine = Engine::default();
     register(&server, "e", &player).await;
     // Conversation 0 is announced twice (vLLM's block pool does not deduplicate): the index
     // counts two announcements of each of its blocks.
-    handshake(&server, &mut player, "e|default|0", engine.store(0, 0, BLOCKS)).await;
+    handshake(
+        &server,
+        &mut player,
+        "e|default|0",
+        engine.store(0, 0, BLOCKS),
+    )
+    .await;
     player.publish(engine.store(0, 0, BLOCKS)).await;
     for c in 1..CONVERSATIONS {
         player.publish(engine.store(c, 0, BLOCKS / 2)).await;

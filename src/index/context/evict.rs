@@ -107,7 +107,9 @@ impl ContextIndex {
             let Some(bounded) = self.bounded.as_mut() else {
                 break;
             };
-            bounded.order.next_victims((blocks - target) as usize, &mut victims);
+            bounded
+                .order
+                .next_victims((blocks - target) as usize, &mut victims);
             if victims.is_empty() {
                 // Blocks the order does not list (moved by a re-key): list the table once more.
                 if rebuilt {
@@ -161,7 +163,10 @@ impl ContextIndex {
                 continue;
             };
             if !state.repeats.is_empty() {
-                for bit in (0..4).map(|i| 1u8 << i).filter(|b| bits & b & ALL_TIERS != 0) {
+                for bit in (0..4)
+                    .map(|i| 1u8 << i)
+                    .filter(|b| bits & b & ALL_TIERS != 0)
+                {
                     state.repeats.remove(&(key, bit));
                 }
             }
@@ -181,7 +186,9 @@ impl ContextIndex {
         let shared = &self.shared;
         shared.raw_pairs.fetch_sub(gone_raw, Ordering::Relaxed);
         shared.blocks.fetch_sub(gone_blocks, Ordering::Relaxed);
-        shared.holder_blocks.fetch_sub(gone_pairs, Ordering::Relaxed);
+        shared
+            .holder_blocks
+            .fetch_sub(gone_pairs, Ordering::Relaxed);
         let mut ids: Vec<u32> = entries.iter().map(|&(id, _, _)| id).collect();
         ids.sort_unstable();
         ids.dedup();

@@ -31,15 +31,17 @@ fn past_its_cap_a_context_evicts_its_oldest_prompt_from_the_deepest_block() {
     // 12 blocks past a cap of 10: down to 9, the oldest prompt's three deepest blocks.
     assert_eq!(ix.prefix_count(), 9);
     assert_eq!(ix.evicted(), 3);
-    assert_eq!(
-        [device(&ix, 1), device(&ix, 2), device(&ix, 3)],
-        [1, 4, 4]
-    );
+    assert_eq!([device(&ix, 1), device(&ix, 2), device(&ix, 3)], [1, 4, 4]);
     put(&mut ix, "a", 0, Tier::Device, &prompt(4));
     // 13: down to 9 again, the rest of prompt 1 and then prompt 2 from its tail.
     assert_eq!(ix.prefix_count(), 9);
     assert_eq!(
-        [device(&ix, 1), device(&ix, 2), device(&ix, 3), device(&ix, 4)],
+        [
+            device(&ix, 1),
+            device(&ix, 2),
+            device(&ix, 3),
+            device(&ix, 4)
+        ],
         [0, 1, 4, 4]
     );
     assert_eq!(ix.stats().evicted, 7);
@@ -126,5 +128,9 @@ fn a_budget_of_bytes_shrinks_the_growing_context() {
     assert!(budget.degraded().is_some());
     assert_eq!(device(&ix, 6000), 4, "the newest prompt stays");
     drop(ix);
-    assert_eq!(budget.bytes(), 0, "a context gives its charge back when it goes");
+    assert_eq!(
+        budget.bytes(),
+        0,
+        "a context gives its charge back when it goes"
+    );
 }
