@@ -179,7 +179,7 @@ async fn a_context_past_its_cap_answers_shorter_true_prefixes_before_and_after_a
 
     // Removals of evicted blocks change nothing; conversation 0 was announced twice, so two
     // removals empty it in the engine. Announced once more and removed once, the engine holds
-    // none of it: a count the eviction left behind would answer a false hit here.
+    // none of it, and the index must not either.
     player.publish(engine.remove_all(0)).await;
     player.publish(engine.remove_all(0)).await;
     player.publish(engine.store(0, 0, BLOCKS)).await;

@@ -1,6 +1,7 @@
 //! The memory budget on one context: past its block cap it evicts oldest first, deepest block
 //! first, down to the low-water mark; answers only shrink to a true prefix; an evicted block's
-//! repeated announcements go with it; and eviction is an ordinary change for the checkpoint.
+//! repeated announcements go with it (nothing of them stays in memory); and eviction is an
+//! ordinary change for the checkpoint.
 
 use std::sync::Arc;
 
@@ -60,6 +61,12 @@ fn an_evicted_block_loses_every_announcement_and_a_later_removal_is_a_no_op() {
     for key in prompt(1) {
         assert_eq!(ix.announcements(0, key, crate::index::table::DEVICE), 0);
     }
+    // The repeated announcements went with the blocks: nothing of them is kept in memory.
+    assert!(
+        ix.holders[0].repeats.is_empty(),
+        "{:?}",
+        ix.holders[0].repeats
+    );
     // The engine removes both copies: nothing left to remove here.
     let remove = |ix: &mut ContextIndex| {
         ix.apply(&IndexBatch {
@@ -75,8 +82,7 @@ fn an_evicted_block_loses_every_announcement_and_a_later_removal_is_a_no_op() {
     remove(&mut ix);
     assert_eq!([device(&ix, 1), device(&ix, 2)], [0, 3]);
     // Stored once more (prompt 2 and the deepest block go to make room) and removed once: the
-    // engine holds none of it, and neither does the index. An announcement the eviction left
-    // behind would keep the first three blocks here.
+    // engine holds none of it, and neither does the index.
     put(&mut ix, "a", 0, Tier::Device, &prompt(1));
     assert_eq!([device(&ix, 1), device(&ix, 2)], [3, 0]);
     remove(&mut ix);
