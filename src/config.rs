@@ -61,6 +61,11 @@ pub const DEFAULT_MAX_HOLDERS_PER_CONTEXT: u64 = 1024;
 /// about half a minute for a peer to come back, or for the first replica of a new fleet to find
 /// there is none (see docs/replicas.md).
 pub const DEFAULT_BOOTSTRAP_ATTEMPTS: u32 = 6;
+/// Smaller memory budgets are a mistake (a few thousand blocks), not a bound.
+const MIN_INDEX_BYTES: u64 = 1 << 20;
+const MAX_INDEX_BYTES: u64 = 1 << 50;
+/// Block ids of a context's table fit 32 bits.
+const MAX_CONTEXT_BLOCKS: u64 = u32::MAX as u64;
 const MAX_BOOTSTRAP_ATTEMPTS: u32 = 1_000_000;
 /// One snapshot pull, connection to end mark: 10 M pairs take about 10 s on a busy two-core
 /// machine, so five minutes is far above any honest peer and bounds a trickling one (see
@@ -118,6 +123,11 @@ pub struct Config {
     pub max_contexts_per_source: u64,
     /// The most holders (store backends) one subscription's events may create in one context.
     pub max_holders_per_context: u64,
+    /// The memory budget of the whole index, in estimated bytes: `None` sizes it from the
+    /// machine at start ([`crate::index::budget::default_max_index_bytes`]), 0 is no bound.
+    pub max_index_bytes: Option<u64>,
+    /// The most blocks one context keeps (0: no bound of its own).
+    pub max_context_blocks: u64,
     /// Registrations shared with other replicas through etcd; `None`: this replica's own store.
     pub shared_registry: Option<crate::registry::shared::EtcdConfig>,
     /// A peer replica (`http://host:grpc_port`) to take a snapshot from when the data directory
@@ -277,6 +287,8 @@ impl Config {
             max_name_bytes: DEFAULT_MAX_NAME_BYTES as u64,
             max_contexts_per_source: DEFAULT_MAX_CONTEXTS_PER_SOURCE,
             max_holders_per_context: DEFAULT_MAX_HOLDERS_PER_CONTEXT,
+            max_index_bytes: None,
+            max_context_blocks: 0,
             shared_registry: None,
             bootstrap_from: None,
             bootstrap_attempts: DEFAULT_BOOTSTRAP_ATTEMPTS,
@@ -418,6 +430,35 @@ impl Config {
                     config.max_holders_per_context =
                         positive(value, 1 << 20).map_err(|m| err(field, m))?
                 }
+                "max_index_bytes" => {
+                    config.max_index_bytes = Some(
+                        value
+                            .as_u64()
+                            .filter(|&n| n == 0 || (MIN_INDEX_BYTES..=MAX_INDEX_BYTES).contains(&n))
+                            .ok_or_else(|| {
+                                err(
+                                    field,
+                                    format!(
+                                        "must be 0 (no bound) or an integer in \
+                                         {MIN_INDEX_BYTES}..={MAX_INDEX_BYTES}"
+                                    ),
+                                )
+                            })?,
+                    )
+                }
+                "max_context_blocks" => {
+                    config.max_context_blocks = value
+                        .as_u64()
+                        .filter(|&n| n <= MAX_CONTEXT_BLOCKS)
+                        .ok_or_else(|| {
+                            err(
+                                field,
+                                format!(
+                                    "must be 0 (no bound) or an integer in 1..={MAX_CONTEXT_BLOCKS}"
+                                ),
+                            )
+                        })?
+                }
                 "registry" => {
                     let etcd = crate::registry::shared::EtcdConfig::parse(value)
                         .map_err(|(f, m)| err(Some(f.as_str()), m))?;
@@ -536,6 +577,15 @@ impl Config {
 
     /// What every subscription is started with (of the socket timings, only the heartbeat is
     /// configurable).
+    /// The index's memory budget (see "Memory budget" in `docs/durability.md`), sized from the
+    /// machine when `max_index_bytes` is not set.
+    pub fn index_budget(&self) -> crate::index::Budget {
+        let bytes = self
+            .max_index_bytes
+            .unwrap_or_else(crate::index::budget::default_max_index_bytes);
+        crate::index::Budget::new(bytes, self.max_context_blocks)
+    }
+
     pub fn subscription_settings(&self) -> SubscriptionSettings {
         let ms = std::time::Duration::from_millis;
         SubscriptionSettings {

@@ -272,5 +272,35 @@ fn snapshot_export_needs_a_token_unless_opened() {
         let e = Config::parse(&format!(r#"{{"snapshot_export": {bad}}}"#), "c").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("snapshot_export"), "{bad}");
         assert!(e.message.contains("\"open\""), "{}", e.message);
+fn memory_budget_keys() {
+    let c = Config::embedded_default();
+    assert_eq!((c.max_index_bytes, c.max_context_blocks), (None, 0));
+    let budget = c.index_budget();
+    assert_eq!(
+        budget.max_index_bytes(),
+        crate::index::budget::default_max_index_bytes(),
+        "unset: sized from the machine"
+    );
+    let c = Config::parse(
+        r#"{"max_index_bytes": 0, "max_context_blocks": 200000}"#,
+        "c",
+    )
+    .unwrap();
+    let budget = c.index_budget();
+    assert_eq!(
+        (budget.max_index_bytes(), budget.max_context_blocks()),
+        (0, 200_000)
+    );
+    let c = Config::parse(r#"{"max_index_bytes": 1073741824}"#, "c").unwrap();
+    assert_eq!(c.index_budget().max_index_bytes(), 1 << 30);
+    for (key, value) in [
+        ("max_index_bytes", "1000"),
+        ("max_index_bytes", "-1"),
+        ("max_index_bytes", "\"1G\""),
+        ("max_context_blocks", "-5"),
+        ("max_context_blocks", "1e20"),
+    ] {
+        let e = Config::parse(&format!(r#"{{"{key}": {value}}}"#), "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some(key), "{key} = {value}");
     }
 }

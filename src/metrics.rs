@@ -447,6 +447,45 @@ pub fn render(s: &Scrape<'_>) -> String {
     out
 }
 
+/// The memory budget's figures (see "Memory budget" in `docs/durability.md`).
+pub fn render_budget(w: &mut String, budget: &crate::index::Budget) {
+    gauge(
+        w,
+        "conductor_index_budget_bytes",
+        "max_index_bytes: the bound on every context's estimated bytes together (0: none)",
+        &[("", budget.max_index_bytes())],
+    );
+    gauge(
+        w,
+        "conductor_index_budget_context_blocks",
+        "max_context_blocks: the bound on one context's blocks (0: none)",
+        &[("", budget.max_context_blocks())],
+    );
+    gauge(
+        w,
+        "conductor_index_estimated_bytes",
+        "Every context's estimated bytes, as the budget counts them (0 without a bound)",
+        &[("", budget.bytes())],
+    );
+    header(
+        w,
+        "conductor_index_evicted_blocks_total",
+        "counter",
+        "Blocks the memory budget evicted (false misses, never stale hits); per context in /global_view",
+    );
+    let _ = writeln!(
+        w,
+        "conductor_index_evicted_blocks_total {}",
+        budget.evicted()
+    );
+    gauge(
+        w,
+        "conductor_index_budget_evicting",
+        "1 while the memory budget evicts (it evicted within the last minute; /health says degraded)",
+        &[("", budget.degraded().is_some() as u64)],
+    );
+}
+
 fn header(w: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }

@@ -106,7 +106,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .map_or(2, |n| n.get())
         .clamp(1, 8);
     let arbiters = ArbiterPool::new(threads);
-    let contexts = ContextDirectory::new(arbiters.clone());
+    let budget = Arc::new(config.index_budget());
+    tracing::info!(
+        "index memory budget: max_index_bytes {} (0: none), max_context_blocks {} (0: none)",
+        budget.max_index_bytes(),
+        budget.max_context_blocks()
+    );
+    let contexts = ContextDirectory::new(arbiters.clone()).with_budget(budget);
     let mut persisted = HashSet::new();
     for index in loaded.recovered.contexts {
         persisted.insert(index.key().clone());

@@ -494,13 +494,34 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
         })
     });
     let rows = rows.collect::<Vec<Json>>();
-    match http_registry::status_section(&state.ops) {
-        None => listing(rows, format),
-        Some(registry) => {
-            let body = json!({"count": rows.len(), "services": rows, "registry": registry});
-            encode(StatusCode::OK, &body, format)
-        }
+    let mut body = json!({"count": rows.len(), "services": rows});
+    if let Some(registry) = http_registry::status_section(&state.ops) {
+        body["registry"] = registry;
     }
+    body["memory_budget"] = budget_section(&state.ops);
+    encode(StatusCode::OK, &body, format)
+}
+
+/// The memory budget's part of `/services/status` (see "Memory budget" in
+/// `docs/durability.md`): its bounds, the estimate, and per context what it evicted.
+fn budget_section(ops: &crate::gateway::ops::Ops) -> Json {
+    let budget = ops.budget();
+    let contexts: Vec<Json> = (ops.global_view().iter())
+        .filter(|v| v.evicted > 0)
+        .map(|v| {
+            json!({
+                "model_name": v.key.model_name, "lora_name": v.key.lora_name,
+                "tenant_id": v.key.tenant_id, "block_size": v.key.block_size,
+                "blocks": v.prefix_count, "evicted_blocks": v.evicted,
+            })
+        })
+        .collect();
+    json!({
+        "max_index_bytes": budget.max_index_bytes(),
+        "max_context_blocks": budget.max_context_blocks(),
+        "estimated_bytes": budget.bytes(), "evicted_blocks": budget.evicted(),
+        "evicting": budget.degraded().is_some(), "contexts": contexts,
+    })
 }
 
 async fn registry_reupload(State(state): State<Http>, headers: HeaderMap) -> Response {

@@ -9,6 +9,7 @@ mod bootstrap;
 mod bootstrap_deadline;
 mod bootstrap_retry;
 mod bounded_requests;
+mod budget;
 mod caps;
 mod convergence;
 mod crash_points;

@@ -70,7 +70,7 @@ fn state(ix: &ContextIndex) -> impl PartialEq + std::fmt::Debug {
 
 /// Rebuild `ix` from its full change set: half the pairs one by one, half through a batch
 /// filled on another thread; one pair filed twice with its bits split; two pairs refused.
-fn restored(ix: &mut ContextIndex, threads: usize) -> ContextIndex {
+pub(super) fn restored(ix: &mut ContextIndex, threads: usize) -> ContextIndex {
     let mut changes = ix.take_changes();
     ix.mark_dirty(
         changes.pairs.iter().map(|p| (p.holder, p.block)),
