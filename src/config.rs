@@ -116,6 +116,8 @@ pub struct Config {
     pub bootstrap_attempts: u32,
     /// This replica's id in `/metrics` and in the snapshots it serves; `None`: the host name.
     pub replica_id: Option<String>,
+    /// Connection cap, timeouts and gRPC keepalive (`docs/connections.md`).
+    pub connections: crate::config_connections::ConnectionConfig,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -262,6 +264,7 @@ impl Config {
             bootstrap_from: None,
             bootstrap_attempts: DEFAULT_BOOTSTRAP_ATTEMPTS,
             replica_id: None,
+            connections: Default::default(),
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -437,7 +440,10 @@ impl Config {
                         _ => return Err(err(field, "must be \"refuse\" or \"move_aside\"".into())),
                     }
                 }
-                _ => return Err(err(field, "unknown configuration key".into())),
+                other => match config.connections.set(other, value) {
+                    Some(set) => set.map_err(|m| err(field, m))?,
+                    None => return Err(err(field, "unknown configuration key".into())),
+                },
             }
         }
         if config.publisher_timeout_ms <= config.publisher_heartbeat_ms {
@@ -478,6 +484,10 @@ pub enum LogLevel {
 }
 
 impl Config {
+    pub fn connection_limits(&self) -> crate::gateway::connections::ConnectionLimits {
+        self.connections.limits()
+    }
+
     pub fn on_corrupt_data(&self) -> OnCorruptData {
         if self.move_corrupt_data_aside {
             OnCorruptData::MoveAside

@@ -25,6 +25,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod config_connections;
 pub mod durability;
 pub mod error;
 pub mod events;

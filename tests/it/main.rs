@@ -9,6 +9,7 @@ mod bootstrap;
 mod bootstrap_retry;
 mod bounded_requests;
 mod caps;
+mod connections;
 mod convergence;
 mod crash_points;
 mod durability;
