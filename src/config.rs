@@ -144,6 +144,8 @@ pub struct Config {
     /// Without a configured token, whether `Replica.Snapshot` is served to anyone (`"open"`)
     /// or refused (`"auth"`, the default). With a token it always needs the token.
     pub snapshot_export_open: bool,
+    /// Connection cap, timeouts and gRPC keepalive (`docs/connections.md`).
+    pub connections: crate::config_connections::ConnectionConfig,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -296,6 +298,7 @@ impl Config {
             bootstrap_deadline_ms: DEFAULT_BOOTSTRAP_DEADLINE_MS,
             bootstrap_max_bytes: DEFAULT_BOOTSTRAP_MAX_BYTES,
             snapshot_export_open: false,
+            connections: Default::default(),
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -526,7 +529,10 @@ impl Config {
                         _ => return Err(err(field, "must be \"refuse\" or \"move_aside\"".into())),
                     }
                 }
-                _ => return Err(err(field, "unknown configuration key".into())),
+                other => match config.connections.set(other, value) {
+                    Some(set) => set.map_err(|m| err(field, m))?,
+                    None => return Err(err(field, "unknown configuration key".into())),
+                },
             }
         }
         if config.publisher_timeout_ms <= config.publisher_heartbeat_ms {
@@ -567,6 +573,10 @@ pub enum LogLevel {
 }
 
 impl Config {
+    pub fn connection_limits(&self) -> crate::gateway::connections::ConnectionLimits {
+        self.connections.limits()
+    }
+
     pub fn on_corrupt_data(&self) -> OnCorruptData {
         if self.move_corrupt_data_aside {
             OnCorruptData::MoveAside

@@ -151,12 +151,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     }
     let storage_health = Arc::new(StorageHealth::default());
     let export_counts = Arc::new(crate::replica::serve::ExportCounts::default());
+    let connection_limits = config.connection_limits();
+    let connections =
+        crate::gateway::connections::Connections::new(connection_limits.max_connections);
     let ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone(), auth)
         .with_max_query_tokens(config.max_query_tokens)
         .with_shared(shared.clone())
         .with_storage_health(storage_health.clone())
         .with_metrics_section(replica.clone())
-        .with_metrics_section(export_counts.clone());
+        .with_metrics_section(export_counts.clone())
+        .with_metrics_section(connections.clone());
 
     // The servers answer before any subscription starts: whatever a publisher does at start,
     // `/health` says what the service is doing and an operator can look at `/services/status`.
@@ -182,22 +186,42 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .counting(export_counts);
         let snapshots = crate::gateway::pb_server::replica_server::ReplicaServer::new(snapshots)
             .max_encoding_message_size(crate::replica::format::MAX_CHUNK_BYTES);
+        // One budget of large bodies in flight for both transports.
+        let budget = crate::gateway::body_budget::BodyBudget::new(config.http_inflight_body_bytes);
+        let routes = tonic::service::Routes::new(service)
+            .add_service(snapshots)
+            .add_service(reflection);
         Routers {
             http: crate::gateway::http::router(
                 ops.clone(),
                 crate::gateway::http::BodyLimits {
                     body_bytes: config.http_body_limit_bytes as usize,
-                    inflight_bytes: config.http_inflight_body_bytes,
                     max_query_tokens: config.max_query_tokens,
                 },
+                budget.clone(),
             ),
-            grpc: tonic::service::Routes::new(service)
-                .add_service(snapshots)
-                .add_service(reflection),
+            grpc: crate::gateway::bounds::GrpcBounds::new(
+                routes,
+                ops.clone(),
+                budget,
+                crate::gateway::bounds::MessageLimits::new(config.max_query_tokens, limit),
+            ),
         }
     };
-    let gateway = Workers::start(threads, http, rpc, routers, shutdown.clone())
-        .map_err(|e| ServiceError::Other(format!("gateway workers: {e}")))?;
+    tracing::info!(
+        max_connections = connection_limits.max_connections,
+        idle_timeout_ms = connection_limits.idle_timeout.as_millis() as u64,
+        "connection limits"
+    );
+    let gateway = Workers::start(
+        threads,
+        (http, rpc),
+        routers,
+        connection_limits,
+        connections,
+        shutdown.clone(),
+    )
+    .map_err(|e| ServiceError::Other(format!("gateway workers: {e}")))?;
     tracing::info!(http = %http_local, grpc = %rpc_local, replica_id = %replica.replica_id(), "mooncake_conductor listening");
 
     // A new replica loads a peer's snapshot while its servers already say so on `/health`;
