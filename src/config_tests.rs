@@ -272,6 +272,10 @@ fn snapshot_export_needs_a_token_unless_opened() {
         let e = Config::parse(&format!(r#"{{"snapshot_export": {bad}}}"#), "c").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("snapshot_export"), "{bad}");
         assert!(e.message.contains("\"open\""), "{}", e.message);
+    }
+}
+
+#[test]
 fn memory_budget_keys() {
     let c = Config::embedded_default();
     assert_eq!((c.max_index_bytes, c.max_context_blocks), (None, 0));
