@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, Rust unit and integration tests (real sockets, real
 # binary), and the Python client's tests against the real binary.
+#
+# Everything builds in the release profile, so that the dependencies (RocksDB's C++ included) are
+# the very artefacts `scripts/run.sh` ships: on a fresh machine the two README commands compile
+# each dependency once. The overrides below reach the workspace crates only (Cargo.toml pins every
+# dependency): the code under test keeps its debug assertions and overflow checks, builds quickly
+# at opt-level 0, and keeps line tables for backtraces (docs/build.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
@@ -9,13 +15,19 @@ cargo fmt --all -- --check
 # Modules depend one way (docs/ARCHITECTURE.md): any import cycle fails the run, in well under a second.
 python3 scripts/check-deps.py --self-test
 python3 scripts/check-deps.py src
-cargo clippy --locked --all-targets -p mooncake-conductor -p mooncake-conductor-codes -- -D warnings
-cargo clippy --locked --all-targets -p mooncake-conductor-python -- -D warnings
-cargo build --locked --bins
-# Property tests draw fresh cases on every developer run; CI pins the seed so that a red run is
-# reproducible (export PROPTEST_RNG_SEED yourself to replay it). New failures land in
-# proptest-regressions/, which is committed.
-PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261130}" cargo test --locked -p mooncake-conductor
 
+(
+  export CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_DEBUG=line-tables-only
+  export CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true
+  cargo clippy --release --locked --all-targets -p mooncake-conductor -p mooncake-conductor-codes -- -D warnings
+  cargo clippy --release --locked --all-targets -p mooncake-conductor-python -- -D warnings
+  # Property tests draw fresh cases on every developer run; CI pins the seed so that a red run is
+  # reproducible (export PROPTEST_RNG_SEED yourself to replay it). New failures land in
+  # proptest-regressions/, which is committed.
+  PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261130}" cargo test --release --locked -p mooncake-conductor
+)
+
+# The Python tests run against the binary users run (scripts/run.sh's build: no test hooks).
+cargo build --release --locked --bins
 .venv/bin/pip install -q --disable-pip-version-check ./python
-CONDUCTOR_BIN="$CARGO_TARGET_DIR/debug/mooncake_conductor" .venv/bin/python -m pytest -q python/tests
+CONDUCTOR_BIN="$CARGO_TARGET_DIR/release/mooncake_conductor" .venv/bin/python -m pytest -q python/tests

@@ -54,11 +54,25 @@ const MAX_PUBLISHER_TIMING_MS: u64 = 6_553_500;
 /// A base model, a few dozen adapters and block sizes: more is a misconfigured or hostile
 /// publisher (each context is an actor and an index of its own).
 pub const DEFAULT_MAX_CONTEXTS_PER_SOURCE: u64 = 64;
+/// Default of `max_holders_per_context`: a store has one holder (backend) per node or rank, so a
+/// real fleet has hundreds at most (see `docs/engine-events.md`).
+pub const DEFAULT_MAX_HOLDERS_PER_CONTEXT: u64 = 1024;
 /// Snapshot attempts before an empty start: with the back-off between them (1, 2, 4, 8, 16 s),
 /// about half a minute for a peer to come back, or for the first replica of a new fleet to find
 /// there is none (see docs/replicas.md).
 pub const DEFAULT_BOOTSTRAP_ATTEMPTS: u32 = 6;
+/// Smaller memory budgets are a mistake (a few thousand blocks), not a bound.
+const MIN_INDEX_BYTES: u64 = 1 << 20;
+const MAX_INDEX_BYTES: u64 = 1 << 50;
+/// Block ids of a context's table fit 32 bits.
+const MAX_CONTEXT_BLOCKS: u64 = u32::MAX as u64;
 const MAX_BOOTSTRAP_ATTEMPTS: u32 = 1_000_000;
+/// One snapshot pull, connection to end mark: 10 M pairs take about 10 s on a busy two-core
+/// machine, so five minutes is far above any honest peer and bounds a trickling one (see
+/// docs/replicas.md, "Bounds of a bootstrap").
+pub const DEFAULT_BOOTSTRAP_DEADLINE_MS: u64 = 300_000;
+/// Bytes of records one pull takes at most: about a billion pairs at 29 bytes each.
+pub const DEFAULT_BOOTSTRAP_MAX_BYTES: u64 = 32 << 30;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +121,13 @@ pub struct Config {
     pub max_name_bytes: u64,
     /// The most contexts one subscription's events may feed.
     pub max_contexts_per_source: u64,
+    /// The most holders (store backends) one subscription's events may create in one context.
+    pub max_holders_per_context: u64,
+    /// The memory budget of the whole index, in estimated bytes: `None` sizes it from the
+    /// machine at start ([`crate::index::budget::default_max_index_bytes`]), 0 is no bound.
+    pub max_index_bytes: Option<u64>,
+    /// The most blocks one context keeps (0: no bound of its own).
+    pub max_context_blocks: u64,
     /// Registrations shared with other replicas through etcd; `None`: this replica's own store.
     pub shared_registry: Option<crate::registry::shared::EtcdConfig>,
     /// A peer replica (`http://host:grpc_port`) to take a snapshot from when the data directory
@@ -122,6 +143,15 @@ pub struct Config {
     pub bootstrap_tls: Option<crate::gateway::tls::PeerTlsFiles>,
     /// A plain `http://` `bootstrap_from` to a peer off this host is accepted (trusted network).
     pub bootstrap_allow_plain_http: bool,
+    /// One snapshot pull is abandoned (a failed attempt) past this long.
+    pub bootstrap_deadline_ms: u64,
+    /// Bytes of records one snapshot pull takes at most; a peer sending more is refused.
+    pub bootstrap_max_bytes: u64,
+    /// Without a configured token, whether `Replica.Snapshot` is served to anyone (`"open"`)
+    /// or refused (`"auth"`, the default). With a token it always needs the token.
+    pub snapshot_export_open: bool,
+    /// Connection cap, timeouts and gRPC keepalive (`docs/connections.md`).
+    pub connections: crate::config_connections::ConnectionConfig,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -264,6 +294,9 @@ impl Config {
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS as u64,
             max_name_bytes: DEFAULT_MAX_NAME_BYTES as u64,
             max_contexts_per_source: DEFAULT_MAX_CONTEXTS_PER_SOURCE,
+            max_holders_per_context: DEFAULT_MAX_HOLDERS_PER_CONTEXT,
+            max_index_bytes: None,
+            max_context_blocks: 0,
             shared_registry: None,
             bootstrap_from: None,
             bootstrap_attempts: DEFAULT_BOOTSTRAP_ATTEMPTS,
@@ -271,6 +304,10 @@ impl Config {
             tls: None,
             bootstrap_tls: None,
             bootstrap_allow_plain_http: false,
+            bootstrap_deadline_ms: DEFAULT_BOOTSTRAP_DEADLINE_MS,
+            bootstrap_max_bytes: DEFAULT_BOOTSTRAP_MAX_BYTES,
+            snapshot_export_open: false,
+            connections: Default::default(),
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -401,6 +438,39 @@ impl Config {
                     config.max_contexts_per_source =
                         positive(value, 1 << 16).map_err(|m| err(field, m))?
                 }
+                "max_holders_per_context" => {
+                    config.max_holders_per_context =
+                        positive(value, 1 << 20).map_err(|m| err(field, m))?
+                }
+                "max_index_bytes" => {
+                    config.max_index_bytes = Some(
+                        value
+                            .as_u64()
+                            .filter(|&n| n == 0 || (MIN_INDEX_BYTES..=MAX_INDEX_BYTES).contains(&n))
+                            .ok_or_else(|| {
+                                err(
+                                    field,
+                                    format!(
+                                        "must be 0 (no bound) or an integer in \
+                                         {MIN_INDEX_BYTES}..={MAX_INDEX_BYTES}"
+                                    ),
+                                )
+                            })?,
+                    )
+                }
+                "max_context_blocks" => {
+                    config.max_context_blocks = value
+                        .as_u64()
+                        .filter(|&n| n <= MAX_CONTEXT_BLOCKS)
+                        .ok_or_else(|| {
+                            err(
+                                field,
+                                format!(
+                                    "must be 0 (no bound) or an integer in 1..={MAX_CONTEXT_BLOCKS}"
+                                ),
+                            )
+                        })?
+                }
                 "registry" => {
                     let etcd = crate::registry::shared::EtcdConfig::parse(value)
                         .map_err(|(f, m)| err(Some(f.as_str()), m))?;
@@ -454,6 +524,27 @@ impl Config {
                     config.bootstrap_allow_plain_http = value
                         .as_bool()
                         .ok_or_else(|| err(field, "must be true or false".into()))?
+                "bootstrap_deadline_ms" => {
+                    config.bootstrap_deadline_ms =
+                        positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
+                }
+                "bootstrap_max_bytes" => {
+                    config.bootstrap_max_bytes =
+                        positive(value, 1 << 44).map_err(|m| err(field, m))?
+                }
+                "snapshot_export" => {
+                    config.snapshot_export_open = match value.as_str() {
+                        Some("auth") => false,
+                        Some("open") => true,
+                        _ => {
+                            return Err(err(
+                                field,
+                                "must be \"auth\" (a token is needed) or \"open\" (anyone may \
+                                 take a snapshot when no token is configured)"
+                                    .into(),
+                            ));
+                        }
+                    }
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {
@@ -462,7 +553,10 @@ impl Config {
                         _ => return Err(err(field, "must be \"refuse\" or \"move_aside\"".into())),
                     }
                 }
-                _ => return Err(err(field, "unknown configuration key".into())),
+                other => match config.connections.set(other, value) {
+                    Some(set) => set.map_err(|m| err(field, m))?,
+                    None => return Err(err(field, "unknown configuration key".into())),
+                },
             }
         }
         if config.publisher_timeout_ms <= config.publisher_heartbeat_ms {
@@ -475,55 +569,14 @@ impl Config {
                 ),
             ));
         }
-        check_bootstrap_transport(&config).map_err(|(f, m)| err(Some(f), m))?;
+        crate::gateway::tls::check_bootstrap_transport(
+            config.bootstrap_from.as_deref(),
+            config.bootstrap_tls.is_some(),
+            config.bootstrap_allow_plain_http,
+        )
+        .map_err(|(f, m)| err(Some(f), m))?;
         Ok(config)
     }
-}
-
-/// The token a bootstrapping replica presents, and the snapshot, cross the network in clear text
-/// over `http://`: accepted to a peer on this host, or with the explicit opt-in. See
-/// docs/security.md.
-fn check_bootstrap_transport(config: &Config) -> Result<(), (&'static str, String)> {
-    let peer = config.bootstrap_from.as_deref();
-    let https = peer.is_some_and(|p| p.starts_with("https://"));
-    match (peer, &config.bootstrap_tls) {
-        (Some(_), None) if https => Err((
-            "bootstrap_from",
-            "https:// needs `bootstrap_tls` with the `ca_file` the peer's certificate chains to"
-                .into(),
-        )),
-        (_, Some(_)) if !https => Err((
-            "bootstrap_tls",
-            "applies to an https:// `bootstrap_from` only".into(),
-        )),
-        (Some(peer), None) if !config.bootstrap_allow_plain_http && !is_loopback_url(peer) => {
-            Err((
-                "bootstrap_from",
-                format!(
-                    "{peer} is plain http:// to another host: the service token and the snapshot                      would cross the network in clear text; use https:// with `bootstrap_tls`,                      or set `bootstrap_allow_plain_http: true` on a network you trust"
-                ),
-            ))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// The URL's host is `localhost` or a loopback address.
-fn is_loopback_url(url: &str) -> bool {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap_or_default();
-    let authority = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
-    let host = if let Some(v6) = authority.strip_prefix('[') {
-        v6.split(']').next().unwrap_or_default()
-    } else {
-        authority
-            .rsplit_once(':')
-            .map_or(authority, |(host, _)| host)
-    };
-    host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 fn port(value: &Value) -> Result<u16, String> {
@@ -550,6 +603,10 @@ pub enum LogLevel {
 }
 
 impl Config {
+    pub fn connection_limits(&self) -> crate::gateway::connections::ConnectionLimits {
+        self.connections.limits()
+    }
+
     pub fn on_corrupt_data(&self) -> OnCorruptData {
         if self.move_corrupt_data_aside {
             OnCorruptData::MoveAside
@@ -560,6 +617,15 @@ impl Config {
 
     /// What every subscription is started with (of the socket timings, only the heartbeat is
     /// configurable).
+    /// The index's memory budget (see "Memory budget" in `docs/durability.md`), sized from the
+    /// machine when `max_index_bytes` is not set.
+    pub fn index_budget(&self) -> crate::index::Budget {
+        let bytes = self
+            .max_index_bytes
+            .unwrap_or_else(crate::index::budget::default_max_index_bytes);
+        crate::index::Budget::new(bytes, self.max_context_blocks)
+    }
+
     pub fn subscription_settings(&self) -> SubscriptionSettings {
         let ms = std::time::Duration::from_millis;
         SubscriptionSettings {
@@ -575,6 +641,7 @@ impl Config {
             max_held_bytes: self.max_replay_held_bytes as usize,
             warn_interval: std::time::Duration::from_millis(self.warning_interval_ms),
             max_contexts: self.max_contexts_per_source as usize,
+            max_holders: self.max_holders_per_context as usize,
             max_name_bytes: self.max_name_bytes as usize,
         }
     }

@@ -294,3 +294,85 @@ fn publisher_liveness_keys() {
     let e = Config::parse(r#"{"publisher_timeout_ms": 7000000}"#, "c").unwrap_err();
     assert_eq!(e.field.as_deref(), Some("publisher_timeout_ms"));
 }
+
+#[test]
+fn bootstrap_bounds_default_and_are_positive() {
+    let c = Config::parse("{}", "c").unwrap();
+    assert_eq!(
+        c.bootstrap_deadline_ms,
+        super::DEFAULT_BOOTSTRAP_DEADLINE_MS
+    );
+    assert_eq!(c.bootstrap_max_bytes, super::DEFAULT_BOOTSTRAP_MAX_BYTES);
+    let c = Config::parse(
+        r#"{"bootstrap_deadline_ms": 500, "bootstrap_max_bytes": 9}"#,
+        "c",
+    )
+    .unwrap();
+    assert_eq!((c.bootstrap_deadline_ms, c.bootstrap_max_bytes), (500, 9));
+    for (key, bad) in [
+        ("bootstrap_deadline_ms", "0"),
+        ("bootstrap_max_bytes", "0"),
+        ("bootstrap_max_bytes", r#""1G""#),
+    ] {
+        let e = Config::parse(&format!(r#"{{"{key}": {bad}}}"#), "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some(key), "{bad}");
+    }
+}
+
+#[test]
+fn snapshot_export_needs_a_token_unless_opened() {
+    let c = Config::parse("{}", "c").unwrap();
+    assert!(
+        !c.snapshot_export_open,
+        "refused without a token by default"
+    );
+    assert!(
+        Config::parse(r#"{"snapshot_export": "open"}"#, "c")
+            .unwrap()
+            .snapshot_export_open
+    );
+    assert!(
+        !Config::parse(r#"{"snapshot_export": "auth"}"#, "c")
+            .unwrap()
+            .snapshot_export_open
+    );
+    for bad in [r#""yes""#, "true", "1"] {
+        let e = Config::parse(&format!(r#"{{"snapshot_export": {bad}}}"#), "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("snapshot_export"), "{bad}");
+        assert!(e.message.contains("\"open\""), "{}", e.message);
+    }
+}
+
+#[test]
+fn memory_budget_keys() {
+    let c = Config::embedded_default();
+    assert_eq!((c.max_index_bytes, c.max_context_blocks), (None, 0));
+    let budget = c.index_budget();
+    assert_eq!(
+        budget.max_index_bytes(),
+        crate::index::budget::default_max_index_bytes(),
+        "unset: sized from the machine"
+    );
+    let c = Config::parse(
+        r#"{"max_index_bytes": 0, "max_context_blocks": 200000}"#,
+        "c",
+    )
+    .unwrap();
+    let budget = c.index_budget();
+    assert_eq!(
+        (budget.max_index_bytes(), budget.max_context_blocks()),
+        (0, 200_000)
+    );
+    let c = Config::parse(r#"{"max_index_bytes": 1073741824}"#, "c").unwrap();
+    assert_eq!(c.index_budget().max_index_bytes(), 1 << 30);
+    for (key, value) in [
+        ("max_index_bytes", "1000"),
+        ("max_index_bytes", "-1"),
+        ("max_index_bytes", "\"1G\""),
+        ("max_context_blocks", "-5"),
+        ("max_context_blocks", "1e20"),
+    ] {
+        let e = Config::parse(&format!(r#"{{"{key}": {value}}}"#), "c").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some(key), "{key} = {value}");
+    }
+}

@@ -105,6 +105,15 @@ pub trait Section: Send + Sync {
 pub fn render(s: &Scrape<'_>) -> String {
     let mut out = String::with_capacity(4096);
     let w = &mut out;
+    let _ = writeln!(
+        w,
+        "# HELP conductor_build_info How this binary was built (docs/build.md)\n\
+         # TYPE conductor_build_info gauge\n\
+         conductor_build_info{{version=\"{}\",debug_assertions=\"{}\",test_hooks=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        cfg!(debug_assertions),
+        cfg!(feature = "failpoints"),
+    );
     gauge(
         w,
         "conductor_ready",
@@ -436,6 +445,45 @@ pub fn render(s: &Scrape<'_>) -> String {
         s.queries.errors.load(Ordering::Relaxed)
     );
     out
+}
+
+/// The memory budget's figures (see "Memory budget" in `docs/durability.md`).
+pub fn render_budget(w: &mut String, budget: &crate::index::Budget) {
+    gauge(
+        w,
+        "conductor_index_budget_bytes",
+        "max_index_bytes: the bound on every context's estimated bytes together (0: none)",
+        &[("", budget.max_index_bytes())],
+    );
+    gauge(
+        w,
+        "conductor_index_budget_context_blocks",
+        "max_context_blocks: the bound on one context's blocks (0: none)",
+        &[("", budget.max_context_blocks())],
+    );
+    gauge(
+        w,
+        "conductor_index_estimated_bytes",
+        "Every context's estimated bytes, as the budget counts them (0 without a bound)",
+        &[("", budget.bytes())],
+    );
+    header(
+        w,
+        "conductor_index_evicted_blocks_total",
+        "counter",
+        "Blocks the memory budget evicted (false misses, never stale hits); per context in /global_view",
+    );
+    let _ = writeln!(
+        w,
+        "conductor_index_evicted_blocks_total {}",
+        budget.evicted()
+    );
+    gauge(
+        w,
+        "conductor_index_budget_evicting",
+        "1 while the memory budget evicts (it evicted within the last minute; /health says degraded)",
+        &[("", budget.degraded().is_some() as u64)],
+    );
 }
 
 fn header(w: &mut String, name: &str, kind: &str, help: &str) {

@@ -117,7 +117,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .map_or(2, |n| n.get())
         .clamp(1, 8);
     let arbiters = ArbiterPool::new(threads);
-    let contexts = ContextDirectory::new(arbiters.clone());
+    let budget = Arc::new(config.index_budget());
+    tracing::info!(
+        "index memory budget: max_index_bytes {} (0: none), max_context_blocks {} (0: none)",
+        budget.max_index_bytes(),
+        budget.max_context_blocks()
+    );
+    let contexts = ContextDirectory::new(arbiters.clone()).with_budget(budget);
     let mut persisted = HashSet::new();
     for index in loaded.recovered.contexts {
         persisted.insert(index.key().clone());
@@ -155,11 +161,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         );
     }
     let storage_health = Arc::new(StorageHealth::default());
+    let export_counts = Arc::new(crate::replica::serve::ExportCounts::default());
+    let connection_limits = config.connection_limits();
+    let connections =
+        crate::gateway::connections::Connections::new(connection_limits.max_connections);
     let mut ops = Ops::new(registry.clone(), contexts.clone(), readiness.clone(), auth)
         .with_max_query_tokens(config.max_query_tokens)
         .with_shared(shared.clone())
         .with_storage_health(storage_health.clone())
-        .with_metrics_section(replica.clone());
+        .with_metrics_section(replica.clone())
+        .with_metrics_section(export_counts.clone())
+        .with_metrics_section(connections.clone());
     if let Some(tls) = &server_tls {
         ops = ops.with_metrics_section(tls.counters.clone());
         tracing::info!("both servers speak TLS only");
@@ -178,32 +190,54 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| ServiceError::Other(format!("gRPC reflection: {e}")))?;
-        let snapshots = crate::gateway::pb_server::replica_server::ReplicaServer::new(
-            crate::replica::serve::SnapshotService::new(
-                ops.clone(),
-                loaded.store.clone(),
-                contexts.clone(),
-                subscriptions.clone(),
-                replica.replica_id().to_owned(),
-            ),
+        let snapshots = crate::replica::serve::SnapshotService::new(
+            ops.clone(),
+            loaded.store.clone(),
+            contexts.clone(),
+            subscriptions.clone(),
+            replica.replica_id().to_owned(),
         )
-        .max_encoding_message_size(crate::replica::format::MAX_CHUNK_BYTES);
+        .guarded(!config.auth_tokens.is_empty(), config.snapshot_export_open)
+        .counting(export_counts);
+        let snapshots = crate::gateway::pb_server::replica_server::ReplicaServer::new(snapshots)
+            .max_encoding_message_size(crate::replica::format::MAX_CHUNK_BYTES);
+        // One budget of large bodies in flight for both transports.
+        let budget = crate::gateway::body_budget::BodyBudget::new(config.http_inflight_body_bytes);
+        let routes = tonic::service::Routes::new(service)
+            .add_service(snapshots)
+            .add_service(reflection);
         Routers {
             http: crate::gateway::http::router(
                 ops.clone(),
                 crate::gateway::http::BodyLimits {
                     body_bytes: config.http_body_limit_bytes as usize,
-                    inflight_bytes: config.http_inflight_body_bytes,
                     max_query_tokens: config.max_query_tokens,
                 },
+                budget.clone(),
             ),
-            grpc: tonic::service::Routes::new(service)
-                .add_service(snapshots)
-                .add_service(reflection),
+            grpc: crate::gateway::bounds::GrpcBounds::new(
+                routes,
+                ops.clone(),
+                budget,
+                crate::gateway::bounds::MessageLimits::new(config.max_query_tokens, limit),
+            ),
         }
     };
-    let gateway = Workers::start(threads, http, rpc, routers, server_tls, shutdown.clone())
-        .map_err(|e| ServiceError::Other(format!("gateway workers: {e}")))?;
+    tracing::info!(
+        max_connections = connection_limits.max_connections,
+        idle_timeout_ms = connection_limits.idle_timeout.as_millis() as u64,
+        "connection limits"
+    );
+    let gateway = Workers::start(
+        threads,
+        (http, rpc),
+        routers,
+        connection_limits,
+        connections,
+        server_tls,
+        shutdown.clone(),
+    )
+    .map_err(|e| ServiceError::Other(format!("gateway workers: {e}")))?;
     tracing::info!(http = %http_local, grpc = %rpc_local, replica_id = %replica.replica_id(), "mooncake_conductor listening");
 
     // A new replica loads a peer's snapshot while its servers already say so on `/health`;
@@ -215,6 +249,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             token: config.auth_tokens.first(),
             tls: peer_tls.as_ref(),
             limit: config.bootstrap_attempts,
+            bounds: crate::replica::receive::Limits::of(&config),
         };
         match attempts
             .run(&loaded.store, &readiness, &replica, &shutdown)

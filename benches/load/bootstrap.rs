@@ -79,7 +79,9 @@ async fn one(pairs: u64) {
     // `--binary`: both replicas are child processes of that build (with RocksDB, say).
     let binary: String = opt("binary", String::new());
     let binary = Some(binary.as_str()).filter(|b| !b.is_empty());
-    let peer = Node::start(binary).await;
+    // No token here: the peer serves its snapshot to anyone (loopback only).
+    let peer = Node::spawn(binary, json!({"snapshot_export": "open"}));
+    peer.wait_ready().await;
     let mut http = HttpConn::connect(peer.http_port()).await.expect("HTTP");
     let mut publisher = Publisher::loopback(true, 0)
         .await

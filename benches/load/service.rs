@@ -182,12 +182,6 @@ impl Node {
         }
     }
 
-    pub(crate) async fn start(binary: Option<&str>) -> Node {
-        let node = Node::spawn(binary, serde_json::json!({}));
-        node.wait_ready().await;
-        node
-    }
-
     pub(crate) fn http_port(&self) -> u16 {
         match self {
             Node::InProcess(s) => s.http_port,

@@ -12,8 +12,11 @@
 //!
 //! What stays as with `Channel`: TCP_NODELAY, the connect timeout, hyper's flow-control windows,
 //! the request's scheme and authority, and reconnection: a call that finds the connection gone
-//! opens a new one (a call already on a connection that breaks fails, as with `Channel`, and its
-//! error reaches tonic, which maps it to a status as before).
+//! opens a new one. A server closes connections idle for its `connection_idle_timeout_ms`, and a
+//! call may be sent just as that happens, before this side has seen the close: a call on a reused
+//! connection that ends before any answer (a GOAWAY naming an earlier stream, a refused stream,
+//! the socket closed) is sent once more on a new connection. Any other failure, and a second
+//! one, reaches tonic, which maps it to a status as before.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -58,6 +61,12 @@ struct Connection {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// A ready handle, and whether its connection was opened for this call (`fresh`) or reused.
+struct Ready {
+    sender: SendRequest<Bytes>,
+    fresh: bool,
+}
+
 impl Transport {
     /// A transport to `addr` (`host:port`) whose requests name `origin` (`http://host:port`).
     pub(crate) fn new(
@@ -84,11 +93,16 @@ impl Transport {
 
     /// A handle ready for one more stream, on the current connection or, if there is none or it
     /// has ended, on a new one.
-    async fn ready_sender(&self) -> Result<SendRequest<Bytes>, BoxError> {
+    async fn ready_sender(&self) -> Result<Ready, BoxError> {
         let mut slot = self.shared.connection.lock().await;
         if let Some(sender) = slot.as_ref().map(|c| c.sender.clone()) {
             match sender.ready().await {
-                Ok(sender) => return Ok(sender),
+                Ok(sender) => {
+                    return Ok(Ready {
+                        sender,
+                        fresh: false,
+                    });
+                }
                 // The connection has ended (server gone or restarted): reconnect below.
                 Err(_) => *slot = None,
             }
@@ -98,7 +112,19 @@ impl Transport {
             .map_err(|_| "connect timed out")??;
         let sender = connection.sender.clone();
         *slot = Some(connection);
-        Ok(sender.ready().await?)
+        Ok(Ready {
+            sender: sender.ready().await?,
+            fresh: true,
+        })
+    }
+
+    /// Forget the current connection if it has ended, so that the next call opens a new one
+    /// (a concurrent call may already have replaced it with a live one, which stays).
+    async fn forget_if_ended(&self) {
+        let mut slot = self.shared.connection.lock().await;
+        if slot.as_ref().is_some_and(|c| c.task.is_finished()) {
+            *slot = None;
+        }
     }
 
     /// Closes the connection: the server sees it end now, not when this runtime next runs.
@@ -130,15 +156,44 @@ impl Transport {
         let message = body.collect().await?.to_bytes();
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         parts.uri = format!("{}{path}", self.shared.origin).parse()?;
-        let mut sender = self.ready_sender().await?;
-        let end_with_headers = message.is_empty();
-        let (response, mut stream) =
-            sender.send_request(http::Request::from_parts(parts, ()), end_with_headers)?;
-        if !end_with_headers {
-            stream.send_data(message, true)?;
+        let ready = self.ready_sender().await?;
+        match send(ready.sender, &parts, message.clone()).await {
+            Ok(response) => Ok(response.map(ResponseBody::new)),
+            Err(e) if !ready.fresh && closed_before_answer(&e) => {
+                self.forget_if_ended().await;
+                let again = self.ready_sender().await?;
+                Ok(send(again.sender, &parts, message)
+                    .await?
+                    .map(ResponseBody::new))
+            }
+            Err(e) => Err(e.into()),
         }
-        Ok(response.await?.map(ResponseBody::new))
     }
+}
+
+/// Send one request (HEADERS, then its message in one DATA frame) and wait for the answer's head.
+async fn send(
+    mut sender: SendRequest<Bytes>,
+    parts: &http::request::Parts,
+    message: Bytes,
+) -> Result<http::Response<h2::RecvStream>, h2::Error> {
+    let mut request = http::Request::new(());
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = parts.uri.clone();
+    *request.version_mut() = parts.version;
+    *request.headers_mut() = parts.headers.clone();
+    let end_with_headers = message.is_empty();
+    let (response, mut stream) = sender.send_request(request, end_with_headers)?;
+    if !end_with_headers {
+        stream.send_data(message, true)?;
+    }
+    response.await
+}
+
+/// The connection ended under the call before an answer: the server closed it (idle, or going
+/// away) or refused the stream, so the call was not served and may be sent again.
+fn closed_before_answer(e: &h2::Error) -> bool {
+    e.is_go_away() || e.is_io() || e.reason() == Some(h2::Reason::REFUSED_STREAM)
 }
 
 impl tower_service::Service<http::Request<tonic::body::Body>> for Transport {

@@ -59,7 +59,10 @@ pub fn load(data_dir: &Path, on_corrupt: OnCorruptData) -> Result<Loaded, Storag
 }
 
 fn open_and_recover(dir: &Path) -> Result<Loaded, StorageError> {
-    let store = crate::storage::fault_switch::FaultSwitch::from_env(open(dir)?);
+    let store = open(dir)?;
+    // Test builds only: the integration tests' full-disk switch (`storage::fault_switch`).
+    #[cfg(feature = "failpoints")]
+    let store = crate::storage::fault_switch::FaultSwitch::from_env(store);
     let found = migrations::migrate(store.as_ref(), &dir.display().to_string())?;
     let recovered = recover(store.as_ref())?;
     tracing::info!(

@@ -101,10 +101,10 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             let id = holder_id(k);
             let record = codec::decode_holder(id, v)?;
             // Ids may have gaps (holders reclaimed), never a repeated holder.
-            if !restorer.holder(&record) {
+            if let Err(reason) = restorer.holder(&record) {
                 return Err(StorageError::Corrupt {
                     cf: "holders",
-                    what: format!("context {key}: holder record {id} out of order or repeated"),
+                    what: format!("context {key}: {reason}"),
                 });
             }
             ids.push(id);

@@ -14,7 +14,6 @@ use axum::routing::{get, post};
 use serde_json::{Value as Json, json};
 
 use crate::error::OpError;
-use crate::gateway::auth::Access;
 use crate::gateway::body_budget::{self, BodyBudget, Share};
 use crate::gateway::http_register::registration_from_http;
 use crate::gateway::http_reply::{
@@ -37,8 +36,6 @@ use super::http_registry;
 pub struct BodyLimits {
     /// Largest body accepted (413 above it).
     pub body_bytes: usize,
-    /// Bytes of large bodies held at once (see [`body_budget`]).
-    pub inflight_bytes: u64,
     /// Most `token_ids` / `block_hashes` elements.
     pub max_query_tokens: usize,
 }
@@ -52,11 +49,12 @@ struct Http {
 }
 
 /// The HTTP router over `ops`.
-pub fn router(ops: Ops, limits: BodyLimits) -> Router {
+/// `budget` bounds the bytes of large bodies in flight (see [`body_budget`]), shared with gRPC.
+pub fn router(ops: Ops, limits: BodyLimits, budget: BodyBudget) -> Router {
     let state = Http {
         ops,
         body_limit: limits.body_bytes,
-        budget: BodyBudget::new(limits.inflight_bytes),
+        budget,
         limits: Limits {
             max_tokens: limits.max_query_tokens,
         },
@@ -108,11 +106,7 @@ async fn require_token(
     request: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let access = match request.uri().path() {
-        "/register" | "/unregister" | "/registry/reupload" | "/registry/accept" => Access::Write,
-        "/health" => Access::Health,
-        _ => Access::Read,
-    };
+    let access = crate::gateway::bounds::http_access(request.uri().path());
     let headers = request.headers();
     let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
     if let Err(e) = state.ops.authorize(access, authorization) {
@@ -494,13 +488,34 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
         })
     });
     let rows = rows.collect::<Vec<Json>>();
-    match http_registry::status_section(&state.ops) {
-        None => listing(rows, format),
-        Some(registry) => {
-            let body = json!({"count": rows.len(), "services": rows, "registry": registry});
-            encode(StatusCode::OK, &body, format)
-        }
+    let mut body = json!({"count": rows.len(), "services": rows});
+    if let Some(registry) = http_registry::status_section(&state.ops) {
+        body["registry"] = registry;
     }
+    body["memory_budget"] = budget_section(&state.ops);
+    encode(StatusCode::OK, &body, format)
+}
+
+/// The memory budget's part of `/services/status` (see "Memory budget" in
+/// `docs/durability.md`): its bounds, the estimate, and per context what it evicted.
+fn budget_section(ops: &crate::gateway::ops::Ops) -> Json {
+    let budget = ops.budget();
+    let contexts: Vec<Json> = (ops.global_view().iter())
+        .filter(|v| v.evicted > 0)
+        .map(|v| {
+            json!({
+                "model_name": v.key.model_name, "lora_name": v.key.lora_name,
+                "tenant_id": v.key.tenant_id, "block_size": v.key.block_size,
+                "blocks": v.prefix_count, "evicted_blocks": v.evicted,
+            })
+        })
+        .collect();
+    json!({
+        "max_index_bytes": budget.max_index_bytes(),
+        "max_context_blocks": budget.max_context_blocks(),
+        "estimated_bytes": budget.bytes(), "evicted_blocks": budget.evicted(),
+        "evicting": budget.degraded().is_some(), "contexts": contexts,
+    })
 }
 
 async fn registry_reupload(State(state): State<Http>, headers: HeaderMap) -> Response {

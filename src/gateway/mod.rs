@@ -8,8 +8,9 @@
 //! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API, [`http_register`] its
 //! `/register` checks, [`http_reply`] its answer formats and error bodies, [`http_body`] its
 //! query answers and [`http_registry`] the shared registry's status and operator commands;
-//! [`workers`] the threads both servers run on; [`tls`] TLS on both servers (optional) and a
-//! replica's TLS towards its peer.
+//! [`bounds`] the request bounds both transports share; [`connections`] the open connections,
+//! their cap and timeouts; [`workers`] the threads both servers run on; [`tls`] TLS on both
+//! servers (optional) and a replica's TLS towards its peer.
 //!
 //! # Transport settings, and why
 //!
@@ -25,9 +26,10 @@
 //! - HTTP/2: hyper's windows (1 MiB per stream and per connection, received by the server),
 //!   far above one request, so flow control never waits; 16 KiB frames (a request of up to
 //!   ~6k tokens is one DATA frame); adaptive window off (its BDP pings would add frames to
-//!   every answer); no keepalive pings; no compression (it would cost more CPU than it saves
-//!   on such answers); no tower layers (timeout, concurrency limit, load shedding) and no
-//!   per-request tracing span.
+//!   every answer); keepalive pings only after `grpc_keepalive_ms` without a frame from the
+//!   peer (never while queries flow); no compression (it would cost more CPU than it saves
+//!   on such answers); one layer ([`bounds::GrpcBounds`]: the token and the message's declared
+//!   size, checked from the headers and the first 5 bytes) and no per-request tracing span.
 //! - The query messages bypass prost's generic code on the server: [`grpc_wire`] writes the
 //!   answer from the index's result without a message tree and reads packed prompts straight
 //!   from the receive buffer; [`http_body::hits_msgpack`] writes the msgpack answer by hand.
@@ -45,7 +47,9 @@
 
 pub mod auth;
 pub mod body_budget;
+pub mod bounds;
 pub mod coalesce;
+pub mod connections;
 pub mod grpc;
 pub mod grpc_wire;
 pub mod http;

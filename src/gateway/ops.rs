@@ -117,16 +117,18 @@ impl Ops {
         self
     }
 
-    /// Why the service is degraded while it keeps serving: checkpoints not landing, or
-    /// registrations served that etcd lost in a suspected reset.
+    /// Why the service is degraded while it keeps serving: checkpoints not landing,
+    /// registrations served that etcd lost in a suspected reset, or the memory budget evicting.
     pub fn degraded_reason(&self) -> Option<String> {
         let held = (self.shared.as_ref())
             .and_then(|e| e.reset_report().held())
             .map(|h| h.describe());
-        match (self.storage.degraded(), held) {
-            (Some(storage), Some(held)) => Some(format!("{storage}; {held}")),
-            (storage, held) => storage.or(held),
-        }
+        let budget = self.contexts.budget().degraded();
+        let reasons: Vec<String> = [self.storage.degraded(), held, budget]
+            .into_iter()
+            .flatten()
+            .collect();
+        (!reasons.is_empty()).then(|| reasons.join("; "))
     }
 
     /// The shared registry's section of `/services/status`: `None` without etcd.
@@ -322,6 +324,11 @@ impl Ops {
     }
 
     /// Every context, sorted by key.
+    /// The memory budget the contexts share.
+    pub fn budget(&self) -> &std::sync::Arc<crate::index::Budget> {
+        self.contexts.budget()
+    }
+
     pub fn global_view(&self) -> Vec<ContextView> {
         self.contexts.all().iter().map(|h| h.view()).collect()
     }
@@ -361,6 +368,7 @@ impl Ops {
                     .collect(),
             }),
         });
+        crate::metrics::render_budget(&mut text, self.contexts.budget());
         for section in &self.sections {
             section.render(&mut text);
         }

@@ -4,9 +4,9 @@
 //!
 //! The certificate chain and key are read once at start, so a restart picks up renewed files.
 //! With TLS configured, each port speaks only TLS: the accept loops hand raw TCP streams to the
-//! workers as before, and on its worker every connection first goes through [`connections`],
-//! which runs its handshake in a task of its own (a slow or silent client holds up no other
-//! connection, and never the accept loop), bounded by the handshake timeout. A client that does
+//! workers as before, and on its worker every connection first runs [`ServerTls::handshake`] in
+//! its own task (a slow or silent client holds up no other connection, and never the accept
+//! loop), bounded by the handshake timeout. A client that does
 //! not complete a handshake in time, or that speaks plain HTTP or gRPC, has its connection
 //! closed and is counted in `conductor_tls_handshakes_failed_total`.
 //!
@@ -14,18 +14,14 @@
 //! server speaks (a client that insists on `h2` there fails the handshake instead of failing
 //! later on a protocol mismatch).
 
-use std::io;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -268,6 +264,58 @@ impl ServerTls {
     }
 }
 
+/// Config `bootstrap_from` against `bootstrap_tls` and `bootstrap_allow_plain_http`: an error names
+/// the field. The token a bootstrapping replica presents, and the snapshot, cross the network in
+/// clear text over `http://`: accepted to a peer on this host, or with the explicit opt-in. See
+/// docs/security.md.
+pub fn check_bootstrap_transport(
+    peer: Option<&str>,
+    has_tls: bool,
+    allow_plain_http: bool,
+) -> Result<(), (&'static str, String)> {
+    let https = peer.is_some_and(|p| p.starts_with("https://"));
+    match (peer, has_tls) {
+        (Some(_), false) if https => Err((
+            "bootstrap_from",
+            "https:// needs `bootstrap_tls` with the `ca_file` the peer's certificate chains to"
+                .into(),
+        )),
+        (_, true) if !https => Err((
+            "bootstrap_tls",
+            "applies to an https:// `bootstrap_from` only".into(),
+        )),
+        (Some(peer), false) if !allow_plain_http && !is_loopback_url(peer) => {
+            Err((
+                "bootstrap_from",
+                format!(
+                    "{peer} is plain http:// to another host: the service token and the snapshot \
+                     would cross the network in clear text; use https:// with `bootstrap_tls`, \
+                     or set `bootstrap_allow_plain_http: true` on a network you trust"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The URL's host is `localhost` or a loopback address.
+fn is_loopback_url(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or_default();
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        v6.split(']').next().unwrap_or_default()
+    } else {
+        authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host)
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 fn named(field: &str, file: &Path, message: &str) -> String {
     format!("config field `{field}` ({}): {message}", file.display())
 }
@@ -281,131 +329,30 @@ fn read_pem<T, E: std::fmt::Display>(
     parse(&pem).map_err(|e| named(field, file, &format!("not usable PEM: {e}")))
 }
 
-/// An accepted connection, with or without TLS: what both servers read and write.
-pub enum Conn {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
-
-impl Conn {
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            Conn::Plain(s) => s,
-            Conn::Tls(s) => s.get_ref().0,
+impl ServerTls {
+    /// Run `stream`'s handshake, bounded by the handshake timeout; `None` (counted) when it
+    /// fails or does not complete in time.
+    pub async fn handshake(
+        &self,
+        stream: TcpStream,
+        port: Port,
+    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+        let peer = stream.peer_addr().ok();
+        let handshake = self.acceptor(port).accept(stream);
+        match tokio::time::timeout(self.timeout, handshake).await {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(e)) => {
+                // Debug level: each one is counted, and a plain client retrying in a loop must
+                // not flood the log.
+                tracing::debug!(?peer, port = port.as_str(), "TLS handshake failed: {e}");
+                self.counters.count(port, false);
+                None
+            }
+            Err(_) => {
+                tracing::debug!(?peer, port = port.as_str(), "TLS handshake timed out");
+                self.counters.count(port, true);
+                None
+            }
         }
-    }
-}
-
-/// The connections `raw` hands over, ready to serve: with `tls`, each after its handshake (run
-/// in a task of its own on the caller's runtime, bounded by the handshake timeout); without,
-/// as they come. Must be called inside the worker's runtime. The returned stream ends once
-/// `raw` has ended and the handshakes under way have finished.
-pub fn connections(
-    mut raw: mpsc::UnboundedReceiver<std::net::TcpStream>,
-    tls: Option<ServerTls>,
-    port: Port,
-) -> mpsc::UnboundedReceiver<Conn> {
-    let (ready, out) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(stream) = raw.recv().await {
-            let stream = match TcpStream::from_std(stream) {
-                Ok(stream) => stream,
-                Err(e) => {
-                    tracing::debug!("handed connection dropped: {e}");
-                    continue;
-                }
-            };
-            let Some(tls) = &tls else {
-                let _ = ready.send(Conn::Plain(stream));
-                continue;
-            };
-            let (tls, ready) = (tls.clone(), ready.clone());
-            tokio::spawn(async move {
-                let peer = stream.peer_addr().ok();
-                let handshake = tls.acceptor(port).accept(stream);
-                match tokio::time::timeout(tls.timeout, handshake).await {
-                    Ok(Ok(stream)) => {
-                        let _ = ready.send(Conn::Tls(Box::new(stream)));
-                    }
-                    Ok(Err(e)) => {
-                        // Debug level: each one is counted, and a plain client retrying in a
-                        // loop must not flood the log.
-                        tracing::debug!(?peer, port = port.as_str(), "TLS handshake failed: {e}");
-                        tls.counters.count(port, false);
-                    }
-                    Err(_) => {
-                        tracing::debug!(?peer, port = port.as_str(), "TLS handshake timed out");
-                        tls.counters.count(port, true);
-                    }
-                }
-            });
-        }
-    });
-    out
-}
-
-impl AsyncRead for Conn {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Conn {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Conn::Plain(s) => s.is_write_vectored(),
-            Conn::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
-            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
-
-impl tonic::transport::server::Connected for Conn {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.tcp().connect_info()
     }
 }

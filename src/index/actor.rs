@@ -29,9 +29,10 @@ impl ContextActor {
 /// sources down (and shows as their `pending_batches`) instead of queueing without bound.
 pub const MAILBOX_CAPACITY: usize = 64;
 
-/// Test only: `CONDUCTOR_TEST_APPLY_DELAY_MS` makes every context sleep that long per batch it
-/// applies, so the integration tests can watch a context fall behind its source. Unset (always,
-/// outside tests) it costs one load of a cached `None`.
+/// Test builds only (the `failpoints` feature): `CONDUCTOR_TEST_APPLY_DELAY_MS` makes every
+/// context sleep that long per batch it applies, so the integration tests can watch a context
+/// fall behind its source. The binary users run does not read the variable.
+#[cfg(feature = "failpoints")]
 fn test_apply_delay() -> Option<std::time::Duration> {
     static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
     *DELAY.get_or_init(|| {
@@ -40,6 +41,12 @@ fn test_apply_delay() -> Option<std::time::Duration> {
             .and_then(|v| v.parse().ok())
             .map(std::time::Duration::from_millis)
     })
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+fn test_apply_delay() -> Option<std::time::Duration> {
+    None
 }
 
 impl Actor for ContextActor {

@@ -79,6 +79,8 @@ impl ArbiterPool {
 pub struct ContextDirectory {
     contexts: Arc<RwLock<HashMap<ContextKey, ContextHandle>>>,
     arbiters: ArbiterPool,
+    /// The memory budget every context it starts shares.
+    budget: Arc<super::Budget>,
 }
 
 impl ContextDirectory {
@@ -86,7 +88,18 @@ impl ContextDirectory {
         ContextDirectory {
             contexts: Arc::default(),
             arbiters,
+            budget: super::Budget::unbounded(),
         }
+    }
+
+    /// Contexts started from now on share `budget` (see [`super::Budget`]).
+    pub fn with_budget(mut self, budget: Arc<super::Budget>) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    pub fn budget(&self) -> &Arc<super::Budget> {
+        &self.budget
     }
 
     pub fn get(&self, key: &ContextKey) -> Option<ContextHandle> {
@@ -109,7 +122,8 @@ impl ContextDirectory {
         if let Some(handle) = contexts.get(key) {
             return check_profile(handle.clone(), profile);
         }
-        let index = ContextIndex::new(key.clone(), profile.clone());
+        let mut index = ContextIndex::new(key.clone(), profile.clone());
+        index.set_budget(Arc::clone(&self.budget));
         let handle = ContextHandle::start_in_arbiter(&self.arbiters.pick(), index);
         contexts.insert(key.clone(), handle.clone());
         Ok(handle)
@@ -124,7 +138,10 @@ impl ContextDirectory {
         contexts.insert(handle.key().clone(), handle);
     }
 
-    pub fn start(&self, index: ContextIndex) -> ContextHandle {
+    /// Start a recovered context under this directory's budget (which it obeys at once: see
+    /// [`ContextIndex::set_budget`]).
+    pub fn start(&self, mut index: ContextIndex) -> ContextHandle {
+        index.set_budget(Arc::clone(&self.budget));
         ContextHandle::start_in_arbiter(&self.arbiters.pick(), index)
     }
 

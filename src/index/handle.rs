@@ -23,6 +23,9 @@ pub struct ContextView {
     pub prefix_count: u64,
     /// Instance id → listed DP ranks.
     pub instances: BTreeMap<String, BTreeSet<u32>>,
+    /// Blocks the memory budget evicted from this context since it started (see "Memory
+    /// budget" in `docs/durability.md`).
+    pub evicted: u64,
 }
 
 /// Size figures for metrics.
@@ -37,6 +40,8 @@ pub struct IndexStats {
     pub raw_pairs: u64,
     /// Blocks stored with a parent the context never saw.
     pub unlinked: u64,
+    /// Blocks the memory budget evicted.
+    pub evicted: u64,
 }
 
 /// A cheap, cloneable, `Send + Sync` read handle on one context. Queries through it never wait
@@ -149,6 +154,7 @@ impl IndexReader {
             profile: self.shared.profile.clone(),
             prefix_count: self.prefix_count(),
             instances: self.instances(),
+            evicted: self.shared.evicted.load(Ordering::Relaxed),
         }
     }
 
@@ -160,6 +166,7 @@ impl IndexReader {
             invalid_ops: self.shared.invalid_ops.load(Ordering::Relaxed),
             raw_pairs: self.shared.raw_pairs.load(Ordering::Relaxed),
             unlinked: self.shared.unlinked.load(Ordering::Relaxed),
+            evicted: self.shared.evicted.load(Ordering::Relaxed),
         }
     }
 

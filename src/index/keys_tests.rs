@@ -266,7 +266,7 @@ fn counts_and_aliases_survive_a_checkpoint() {
     assert_eq!(changes.repeats.len(), 2);
     let mut restorer = Restorer::new(changes.key.clone(), changes.profile.clone());
     for h in &changes.holders {
-        assert!(restorer.holder(h));
+        restorer.holder(h).expect("holder record");
     }
     for a in changes.attachments.iter().flatten() {
         restorer.attach(&a.source, &a.instance_id, a.dp_rank);

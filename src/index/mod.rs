@@ -12,6 +12,9 @@
 //! - `shared`: what the single writer shares with its readers (table, metadata, aliases).
 //! - [`query`]: the prefix walk ([`HashList`] names a prompt by its block hashes).
 //! - [`handle`]: [`IndexReader`], the read handle queries and the global view use.
+//! - [`budget`]: the memory budget every context shares ([`Budget`]: bounds, the estimate of
+//!   all contexts, what eviction did), and `evict_order`, the order a context's blocks go in
+//!   (oldest chain first, deepest block first; see "Memory budget" in `docs/durability.md`).
 //! - `holder`: the writer's per-holder state and the reuse of reclaimed holder ids.
 //! - `image`: the plain records a context hands to checkpoints ([`ContextChanges`],
 //!   [`Watermark`], [`HolderRecord`]); [`crate::durability`] encodes them.
@@ -489,9 +492,11 @@ pub mod actor;
 mod alias_table;
 mod aliases;
 mod answer;
+pub mod budget;
 pub mod context;
 mod cursors;
 pub mod directory;
+mod evict_order;
 pub mod export;
 pub mod handle;
 mod holder;
@@ -526,6 +531,7 @@ pub use actor::{
     GetStats, Snapshot,
 };
 pub use answer::{InstanceHits, QueryHits, TierCounts};
+pub use budget::Budget;
 pub use context::restore::{AliasLoader, PairBatch, Restorer};
 pub use context::{ApplyReport, ContextIndex};
 pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};

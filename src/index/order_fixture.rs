@@ -357,7 +357,8 @@ impl Records {
         let (key, profile) = self.key.clone().expect("a checkpoint was written");
         let mut r = Restorer::new(key, profile);
         for h in self.holders.values() {
-            assert!(r.holder(h), "holder record {h:?}");
+            r.holder(h)
+                .unwrap_or_else(|e| panic!("holder record {h:?}: {e}"));
         }
         for a in &self.attachments {
             r.attach(&a.source, &a.instance_id, a.dp_rank);

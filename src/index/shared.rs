@@ -32,4 +32,6 @@ pub(crate) struct Shared {
     /// Blocks whose contents came with an unknown parent, so they are keyed by their hash (or
     /// its alias's key, see "Order of sources" in the module doc).
     pub unlinked: AtomicU64,
+    /// Blocks the memory budget evicted (see `context::evict`).
+    pub evicted: AtomicU64,
 }

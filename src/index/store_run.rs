@@ -49,6 +49,14 @@ pub(super) struct StoreRun {
     /// `items[..hinted]` have their record hint (see [`StoreRun::find_records`]).
     hinted: usize,
     shard: Vec<u8>,
+    /// Under a memory budget: record each op's start and the blocks the run makes new, so that
+    /// they join the eviction order as runs of their op (see `evict_order`).
+    pub(super) track: bool,
+    /// Per gathered op while tracking: its first item, the published hash of its last block and
+    /// the published parent it named.
+    ops: Vec<(u32, Option<u64>, Option<u64>)>,
+    /// (item, key) of each block the run made new, while tracking.
+    fresh: Vec<(u32, u64)>,
     /// Positions in `items`, sorted by shard. Why positions: sorting the items themselves
     /// zeroed and copied 32 bytes per store (the zeroing alone was about 1 % of apply's
     /// instructions).
@@ -75,6 +83,46 @@ impl StoreRun {
     ///
     /// Hints only: `reading` registers the caller as a reader so that the arrays they look at
     /// stay while they do.
+    /// Note that the next items gathered are one op's blocks (while tracking).
+    pub(super) fn mark_op(&mut self, last_hash: Option<u64>, parent_hash: Option<u64>) {
+        if self.track {
+            self.ops
+                .push((self.items.len() as u32, last_hash, parent_hash));
+        }
+    }
+
+    /// Hand each applied op's new blocks, in chain order, with its last and parent hashes to
+    /// `f`, and forget them.
+    pub(super) fn take_new_runs(
+        &mut self,
+        mut f: impl FnMut(std::iter::Copied<std::slice::Iter<'_, u64>>, Option<u64>, Option<u64>),
+    ) {
+        if self.fresh.is_empty() {
+            self.ops.clear();
+            return;
+        }
+        // Applied shard by shard: back to gathering order.
+        self.fresh.sort_unstable_by_key(|&(i, _)| i);
+        let mut keys = Vec::new();
+        let mut fresh = self.fresh.iter().peekable();
+        for (n, &(start, last, parent)) in self.ops.iter().enumerate() {
+            let end = self.ops.get(n + 1).map_or(u32::MAX, |o| o.0);
+            keys.clear();
+            while let Some(&&(i, key)) = fresh.peek() {
+                if i >= end {
+                    break;
+                }
+                if i >= start {
+                    keys.push(key);
+                }
+                fresh.next();
+            }
+            f(keys.iter().copied(), last, parent);
+        }
+        self.ops.clear();
+        self.fresh.clear();
+    }
+
     pub(super) fn find_records(&mut self, table: &Table, reading: &Reading<'_>) {
         if let Some(fresh) = self.items.get_mut(self.hinted..) {
             fresh
@@ -127,6 +175,8 @@ pub(super) fn apply(
     }
     // One sets' writer lock for the whole run (see `Table::writer`).
     let mut w = table.writer();
+    let track = run.track;
+    let fresh = &mut run.fresh;
     let items = &run.items;
     let item = |i: u32| items.get(i as usize).copied().unwrap_or_default();
     for s in 0..SHARDS {
@@ -162,6 +212,9 @@ pub(super) fn apply(
                 }
             }
             out.blocks += u64::from(added.new_block);
+            if track && added.new_block {
+                fresh.push((i, it.at.key));
+            }
         });
     }
     run.items.clear();

@@ -613,6 +613,7 @@ fn the_actor_forwards_and_the_handle_queries_without_the_mailbox() {
     });
 }
 
+mod budget;
 mod reclaim;
 mod restore;
 mod walk;

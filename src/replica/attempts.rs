@@ -19,6 +19,7 @@ use crate::storage::KvStore;
 use super::pending;
 use super::progress::{Phase, Progress};
 use super::pull::{self, PullError, Pulled};
+use super::receive::Limits;
 
 /// The wait after the first failed attempt; each further failure doubles it.
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -44,6 +45,8 @@ pub struct Attempts<'a> {
     pub tls: Option<&'a tonic::transport::ClientTlsConfig>,
     /// Attempts before starting empty; 0: no limit.
     pub limit: u32,
+    /// Each attempt's deadline and bounds.
+    pub bounds: Limits,
 }
 
 /// The wait after the `failed`-th failed attempt (from 1).
@@ -89,6 +92,9 @@ impl Attempts<'_> {
                 Err(e) => e,
             };
             progress.failed();
+            if let Some(why) = e.abandoned() {
+                progress.abandoned(why);
+            }
             if self.limit != 0 && attempt >= u64::from(self.limit) {
                 tracing::error!(
                     peer,
@@ -151,7 +157,7 @@ impl Attempts<'_> {
                 return Err(PullError::Load(e, peer.to_owned()));
             }
         }
-        let pull = pull::pull(peer, self.token, self.tls, store, progress);
+        let pull = pull::pull(peer, self.token, self.tls, store, progress, &self.bounds);
         tokio::pin!(pull);
         let mut ticker = tokio::time::interval(Duration::from_millis(100));
         loop {

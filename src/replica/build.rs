@@ -47,17 +47,38 @@ pub struct StreamBuild {
     current: Option<Current>,
     contexts: Vec<ContextIndex>,
     pairs: u64,
+    /// The registrations fed so far, decoded, by service key.
+    registrations: BTreeMap<String, (PublisherConfig, u64)>,
 }
 
 impl StreamBuild {
-    /// Feed the records of one chunk, registrations excepted (they come last, to
-    /// [`StreamBuild::finish`]). An error says why the stream cannot be built from.
+    /// Feed the records of one chunk. Registrations (after every context in a cut) are decoded
+    /// as they arrive, so the stream's raw records are never held. An error says why the stream
+    /// cannot be built from.
     pub fn feed(&mut self, ops: &[KvOp]) -> Result<(), String> {
         for op in ops {
             let KvOp::Put { cf, key, value } = op else {
                 return Err("a snapshot record that is not a put".into());
             };
-            self.record(*cf, key, value)?;
+            if *cf == Cf::Registrations {
+                self.registration(key, value)?;
+            } else {
+                self.record(*cf, key, value)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn registration(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        let config = codec::decode_registration(value).map_err(|e| e.to_string())?;
+        let incarnation = codec::decode_incarnation(value).map_err(|e| e.to_string())?;
+        let name = String::from_utf8_lossy(key).into_owned();
+        if self
+            .registrations
+            .insert(name, (config, incarnation))
+            .is_some()
+        {
+            return Err("a registration record repeated".into());
         }
         Ok(())
     }
@@ -87,9 +108,7 @@ impl StreamBuild {
         match cf {
             Cf::Holders => {
                 let record = codec::decode_holder(holder_id(key), value).map_err(corrupt)?;
-                if !restorer.holder(&record) {
-                    return Err(format!("holder record {} out of order", record.id));
-                }
+                restorer.holder(&record)?;
             }
             Cf::Attachments => {
                 let a = codec::decode_attachment(value).map_err(corrupt)?;
@@ -143,32 +162,18 @@ impl StreamBuild {
         }
     }
 
-    /// The contexts and `registrations` (the registration records, in key order) as recovery
-    /// would load them from a store holding the same records.
-    /// `sources`: the source records written with them.
+    /// The contexts and registrations fed, as recovery would load them from a store holding the
+    /// same records. `sources`: the source records written with them.
     pub fn finish(
         mut self,
-        registrations: &[KvOp],
         sources: HashMap<SubscriptionKey, (u64, Watermark)>,
     ) -> Result<Recovered, String> {
         self.end_context();
-        let mut decoded: BTreeMap<String, (PublisherConfig, u64)> = BTreeMap::new();
-        for op in registrations {
-            let KvOp::Put {
-                cf: Cf::Registrations,
-                key,
-                value,
-            } = op
-            else {
-                return Err("a registration record that is not a put".into());
-            };
-            let config = codec::decode_registration(value).map_err(|e| e.to_string())?;
-            let incarnation = codec::decode_incarnation(value).map_err(|e| e.to_string())?;
-            let name = String::from_utf8_lossy(key).into_owned();
-            if decoded.insert(name, (config, incarnation)).is_some() {
-                return Err("a registration record repeated".into());
-            }
-        }
-        Ok(settle(decoded, self.contexts, sources, self.pairs))
+        Ok(settle(
+            self.registrations,
+            self.contexts,
+            sources,
+            self.pairs,
+        ))
     }
 }

@@ -44,24 +44,13 @@ fn chunks_of(contexts: Vec<ContextIndex>, registered: &[u32]) -> Vec<SnapshotChu
     cut.into_chunks("peer".into(), 64 * 1024).collect()
 }
 
-/// Feed every chunk as the pull does: registrations kept for the end.
+/// Feed every chunk as the pull does.
 pub(super) fn build(chunks: &[SnapshotChunk]) -> Result<Recovered, String> {
     let mut build = StreamBuild::default();
-    let mut registrations = Vec::new();
     for chunk in chunks {
-        let (regs, rest): (Vec<_>, Vec<_>) = ops_of(chunk).into_iter().partition(|op| {
-            matches!(
-                op,
-                KvOp::Put {
-                    cf: Cf::Registrations,
-                    ..
-                }
-            )
-        });
-        registrations.extend(regs);
-        build.feed(&rest)?;
+        build.feed(&ops_of(chunk))?;
     }
-    build.finish(&registrations, records_of(chunks))
+    build.finish(records_of(chunks))
 }
 
 fn assert_same(built: &Recovered, recovered: &Recovered) {
@@ -151,6 +140,13 @@ fn records_out_of_the_stores_order_stop_the_build() {
         value.clear();
     }
     assert!(feed(bad).unwrap_err().contains("empty value"));
+    // A holder id far past what was sent: refused as it is read, before a slot is made for
+    // every id below it.
+    let mut far = ops[..2].to_vec();
+    if let KvOp::Put { key, .. } = &mut far[1] {
+        key[8..12].copy_from_slice(&(1u32 << 27).to_be_bytes());
+    }
+    assert!(feed(far).unwrap_err().contains("unused holder ids"));
     // The whole stream in order builds.
     assert!(feed(ops).is_ok());
 }

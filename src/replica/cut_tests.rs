@@ -140,20 +140,19 @@ pub(super) fn records_of(
 ) -> std::collections::HashMap<SubscriptionKey, (u64, Watermark)> {
     let begin = chunks[0].begin.clone().expect("begin mark");
     let positions = super::positions::from_wire(&begin.sources).expect("positions");
-    let registrations: Vec<KvOp> = chunks
+    let registered: Vec<_> = chunks
         .iter()
         .flat_map(ops_of)
-        .filter(|op| {
-            matches!(
-                op,
-                KvOp::Put {
-                    cf: Cf::Registrations,
-                    ..
-                }
-            )
+        .filter_map(|op| match op {
+            KvOp::Put {
+                cf: Cf::Registrations,
+                value,
+                ..
+            } => Some(super::positions::registered(&value).expect("registration")),
+            _ => None,
         })
         .collect();
-    super::positions::source_records(&registrations, &positions).expect("records")
+    super::positions::source_records(&registered, &positions)
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! Layout: [`format`] the stream's records and bounds; [`cut`] the peer's consistent cut and
 //! its chunks; [`positions`] where each source resumes on the new replica; [`serve`] the gRPC
 //! service; [`attempts`] the new replica's attempts and their back-off; [`pull`] one attempt
-//! (receive, write, load); [`build`] the contexts made from the records as they arrive;
+//! (receive, write, load); [`receive`] the stream's checks against this replica's bounds; [`failure`] why an
+//! attempt failed; [`build`] the contexts made from the records as they arrive;
 //! [`pending`] the data directory's "bootstrap pending" mark; [`progress`] the replica id and
 //! bootstrap phase for `/health` and `/metrics`.
 //!
@@ -25,11 +26,13 @@ pub mod cut;
 mod cut_order_tests;
 #[cfg(test)]
 mod cut_tests;
+pub mod failure;
 pub mod format;
 pub mod pending;
 pub mod positions;
 pub mod progress;
 pub mod pull;
+pub mod receive;
 pub mod serve;
 
 use std::sync::Arc;

@@ -52,25 +52,29 @@ pub fn from_wire(sources: &[pb::SourcePosition]) -> Result<Positions, String> {
     Ok(positions)
 }
 
-/// The source records of the loaded registrations (`registrations`, the snapshot's registration
-/// records): each registered source's position under the incarnation its record carries, as
-/// the replica's own checkpoint would write them. A registered source without a position has no
-/// record, and replays what its publisher still buffers from the start.
+/// The source records of the loaded registrations (`registered`: each one's source and the
+/// incarnation its record carries): each registered source's position under that incarnation,
+/// as the replica's own checkpoint would write them. A registered source without a position
+/// has no record, and replays what its publisher still buffers from the start.
 pub fn source_records(
-    registrations: &[KvOp],
+    registered: &[(SubscriptionKey, u64)],
     positions: &Positions,
-) -> Result<HashMap<SubscriptionKey, (u64, Watermark)>, StorageError> {
-    let mut records = HashMap::new();
-    for op in registrations {
-        let KvOp::Put { value, .. } = op else {
-            continue;
-        };
-        let key = codec::decode_registration(value)?.subscription_key();
-        if let Some(&mark) = positions.get(&key) {
-            records.insert(key, (codec::decode_incarnation(value)?, mark));
-        }
-    }
-    Ok(records)
+) -> HashMap<SubscriptionKey, (u64, Watermark)> {
+    registered
+        .iter()
+        .filter_map(|(key, incarnation)| {
+            let mark = positions.get(key)?;
+            Some((key.clone(), (*incarnation, *mark)))
+        })
+        .collect()
+}
+
+/// The source and incarnation a registration record names.
+pub fn registered(value: &[u8]) -> Result<(SubscriptionKey, u64), StorageError> {
+    Ok((
+        codec::decode_registration(value)?.subscription_key(),
+        codec::decode_incarnation(value)?,
+    ))
 }
 
 /// The writes of `records`.
@@ -116,13 +120,15 @@ mod tests {
 
     #[test]
     fn registrations_resume_from_their_position_not_their_contexts_lowest_mark() {
-        let put = |i: u32, incarnation: u64| KvOp::Put {
-            cf: Cf::Registrations,
-            key: registration(i).subscription_key().to_string().into_bytes(),
-            value: codec::local_registration_value(&registration(i), incarnation),
+        let put = |i: u32, incarnation: u64| {
+            registered(&codec::local_registration_value(
+                &registration(i),
+                incarnation,
+            ))
+            .unwrap()
         };
         let positions: Positions = [(registration(0).subscription_key(), mark(2))].into();
-        let records = source_records(&[put(0, 11), put(1, 12)], &positions).unwrap();
+        let records = source_records(&[put(0, 11), put(1, 12)], &positions);
         assert_eq!(
             records,
             HashMap::from([(registration(0).subscription_key(), (11, mark(2)))]),

@@ -55,6 +55,9 @@ pub struct Progress {
     bytes_received: AtomicU64,
     attempts: AtomicU64,
     failures: AtomicU64,
+    /// Failed attempts this replica gave up on: past the deadline, beyond its bounds.
+    past_deadline: AtomicU64,
+    over_limit: AtomicU64,
 }
 
 impl Progress {
@@ -67,6 +70,8 @@ impl Progress {
             bytes_received: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            past_deadline: AtomicU64::new(0),
+            over_limit: AtomicU64::new(0),
         }
     }
 
@@ -93,6 +98,15 @@ impl Progress {
     /// An attempt failed.
     pub fn failed(&self) {
         self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A failed attempt was abandoned by this replica: `"deadline"` or `"limit"`.
+    pub fn abandoned(&self, why: &str) {
+        let counter = match why {
+            "deadline" => &self.past_deadline,
+            _ => &self.over_limit,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// (attempts started, attempts failed).
@@ -170,6 +184,15 @@ impl crate::metrics::Section for Progress {
              # HELP conductor_bootstrap_failures_total Snapshot pulls that failed (each is retried, see docs/replicas.md)\n\
              # TYPE conductor_bootstrap_failures_total counter\nconductor_bootstrap_failures_total {failures}"
         );
+        let _ = writeln!(
+            w,
+            "# HELP conductor_bootstrap_abandoned_total Failed snapshot pulls abandoned by this replica: past bootstrap_deadline_ms, or beyond its bounds (docs/replicas.md)\n\
+             # TYPE conductor_bootstrap_abandoned_total counter\n\
+             conductor_bootstrap_abandoned_total{{reason=\"deadline\"}} {}\n\
+             conductor_bootstrap_abandoned_total{{reason=\"limit\"}} {}",
+            self.past_deadline.load(Ordering::Relaxed),
+            self.over_limit.load(Ordering::Relaxed)
+        );
     }
 }
 
@@ -208,6 +231,11 @@ mod tests {
         assert!(text.contains("conductor_bootstrap_bytes_received 100"));
         assert!(text.contains("conductor_bootstrap_attempts_total 2"));
         assert!(text.contains("conductor_bootstrap_failures_total 1"));
+        p.abandoned("deadline");
+        let mut text = String::new();
+        p.render(&mut text);
+        assert!(text.contains("conductor_bootstrap_abandoned_total{reason=\"deadline\"} 1"));
+        assert!(text.contains("conductor_bootstrap_abandoned_total{reason=\"limit\"} 0"));
     }
 
     #[test]

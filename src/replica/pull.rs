@@ -2,16 +2,17 @@
 //! (empty) store, then recover from it exactly as after a restart, each source resuming from the
 //! position the snapshot names for it ([`super::positions`]).
 //!
-//! Nothing is served from the snapshot before it is complete and loaded: the records go to the
-//! store as they arrive (a writer thread, so the network and the disk overlap; a bulk load, see
-//! `storage::bulk`), the registrations last, and meanwhile a builder thread makes the contexts
-//! from the same records (`build`), which are loaded only after the end mark; a stream not in
-//! the store's order is instead recovered from the store, as after a restart. Any failure
-//! (unreachable peer, refused call, unknown format, a gap, more than announced, truncation,
-//! records recovery cannot read) clears what was written before it is returned; the caller
-//! retries ([`super::attempts`]). A process killed mid-way leaves the data directory's
-//! "bootstrap pending" mark ([`super::pending`]), so the next start clears it and bootstraps
-//! again.
+//! Nothing is served from the snapshot before it is complete and loaded: the records, each
+//! checked against this replica's bounds as it arrives ([`super::receive`]), go to the store as
+//! they arrive (a writer thread, so the network and the disk overlap; a bulk load, see
+//! `storage::bulk`), and meanwhile a builder thread makes the contexts and decodes the
+//! registrations from the same records (`build`), which are loaded only after the end mark; a
+//! stream not in the store's order is instead recovered from the store, as after a restart. Any
+//! failure (unreachable peer, refused call, unknown format, a gap, more than announced or than
+//! this replica holds, truncation, the attempt's deadline, records recovery cannot read) clears
+//! what was written before it is returned; the caller retries ([`super::attempts`]). A process
+//! killed mid-way leaves the data directory's "bootstrap pending" mark ([`super::pending`]), so
+//! the next start clears it and bootstraps again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,49 +23,16 @@ use crate::gateway::pb::replica_client::ReplicaClient;
 use crate::storage::{Cf, KvOp, KvStore, StorageError};
 
 use super::build::StreamBuild;
-use super::format::{self, FORMAT, MAX_CHUNK_BYTES};
+pub use super::failure::PullError;
+use super::format::MAX_CHUNK_BYTES;
 use super::positions::{self, Positions};
 use super::progress::Progress;
+use super::receive::{Limits, Received, STALL_TIMEOUT, receive};
 
 /// Connecting to the peer gives up after this long.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// The HTTP/2 flow-control window the stream gets: several chunks in flight.
 const WINDOW_BYTES: u32 = 4 * MAX_CHUNK_BYTES as u32;
-/// A peer that sends nothing for this long is given up on.
-const STALL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Why a bootstrap attempt failed.
-#[derive(Debug, thiserror::Error)]
-pub enum PullError {
-    #[error("peer {peer} is unreachable: {reason}")]
-    Unreachable { peer: String, reason: String },
-    #[error("peer {peer} refused the snapshot: {reason}")]
-    Refused { peer: String, reason: String },
-    #[error(
-        "peer {peer} sends snapshot format {found}, newer than this binary reads ({supported}); \
-         bootstrap from a peer of the same version"
-    )]
-    TooNew {
-        peer: String,
-        found: u32,
-        supported: u32,
-    },
-    #[error(
-        "peer {peer} sends snapshot format {found}, older than this binary reads ({supported}); \
-         bootstrap from a peer of the same version"
-    )]
-    TooOld {
-        peer: String,
-        found: u32,
-        supported: u32,
-    },
-    #[error("bad snapshot from {peer}: {reason}")]
-    Bad { peer: String, reason: String },
-    #[error("snapshot from {peer} is truncated: {reason}")]
-    Truncated { peer: String, reason: String },
-    #[error("snapshot from {peer} cannot be loaded: {0}", peer = .1)]
-    Load(StorageError, String),
-}
 
 /// The peer's identity as it announced it, and what was loaded.
 pub struct Pulled {
@@ -79,10 +47,11 @@ pub async fn pull(
     tls: Option<&tonic::transport::ClientTlsConfig>,
     store: &Arc<dyn KvStore>,
     progress: &Progress,
+    limits: &Limits,
 ) -> Result<Pulled, PullError> {
     let started = std::time::Instant::now();
     clear(store.as_ref()).map_err(|e| PullError::Load(e, peer.to_owned()))?;
-    let result = fetch(peer, token, tls, store, progress).await;
+    let result = fetch(peer, token, tls, store, progress, limits).await;
     let result = match result {
         Ok(fetched) => {
             tracing::info!(peer, elapsed = ?started.elapsed(), "snapshot received; loading it");
@@ -91,7 +60,7 @@ pub async fn pull(
             let loaded = tokio::task::spawn_blocking(move || {
                 load(
                     fetched.build,
-                    &fetched.registrations,
+                    &fetched.registered,
                     &fetched.positions,
                     store.as_ref(),
                 )
@@ -122,7 +91,8 @@ struct Fetched {
     /// The contexts built as the records arrived; `None` when the stream was not in the
     /// store's order and recovery has to read it back.
     build: Option<StreamBuild>,
-    registrations: Vec<KvOp>,
+    /// Each registration's source and incarnation.
+    registered: Vec<(crate::model::SubscriptionKey, u64)>,
     positions: Positions,
 }
 
@@ -130,14 +100,15 @@ struct Fetched {
 /// way they are what a restart would recover from the records written.
 fn load(
     build: Option<StreamBuild>,
-    registrations: &[KvOp],
+    registered: &[(crate::model::SubscriptionKey, u64)],
     positions: &Positions,
     store: &dyn KvStore,
 ) -> Result<Recovered, StorageError> {
-    let records = positions::source_records(registrations, positions)?;
+    let records = positions::source_records(registered, positions);
+    // Synced: with them, the records bulk-loaded before are on disk too.
     store.write_synced(positions::record_ops(&records))?;
     if let Some(build) = build {
-        match build.finish(registrations, records) {
+        match build.finish(records) {
             Ok(recovered) => return Ok(recovered),
             Err(reason) => {
                 tracing::warn!(
@@ -150,19 +121,22 @@ fn load(
 }
 
 /// Receive every chunk, build the contexts from its records and write them; the peer's replica
-/// id, the build and the registrations once the end mark came.
+/// id, the build and the registrations' sources once the end mark came. Past `limits.deadline`
+/// from its start, the attempt is abandoned.
 async fn fetch(
     peer: &str,
     token: Option<&[u8]>,
     tls: Option<&tonic::transport::ClientTlsConfig>,
     store: &Arc<dyn KvStore>,
     progress: &Progress,
+    limits: &Limits,
 ) -> Result<Fetched, PullError> {
-    let unreachable = |reason: String| PullError::Unreachable {
+    let deadline = tokio::time::Instant::now() + limits.deadline;
+    let past_deadline = || PullError::Deadline {
         peer: peer.to_owned(),
-        reason,
+        deadline: limits.deadline,
     };
-    let bad = |reason: String| PullError::Bad {
+    let unreachable = |reason: String| PullError::Unreachable {
         peer: peer.to_owned(),
         reason,
     };
@@ -193,9 +167,16 @@ async fn fetch(
             request.metadata_mut().insert("authorization", v);
         }
     }
-    let mut stream = tokio::time::timeout(STALL_TIMEOUT, client.snapshot(request))
+    let answer_by = deadline.min(tokio::time::Instant::now() + STALL_TIMEOUT);
+    let mut stream = tokio::time::timeout_at(answer_by, client.snapshot(request))
         .await
-        .map_err(|_| unreachable(format!("no answer within {STALL_TIMEOUT:?}")))?
+        .map_err(|_| {
+            if answer_by == deadline {
+                past_deadline()
+            } else {
+                unreachable(format!("no answer within {STALL_TIMEOUT:?}"))
+            }
+        })?
         .map_err(|s| PullError::Refused {
             peer: peer.to_owned(),
             reason: format!("{:?}: {}", s.code(), s.message()),
@@ -251,7 +232,12 @@ async fn fetch(
             build
         })
         .map_err(spawn_error)?;
-    let received = receive(&mut stream, &tx, progress, peer, &bad).await;
+    // The deadline ends the stream, not the threads: they stop once `tx` is dropped, and are
+    // joined before the caller clears what they wrote.
+    let received =
+        tokio::time::timeout_at(deadline, receive(&mut stream, &tx, progress, peer, limits))
+            .await
+            .unwrap_or_else(|_| Err(past_deadline()));
     drop(tx);
     let build = builder.join().unwrap_or_else(|_| {
         tracing::error!("the snapshot builder panicked; recovering the snapshot from the store");
@@ -262,149 +248,16 @@ async fn fetch(
         .unwrap_or_else(|_| Err(StorageError::Io("bootstrap writer panicked".into())));
     let Received {
         peer_id,
-        registrations,
+        registered,
         positions,
     } = received?;
     written.map_err(|e| PullError::Load(e, peer.to_owned()))?;
-    // Registrations last, synced: with them on disk the records are a state recovery loads.
-    store
-        .write_synced(registrations.clone())
-        .map_err(|e| PullError::Load(e, peer.to_owned()))?;
     Ok(Fetched {
         peer_id,
         build,
-        registrations,
+        registered,
         positions,
     })
-}
-
-/// What the stream carried beside the records handed to the writer.
-struct Received {
-    peer_id: String,
-    registrations: Vec<KvOp>,
-    positions: Positions,
-}
-
-/// The chunks, checked and handed to the writer; the registrations are kept for the end.
-async fn receive(
-    stream: &mut tonic::Streaming<pb::SnapshotChunk>,
-    tx: &tokio::sync::mpsc::Sender<Vec<KvOp>>,
-    progress: &Progress,
-    peer: &str,
-    bad: &dyn Fn(String) -> PullError,
-) -> Result<Received, PullError> {
-    let truncated = |reason: String| PullError::Truncated {
-        peer: peer.to_owned(),
-        reason,
-    };
-    let mut announced: Option<pb::SnapshotBegin> = None;
-    let mut positions = Positions::new();
-    let mut registrations = Vec::new();
-    let (mut seq, mut records, mut pairs) = (0u64, 0u64, 0u64);
-    loop {
-        let message = tokio::time::timeout(STALL_TIMEOUT, stream.message())
-            .await
-            .map_err(|_| truncated(format!("nothing received for {STALL_TIMEOUT:?}")))?
-            .map_err(|s| truncated(format!("{:?}: {}", s.code(), s.message())))?;
-        let Some(chunk) = message else {
-            return Err(truncated(format!(
-                "the stream ended after {records} records without its end mark"
-            )));
-        };
-        let bytes = prost::Message::encoded_len(&chunk) as u64;
-        if chunk.seq != seq {
-            return Err(bad(format!("chunk {} where {seq} was due", chunk.seq)));
-        }
-        seq += 1;
-        match (&announced, chunk.begin) {
-            (None, Some(begin)) => {
-                if begin.format > FORMAT {
-                    return Err(PullError::TooNew {
-                        peer: peer.to_owned(),
-                        found: begin.format,
-                        supported: FORMAT,
-                    });
-                }
-                if begin.format < FORMAT {
-                    return Err(PullError::TooOld {
-                        peer: peer.to_owned(),
-                        found: begin.format,
-                        supported: FORMAT,
-                    });
-                }
-                positions = positions::from_wire(&begin.sources).map_err(bad)?;
-                progress.pulling(begin.pairs);
-                announced = Some(begin);
-            }
-            (None, None) => return Err(bad("the first chunk has no begin mark".into())),
-            (Some(_), Some(_)) => {
-                return Err(bad(format!("chunk {} repeats the begin mark", chunk.seq)));
-            }
-            (Some(_), None) => {}
-        }
-        let Some(begin) = &announced else {
-            return Err(bad("no begin mark".into()));
-        };
-        let mut ops = Vec::with_capacity(chunk.records.len());
-        let mut chunk_pairs = 0;
-        for r in chunk.records {
-            let cf = format::cf_of(r.cf)
-                .ok_or_else(|| bad(format!("record {records}: unknown column family {}", r.cf)))?;
-            records += 1;
-            let op = KvOp::Put {
-                cf,
-                key: r.key,
-                value: r.value,
-            };
-            match cf {
-                // Held until the end: never more than announced.
-                Cf::Registrations if registrations.len() as u64 >= begin.registrations => {
-                    return Err(bad(format!(
-                        "more registrations than the {} announced",
-                        begin.registrations
-                    )));
-                }
-                Cf::Registrations => registrations.push(op),
-                Cf::Pairs => {
-                    chunk_pairs += 1;
-                    ops.push(op);
-                }
-                _ => ops.push(op),
-            }
-        }
-        pairs += chunk_pairs;
-        // Never more than announced: the disk a peer can fill is what it said it would send.
-        if records > begin.records || pairs > begin.pairs {
-            return Err(bad(format!(
-                "{records} records ({pairs} pairs) received, {} ({} pairs) announced",
-                begin.records, begin.pairs
-            )));
-        }
-        progress.received(chunk_pairs, bytes);
-        if !ops.is_empty() && tx.send(ops).await.is_err() {
-            // The writer stopped on a store error, which the caller reports.
-            return Ok(Received {
-                peer_id: begin.replica_id.clone(),
-                registrations: Vec::new(),
-                positions,
-            });
-        }
-        if let Some(end) = chunk.end {
-            if (end.records, end.pairs) != (records, pairs)
-                || (records, pairs) != (begin.records, begin.pairs)
-            {
-                return Err(truncated(format!(
-                    "{records} records ({pairs} pairs) received, {} ({} pairs) announced",
-                    begin.records, begin.pairs
-                )));
-            }
-            return Ok(Received {
-                peer_id: begin.replica_id.clone(),
-                registrations,
-                positions,
-            });
-        }
-    }
 }
 
 /// Delete every record but the schema version. Keys are at most a context id, a holder id and

@@ -2,7 +2,7 @@
 //! a path, every write fails as a full disk would (`No space left on device`) while a file exists
 //! at that path, and works again once it is removed. Integration tests use it to show that a
 //! failing checkpoint or registration write is visible, leaves no trace, and is caught up; it is
-//! not meant for production and does nothing unless the variable is set.
+//! compiled only into test builds (the `failpoints` feature), never into the binary users run.
 
 use std::path::PathBuf;
 use std::sync::Arc;

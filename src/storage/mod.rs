@@ -2,7 +2,8 @@
 //! what is stored, its RocksDB implementation ([`rocks`]), an in-memory one with fault injection
 //! for tests ([`memory`]), bulk loading into an empty store ([`bulk`]), the schema migrations over
 //! `migrations/` ([`migrations`], migration 5's step in [`drop_derived`]), the
-//! checkpoint health figures ([`health`]) and the operator's fault switch ([`fault_switch`]).
+//! checkpoint health figures ([`health`]) and, in test builds only, a fault switch
+//! (`fault_switch`, with the `failpoints` feature).
 //! RocksDB keeps the many small records of `pairs` and `aliases` packed, many to a value
 //! ([`packed`]), behind the same record-at-a-time trait.
 //! What goes into which column family, and how, is [`crate::durability`]'s.
@@ -12,6 +13,7 @@ pub mod drop_derived;
 #[cfg(test)]
 mod drop_derived_tests;
 pub mod failpoint;
+#[cfg(feature = "failpoints")]
 pub mod fault_switch;
 pub mod health;
 pub mod memory;

@@ -100,6 +100,7 @@ impl SubscriptionActor {
             .collect();
         let limits = RouteLimits {
             max_contexts: settings.max_contexts,
+            max_holders: settings.max_holders,
             max_name_bytes: settings.max_name_bytes,
         };
         SubscriptionActor {

@@ -109,6 +109,7 @@ fn refused_events_are_counted_by_field_with_the_first_as_example() {
     let mut ingest = ingest(RouteLimits {
         max_contexts: 1,
         max_name_bytes: 4,
+        ..RouteLimits::default()
     });
     let payload = batch(
         vec![

@@ -15,9 +15,13 @@
 //! What a publisher's events may ask for is bounded, event by event (the rest of the batch still
 //! applies): a store's events stay in its registered tenant, their block sizes follow the
 //! registration rules, names are at most `max_name_bytes`, and one source feeds at most
-//! `max_contexts_per_source` contexts. Each refusal is reported as [`Refused`], by field.
+//! `max_contexts_per_source` contexts. A store's `backend_id` names a holder the index keeps for
+//! as long as it holds blocks, so a new one is at most `max_name_bytes` long and one source
+//! makes at most `max_holders_per_context` of them in each context (see
+//! `docs/engine-events.md`). Each refusal is reported as [`Refused`], by field.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
 
 use crate::events::{
     BlockContents, DecodedBatch, EngineStored, EventTokens, Holder, IgnoreReason, IndexOp, KvEvent,
@@ -34,6 +38,8 @@ use super::plain_proof::PlainProof;
 pub struct RouteLimits {
     pub max_contexts: usize,
     pub max_name_bytes: usize,
+    /// Store backends (holders) one source may create in one context.
+    pub max_holders: usize,
 }
 
 impl Default for RouteLimits {
@@ -41,6 +47,7 @@ impl Default for RouteLimits {
         RouteLimits {
             max_contexts: usize::MAX,
             max_name_bytes: usize::MAX,
+            max_holders: usize::MAX,
         }
     }
 }
@@ -86,6 +93,12 @@ pub struct Router {
     /// Blocks of such events sent by published hash since the last
     /// [`Router::take_kept_as_published`].
     kept_as_published: u64,
+    /// Per context, the store backends this source stored blocks under, by a hash of their id
+    /// (keyed per process, so no peer can aim for a collision): eight bytes each, however long
+    /// the ids. A backend's holder may be reclaimed by the index once it holds nothing; it
+    /// stays counted here, as a real store's backends come back.
+    backends: HashMap<ContextKey, HashSet<u64>>,
+    backend_hasher: RandomState,
 }
 
 /// The ops of one batch for one context, in event order.
@@ -115,6 +128,8 @@ impl Router {
             refused: Vec::new(),
             proof: PlainProof::new(&config.hash_profile),
             kept_as_published: 0,
+            backends: HashMap::new(),
+            backend_hasher: RandomState::new(),
         }
     }
 
@@ -169,6 +184,44 @@ impl Router {
         }
         self.fed.insert(context.clone());
         true
+    }
+
+    /// Whether a store object of `backend_id` may be stored in `context` (which this source
+    /// feeds): a backend it stored there before, or a new one while it has fewer than
+    /// `max_holders` there. The name's length is checked first, by [`Router::backend_name_ok`].
+    fn admit_backend(&mut self, context: &ContextKey, backend_id: &str) -> bool {
+        let hash = self.backend_hasher.hash_one(backend_id);
+        let max = self.limits.max_holders;
+        let known = self.backends.entry(context.clone()).or_default();
+        if known.contains(&hash) {
+            return true;
+        }
+        if known.len() >= max {
+            let detail = format!(
+                "backend_id {} would be holder {} of this source in context {context} \
+                 (max_holders_per_context = {max})",
+                preview(backend_id),
+                known.len() + 1,
+            );
+            self.refuse("max_holders_per_context", detail);
+            return false;
+        }
+        known.insert(hash);
+        true
+    }
+
+    /// A store's `backend_id` names a holder: at most `max_name_bytes` long.
+    fn backend_name_ok(&mut self, backend_id: &str) -> bool {
+        let max_name = self.limits.max_name_bytes;
+        if backend_id.len() <= max_name {
+            return true;
+        }
+        let detail = format!(
+            "backend_id {} is longer than {max_name} bytes (max_name_bytes)",
+            preview(backend_id)
+        );
+        self.refuse("backend_id", detail);
+        false
     }
 
     /// A store event's tenant must be the registered one.
@@ -311,7 +364,12 @@ impl Router {
             return;
         };
         let routed = match change {
-            StoreChange::Stored => self.admit(&context),
+            // Only a store makes a holder: removals of an unknown backend find none.
+            StoreChange::Stored => {
+                self.backend_name_ok(&object.backend_id)
+                    && self.admit(&context)
+                    && self.admit_backend(&context, &object.backend_id)
+            }
             // Nothing of this source is in a context it never fed: a removal must not create one.
             StoreChange::Removed => self.fed.contains(&context),
         };

@@ -219,6 +219,7 @@ fn one_source_feeds_at_most_max_contexts() {
     let limits = RouteLimits {
         max_contexts: 2,
         max_name_bytes: 8,
+        ..RouteLimits::default()
     };
     let mut r = Router::new(&config("", PublisherType::Vllm)).with_limits(limits);
     let (routed, ignored) = route(
@@ -262,6 +263,48 @@ fn one_source_feeds_at_most_max_contexts() {
         "a preview only: {}",
         refused[0].detail
     );
+}
+
+fn backend(tenant: &str, model: &str, backend_id: &str) -> KvEvent {
+    let mut o = object(tenant, Some(model), Some(16));
+    o.backend_id = backend_id.into();
+    KvEvent::StoreStored(o)
+}
+
+#[test]
+fn a_store_makes_at_most_max_holders_backends_per_context_each_named_within_bounds() {
+    let limits = RouteLimits {
+        max_holders: 2,
+        max_name_bytes: 8,
+        ..RouteLimits::default()
+    };
+    let mut r = store_router("t1").with_limits(limits);
+    let events = vec![
+        backend("t1", "x", "n0"),
+        backend("t1", "x", "n1"),
+        backend("t1", "x", "n2"),
+        backend("t1", "x", "n0"),
+        backend("t1", "y", "n2"),
+        backend("t1", "x", &"n".repeat(9)),
+        // Removals and clears of a refused backend find no holder and make none.
+        KvEvent::StoreRemoved(object("t1", Some("x"), Some(16))),
+    ];
+    let routed = r.route(
+        DecodedBatch {
+            events,
+            ..Default::default()
+        },
+        &mut Vec::new(),
+    );
+    // Two backends in x (n0 twice), one in y: the cap is per context.
+    assert_eq!(names(&routed), ["t1/x//16:4", "t1/y//16:1"]);
+    let refused = r.take_refused();
+    assert_eq!(fields(&refused), ["max_holders_per_context", "backend_id"]);
+    assert!(
+        refused[0].detail.contains("max_holders_per_context = 2"),
+        "{refused:?}"
+    );
+    assert!(refused[1].detail.contains("max_name_bytes"), "{refused:?}");
 }
 
 /// Route one stored event of `strategy` and apply it to a fresh context of that profile;

@@ -16,6 +16,8 @@ pub struct SubscriptionSettings {
     pub warn_interval: Duration,
     /// The most contexts this source's events may feed; events for more are refused.
     pub max_contexts: usize,
+    /// The most store backends (holders) this source's events may create in one context.
+    pub max_holders: usize,
     /// Longest model or adapter name an event may create a context for.
     pub max_name_bytes: usize,
     /// A publisher unreachable this long (no live connection) has its source dropped; until

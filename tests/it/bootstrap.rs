@@ -68,7 +68,8 @@ async fn metric(server: &Server, line_start: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_replica_bootstraps_from_a_peer_and_is_exact_when_ready() {
     let mut etcd = Etcd::start().await;
-    let shared = json!({"registry": etcd.registry("/boot/")});
+    // No token in this fleet: its replicas serve their snapshots to anyone (opted in).
+    let shared = json!({"registry": etcd.registry("/boot/"), "snapshot_export": "open"});
     let a = Server::start_with(shared.clone()).await;
     let b = Server::start_with(shared.clone()).await;
     let c = Server::start_with(shared.clone()).await;
@@ -450,4 +451,29 @@ async fn records_recovery_cannot_read_leave_an_empty_replica() {
     })
     .await;
     starts_empty_after(&peer, "cannot be loaded").await;
+}
+
+/// A begin mark announcing more than this replica could hold is refused before anything is
+/// taken from it (nothing is sized from the peer's counts): the attempt is counted as beyond
+/// the bounds, and the replica starts empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_announcing_more_than_the_local_caps_is_refused_at_its_begin_mark() {
+    let format = mooncake_conductor::replica::format::FORMAT;
+    let mut announced = begin(format, u64::MAX, u64::MAX / 2);
+    announced.registrations = 1 << 40;
+    let peer = scripted_peer(Scripted::one_registration(announced)).await;
+    let server = starts_empty_after(
+        &peer,
+        "announces 1099511627776 registrations, more than this replica holds (4096, max_subscriptions)",
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &server,
+            "conductor_bootstrap_abandoned_total{reason=\"limit\"}"
+        )
+        .await
+        .as_deref(),
+        Some("conductor_bootstrap_abandoned_total{reason=\"limit\"} 2")
+    );
 }

@@ -97,7 +97,9 @@ fn pairs_received(reason: &str) -> Option<(u64, u64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_killed_mid_snapshot_never_leaves_an_empty_ready_replica() {
-    let a = Server::start().await;
+    // No token: A serves its snapshot to anyone (opted in).
+    let peer_config = json!({"snapshot_export": "open"});
+    let a = Server::start_with(peer_config.clone()).await;
     let mut player = Player::start(true, 0).await;
     let reg = engine::registration(
         "v0",
@@ -201,7 +203,7 @@ async fn a_peer_killed_mid_snapshot_never_leaves_an_empty_ready_replica() {
     drop(watch);
 
     // A comes back (on other ports): B's next attempt completes, and ready means exact.
-    let a = Server::start_in(dir_a, json!({})).await;
+    let a = Server::start_in(dir_a, peer_config).await;
     proxy.retarget(a.rpc_port);
     b.wait_ready().await;
     assert_eq!(answers(&b).await, on_a, "{}", b.log());

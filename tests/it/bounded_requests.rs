@@ -14,7 +14,7 @@ use crate::support::server::Server;
 const MIB: u64 = 1 << 20;
 
 /// The service's peak resident set (`VmHWM`) and current one (`VmRSS`), in bytes.
-fn memory(server: &Server) -> (u64, u64) {
+pub fn memory(server: &Server) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
     let kib = |name: &str| {
         let line = status.lines().find(|l| l.starts_with(name)).unwrap();
@@ -25,7 +25,7 @@ fn memory(server: &Server) -> (u64, u64) {
 }
 
 /// Reset the service's `VmHWM` to its current RSS; returns that RSS.
-fn reset_peak(server: &Server) -> u64 {
+pub fn reset_peak(server: &Server) -> u64 {
     std::fs::write(format!("/proc/{}/clear_refs", server.pid()), "5").unwrap();
     let (peak, rss) = memory(server);
     assert!(

@@ -307,3 +307,84 @@ async fn a_store_naming_too_many_contexts_or_another_tenant_is_refused_event_by_
     assert_eq!(warnings("tenant_id"), 1, "{log}");
     assert_eq!(warnings("block_size"), 1, "{log}");
 }
+
+/// The sample of an unlabelled `metric` on `/metrics`.
+async fn metric(server: &Server, metric: &str) -> Option<u64> {
+    let metrics = http::get(server.http_port, "/metrics").await.text();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{metric} ")))
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_naming_200000_backends_makes_only_max_holders_per_context_holders() {
+    const BACKENDS: usize = 200_000;
+    const PER_BATCH: usize = 5_000;
+    const CAP: u64 = 1024;
+    // The defaults: `max_holders_per_context` 1024, `max_name_bytes` 256.
+    let server = Server::start_with(json!({"warning_interval_ms": 60_000})).await;
+    let mut store = Player::start(false, 1).await;
+    let r = engine::registration(
+        "store",
+        (&store.endpoint, None),
+        "Mooncake",
+        "m",
+        16,
+        0,
+        vllm_cbor_profile(),
+    );
+    let reply = server.grpc().await.register(register_request(&r)).await;
+    assert_eq!(reply.unwrap().into_inner().ret, 0);
+
+    // A backend id of 24 KiB first: refused by its length, it makes no holder.
+    let long = "b".repeat(24 * 1024);
+    let first = engine::mooncake_batch(vec![
+        engine::mooncake_event("stored", "m", 16, &long, "obj", "cpu", 1),
+        engine::mooncake_event("stored", "m", 16, "node-0", "obj", "cpu", 2),
+    ]);
+    handshake(&server, &mut store, "store|default|0", first).await;
+    let mut hash = 3u64;
+    for start in (1..BACKENDS).step_by(PER_BATCH) {
+        let events = (start..(start + PER_BATCH).min(BACKENDS))
+            .map(|i| {
+                hash += 1;
+                let backend = format!("node-{i}");
+                engine::mooncake_event("stored", "m", 16, &backend, "obj", "cpu", hash)
+            })
+            .collect();
+        let seq = store.publish(engine::mooncake_batch(events)).await;
+        eventually("the batch applied", WAIT, || async {
+            (server.service_status("store|default|0").await["last_seq"] == json!(seq)).then_some(())
+        })
+        .await;
+    }
+    let st = server.service_status("store|default|0").await;
+    assert_eq!(
+        st["refused"],
+        json!({"max_holders_per_context": BACKENDS as u64 - CAP, "backend_id": 1}),
+        "{st}"
+    );
+    assert_eq!(metric(&server, "conductor_index_holders").await, Some(CAP));
+    // The admitted backends' blocks are there: one block each.
+    contexts_become(&server, &[("default/m//16", CAP)]).await;
+    refusals_are(
+        &server,
+        "conductor_events_refused_total",
+        "service=\"store|default|0\",",
+        &[
+            ("max_holders_per_context", BACKENDS as u64 - CAP),
+            ("backend_id", 1),
+        ],
+    )
+    .await;
+    // Rate-limited: one line per kind within the interval.
+    let log = crate::hostile::plain_log(&server);
+    let warnings = |field: &str| {
+        log.lines()
+            .filter(|l| l.contains("events refused") && l.contains(&format!("field=\"{field}\"")))
+            .count()
+    };
+    assert_eq!(warnings("max_holders_per_context"), 1, "{log}");
+    assert_eq!(warnings("backend_id"), 1, "{log}");
+}

@@ -19,13 +19,13 @@ use crate::support::server::Server;
 use crate::support::tls::{Certs, grpc_channel, https_request, make_certs};
 use crate::support::{WAIT, eventually, http};
 
-fn tls_config(certs: &Certs) -> serde_json::Value {
-    json!({"tls": {"cert_file": certs.cert, "key_file": certs.key}})
-}
-
-/// Start a TLS server and wait until `/health` answers 200 over HTTPS.
-async fn start_tls(certs: &Certs) -> Server {
-    let server = Server::spawn_in(tempfile::tempdir().expect("temp dir"), tls_config(certs));
+/// Start a TLS server (with `extra` config keys) and wait until `/health` answers 200 over HTTPS.
+async fn start_tls(certs: &Certs, extra: serde_json::Value) -> Server {
+    let mut config = json!({"tls": {"cert_file": certs.cert, "key_file": certs.key}});
+    for (k, v) in extra.as_object().expect("object") {
+        config[k] = v.clone();
+    }
+    let server = Server::spawn_in(tempfile::tempdir().expect("temp dir"), config);
     eventually("the TLS server is ready over HTTPS", WAIT, || async {
         let r = https_request(&certs.ca, server.http_port, "GET", "/health", b"").await;
         r.ok().filter(|r| r.status == 200).map(|_| ())
@@ -59,7 +59,7 @@ fn query() -> pb::QueryRequest {
 async fn both_ports_speak_tls_only_and_refuse_plain_clients() {
     let certs_dir = tempfile::tempdir().expect("temp dir");
     let certs = make_certs(certs_dir.path());
-    let server = start_tls(&certs).await;
+    let server = start_tls(&certs, json!({})).await;
     let player = Player::start(false, 0).await;
     let registration = engine::registration(
         "tls-0",
@@ -189,7 +189,8 @@ fn a_bad_tls_file_or_a_plain_bootstrap_to_another_host_stops_the_start() {
 async fn a_replica_bootstraps_from_a_tls_peer_over_https() {
     let certs_dir = tempfile::tempdir().expect("temp dir");
     let certs = make_certs(certs_dir.path());
-    let a = start_tls(&certs).await;
+    // No token here: the peer's snapshot export is opened explicitly.
+    let a = start_tls(&certs, json!({"snapshot_export": "open"})).await;
     let player = Player::start(false, 0).await;
     let registration = engine::registration(
         "boot-0",

@@ -41,7 +41,7 @@ fn main() -> ExitCode {
         },
         Some("--profile") => match args.get(2).map(String::as_str) {
             Some(
-                way @ ("keys" | "tokens" | "dynamo-keys" | "dynamo-tokens" | "apply" | "long-keys"
+                way @ ("keys" | "tokens" | "dynamo-keys" | "dynamo-tokens" | "apply" | "apply-budget" | "long-keys"
                 | "long-tokens"),
             ) => {
                 profile(way);
@@ -51,6 +51,49 @@ fn main() -> ExitCode {
         },
         Some(_) => usage(),
     }
+}
+
+/// The apply with a memory budget set but never reached beside the apply without one: builds
+/// alternated (`BUILDS`, default 5, each), thread CPU time, fastest and median of each.
+fn apply_budget(batches: &[ours::Batch]) {
+    let builds: usize = std::env::var("BUILDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let (mut plain, mut bounded) = (Vec::new(), Vec::new());
+    let mut evicted = 0;
+    for _ in 0..builds {
+        for with_budget in [false, true] {
+            // A bound of 1 TiB and 1 G blocks per context: kept, charged, never reached.
+            let mut fresh = if with_budget {
+                ours::Ours::with_budget(1 << 40, 1 << 30)
+            } else {
+                ours::Ours::new()
+            };
+            let cpu = thread_cpu_secs();
+            batches.iter().for_each(|b| fresh.apply(b));
+            let secs = thread_cpu_secs() - cpu;
+            evicted += fresh.evicted();
+            black_box(fresh.pairs());
+            if with_budget { &mut bounded } else { &mut plain }.push(secs);
+        }
+    }
+    assert_eq!(evicted, 0, "the budget was reached");
+    for v in [&mut plain, &mut bounded] {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
+    let median = |v: &[f64]| v[v.len() / 2];
+    eprintln!(
+        "apply, thread CPU over {builds} alternated builds each: without a budget best {:.1} ms, \
+         median {:.1} ms; with a budget not reached best {:.1} ms, median {:.1} ms; ratio best \
+         {:.3}, median {:.3}",
+        plain[0] * 1e3,
+        median(&plain) * 1e3,
+        bounded[0] * 1e3,
+        median(&bounded) * 1e3,
+        bounded[0] / plain[0],
+        median(&bounded) / median(&plain)
+    );
 }
 
 /// Build both indexes, then run one way of asking (or the apply alone) for a few seconds, so
@@ -84,6 +127,10 @@ fn profile(way: &str) {
     let mut ours = ours::Ours::new();
     let prompts: Vec<_> = w.prompts.iter().map(|p| ours.prompt(&p.tokens)).collect();
     let batches: Vec<_> = w.batches.iter().map(|b| ours.batch(b, &prompts)).collect();
+    if way == "apply-budget" {
+        apply_budget(&batches);
+        return;
+    }
     if way == "apply" {
         // Each build timed on its own, so that A/B runs can compare the fastest of five; the
         // thread's CPU time too, which leaves out time slices other processes took.
@@ -190,7 +237,7 @@ fn thread_cpu_secs() -> f64 {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: dynamo-compare [--rss-child ours|dynamo | --profile keys|tokens|dynamo-keys|dynamo-tokens|apply|long-keys|long-tokens]"
+        "usage: dynamo-compare [--rss-child ours|dynamo | --profile keys|tokens|dynamo-keys|dynamo-tokens|apply|apply-budget|long-keys|long-tokens]"
     );
     ExitCode::from(2)
 }

@@ -88,6 +88,23 @@ impl Ours {
         }
     }
 
+    /// [`Ours::new`] under a memory budget (see "Memory budget" in `docs/durability.md`): the
+    /// index keeps its eviction order and charges its estimate on every batch.
+    pub fn with_budget(max_index_bytes: u64, max_context_blocks: u64) -> Self {
+        let mut ours = Ours::new();
+        let budget = std::sync::Arc::new(mooncake_conductor::index::Budget::new(
+            max_index_bytes,
+            max_context_blocks,
+        ));
+        ours.index.set_budget(budget);
+        ours
+    }
+
+    /// Blocks the budget evicted.
+    pub fn evicted(&self) -> u64 {
+        self.index.evicted()
+    }
+
     /// What an engine publishes for this prompt's blocks.
     pub fn prompt(&self, tokens: &[u32]) -> PromptKeys {
         let mut chain = self.hasher.chain(BLOCK_SIZE as u32, tokens);

@@ -1,5 +1,6 @@
 //! [`ContextIndex`]: the single writer of one context's prefix index, a plain struct.
 
+mod evict;
 mod holders;
 pub mod persist;
 mod rekey;
@@ -89,6 +90,8 @@ pub struct ContextIndex {
     pub(super) persisted: bool,
     /// Buffers `apply` reuses from batch to batch (see [`ApplyScratch`]).
     scratch: ApplyScratch,
+    /// The memory budget's state, when the context has one (see `evict`).
+    bounded: Option<evict::Bounded>,
 }
 
 impl ContextIndex {
@@ -104,6 +107,7 @@ impl ContextIndex {
             aliases: Default::default(),
             raw_pairs: AtomicU64::new(0),
             unlinked: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
         };
         ContextIndex {
             shared: Arc::new(shared),
@@ -122,6 +126,7 @@ impl ContextIndex {
             alias_sweeps: 0,
             persisted: false,
             scratch: ApplyScratch::default(),
+            bounded: None,
         }
     }
 
@@ -153,6 +158,7 @@ impl ContextIndex {
             derived,
         } = &mut scratch;
         let mut seen = SeenHolders::default();
+        run.track = self.tracks_order();
         self.rekey_from = self.alias_dirty.len();
         // The first chained store's parent is the one alias lookup of a batch that nothing
         // prefetched (later ones find the store before them gathered): its line comes in while
@@ -200,7 +206,12 @@ impl ContextIndex {
                     );
                     report.translated += keyed.translated;
                     report.unlinked += keyed.unlinked;
-                    report.repeated += self.gather(run, id, *tier, keys);
+                    let parent = match op {
+                        IndexOp::StoreChained { contents, .. } => contents.parent.map(|p| p.0),
+                        _ => None,
+                    };
+                    let mark = (hashes.last().map(|h| h.0), parent);
+                    report.repeated += self.gather(run, id, *tier, keys, mark);
                 }
                 IndexOp::Remove {
                     holder,
@@ -241,6 +252,9 @@ impl ContextIndex {
         }
         if report.translated > 0 {
             self.sweep_aliases();
+        }
+        if self.bounded.is_some() {
+            self.enforce_budget();
         }
         report
     }
@@ -307,12 +321,21 @@ impl ContextIndex {
     /// applying the queue first when it would grow past [`RUN_MAX`]; returns the repeats that
     /// flush counted. The keys' slot lines are prefetched here, so that they have arrived when
     /// the run is applied after the rest of the batch was keyed.
-    fn gather(&mut self, run: &mut StoreRun, id: u32, tier: Tier, keys: &[(u64, bool)]) -> u64 {
+    /// `mark` is the op's last published hash and the parent it named (for the eviction order).
+    fn gather(
+        &mut self,
+        run: &mut StoreRun,
+        id: u32,
+        tier: Tier,
+        keys: &[(u64, bool)],
+        (last, parent): (Option<u64>, Option<u64>),
+    ) -> u64 {
         let bit = tier_bit(tier);
         let mut repeated = 0;
         if run.items.len() + keys.len() > RUN_MAX {
             repeated += self.store_run(run);
         }
+        run.mark_op(last, parent);
         let table = &self.shared.table;
         // Hints only; registered as a reader so the arrays they look at stay while they do.
         let reading = table.reading();
@@ -486,6 +509,7 @@ impl ContextIndex {
         shared
             .raw_pairs
             .fetch_add(added.raw_pairs, Ordering::Relaxed);
+        self.order_new_runs(run);
         self.rekey_new_aliases();
         added.repeats
     }

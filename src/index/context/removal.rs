@@ -93,6 +93,15 @@ impl ContextIndex {
         self.shared
             .holder_blocks
             .fetch_sub(gone_pairs, Ordering::Relaxed);
+        self.compact_refs(id);
+        counted
+    }
+
+    /// Compact holder `id`'s reverse list once stale references outnumber live ones.
+    pub(super) fn compact_refs(&mut self, id: u32) {
+        let Some(state) = self.holders.get_mut(id as usize) else {
+            return;
+        };
         if state.blocks.len() as u64 > 2 * state.live + 64 {
             // Compaction reorders the list: move its unrecorded tail to `dirty` first.
             let tail = state.blocks.iter_from(state.checkpointed);
@@ -102,7 +111,6 @@ impl ContextIndex {
             compact(table, id, &mut state.blocks);
             state.checkpointed = state.blocks.len();
         }
-        counted
     }
 }
 

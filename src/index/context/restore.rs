@@ -24,6 +24,14 @@ use crate::model::{ContextKey, SubscriptionKey};
 
 use super::ContextIndex;
 
+/// Vacant ids a restore accepts below its holders (see [`Restorer::holder`]): at most
+/// [`VACANT_FLOOR`] plus [`VACANT_PER_HOLDER`] per holder record read. Each vacant id costs a
+/// holder slot (some 230 bytes), so without a bound one record of id 2^27 asked for gigabytes.
+/// A real context never comes near it: the writer reuses reclaimed ids before it takes a new one,
+/// so its largest id stays below the most holders it had at once (see `docs/durability.md`).
+pub const VACANT_FLOOR: usize = 1 << 16;
+pub const VACANT_PER_HOLDER: usize = 16;
+
 /// Threads [`Restorer::finish`] builds shards on, at most: past this, the build is no longer
 /// what a restart waits for (the scan of the store is).
 const FILL_THREADS: usize = 4;
@@ -40,6 +48,9 @@ pub struct Restorer {
     absorbed: Vec<PairBatch>,
     /// Persisted aliases, loaded by [`Restorer::finish`] while the table is built.
     aliases: Vec<(u64, u64)>,
+    /// Holder records restored, and the vacant ids left below them.
+    records: usize,
+    vacant: usize,
 }
 
 /// Pairs gathered for [`Restorer::finish`], filed by the shard their block falls in. Made by
@@ -128,17 +139,39 @@ impl Restorer {
             pending,
             absorbed: Vec::new(),
             aliases: Vec::new(),
+            records: 0,
+            vacant: 0,
         }
     }
 
     /// Re-intern a holder at its id; records must come sorted by id. Ids between two records
-    /// were reclaimed before the checkpoint and stay free. Returns false for an id out of order,
-    /// out of range or naming a holder a record already named (corrupt data).
-    pub fn holder(&mut self, record: &HolderRecord) -> bool {
+    /// were reclaimed before the checkpoint and stay free. Refused (corrupt data, the reason
+    /// returned): an id out of order, out of range, leaving more vacant ids below it than the
+    /// records read allow ([`VACANT_FLOOR`], [`VACANT_PER_HOLDER`]), or naming a holder a record
+    /// already named.
+    pub fn holder(&mut self, record: &HolderRecord) -> Result<(), String> {
         let id = record.id as usize;
-        if id < self.index.holders.len() || id >= table::MAX_HOLDERS {
-            return false;
+        let next = self.index.holders.len();
+        if id < next {
+            return Err(format!("holder record {id} out of order or repeated"));
         }
+        if id >= table::MAX_HOLDERS {
+            return Err(format!(
+                "holder record {id} is past the largest holder id {}",
+                table::MAX_HOLDERS - 1
+            ));
+        }
+        let vacant = self.vacant + (id - next);
+        let allowed = VACANT_FLOOR + VACANT_PER_HOLDER * (self.records + 1);
+        if vacant > allowed {
+            return Err(format!(
+                "holder record {id} leaves {vacant} unused holder ids below it for {} holder \
+                 records (at most {allowed}: ids are reused, so a written context has few)",
+                self.records + 1
+            ));
+        }
+        self.vacant = vacant;
+        self.records += 1;
         if self.index.holders.len() < id {
             let mut meta = self.index.shared.meta.write();
             while self.index.holders.len() < id {
@@ -155,7 +188,13 @@ impl Restorer {
         let from = known.len().min(self.index.holders.len());
         known.truncate(from);
         known.extend(self.index.holders[from..].iter().map(|h| !h.vacant));
-        interned
+        if interned {
+            Ok(())
+        } else {
+            Err(format!(
+                "holder record {id} names a holder an earlier record named"
+            ))
+        }
     }
 
     /// One persisted alias.

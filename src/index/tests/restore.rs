@@ -70,7 +70,7 @@ fn state(ix: &ContextIndex) -> impl PartialEq + std::fmt::Debug {
 
 /// Rebuild `ix` from its full change set: half the pairs one by one, half through a batch
 /// filled on another thread; one pair filed twice with its bits split; two pairs refused.
-fn restored(ix: &mut ContextIndex, threads: usize) -> ContextIndex {
+pub(super) fn restored(ix: &mut ContextIndex, threads: usize) -> ContextIndex {
     let mut changes = ix.take_changes();
     ix.mark_dirty(
         changes.pairs.iter().map(|p| (p.holder, p.block)),
@@ -79,7 +79,7 @@ fn restored(ix: &mut ContextIndex, threads: usize) -> ContextIndex {
     );
     let mut r = Restorer::new(changes.key.clone(), changes.profile.clone());
     for h in &changes.holders {
-        assert!(r.holder(h));
+        r.holder(h).expect("holder record");
     }
     for a in changes.attachments.iter().flatten() {
         r.attach(&a.source, &a.instance_id, a.dp_rank);
@@ -148,4 +148,38 @@ fn a_restored_context_is_the_context_whatever_the_build_threads() {
             assert_eq!(state(copy), state(&original), "seed {seed}, after churn");
         }
     }
+}
+
+#[test]
+fn holder_ids_far_past_what_was_read_are_refused_without_filling_the_gap() {
+    use crate::index::context::restore::{VACANT_FLOOR, VACANT_PER_HOLDER};
+    let record = |id: u32, who: &str| crate::index::image::HolderRecord {
+        id,
+        source: src(who, 0),
+        holder: Holder::Shared {
+            backend_id: who.into(),
+        },
+        raw_pairs: Some(0),
+    };
+    let new = || Restorer::new(new_index().key().clone(), test_profile());
+    // Gaps as reclaims leave them are accepted, up to the floor plus a share per record.
+    let mut r = new();
+    r.holder(&record(3, "a")).expect("a small gap");
+    let edge = (VACANT_FLOOR + 2 * VACANT_PER_HOLDER + 1) as u32;
+    r.holder(&record(edge, "b")).expect("at the bound");
+    let ix = r.finish();
+    assert_eq!(ix.stats().holders, 2);
+
+    // One record of id 2^27 is refused as it is read, before a slot is made for the ids below.
+    let mut r = new();
+    let e = r.holder(&record(1 << 27, "a")).unwrap_err();
+    assert!(
+        e.contains("134217728") && e.contains("unused holder ids"),
+        "{e}"
+    );
+    assert!(r.finish().holders.len() < 2, "no slot was made for the gap");
+    let mut r = new();
+    r.holder(&record(0, "a")).unwrap();
+    let e = r.holder(&record(0, "b")).unwrap_err();
+    assert!(e.contains("out of order"), "{e}");
 }

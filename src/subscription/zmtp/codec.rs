@@ -14,11 +14,14 @@ pub const FLAG_COMMAND: u8 = 0x04;
 /// one and keeps a hostile handshake cheap.
 pub const MAX_COMMAND_BYTES: u64 = 64 * 1024;
 
-/// The two socket kinds the subscriber uses.
+/// The socket kinds spoken here: the subscriber's SUB and DEALER, and the PUB and ROUTER the
+/// fixture publisher serves (`crate::fixture::serve`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SocketType {
     Sub,
     Dealer,
+    Pub,
+    Router,
 }
 
 impl SocketType {
@@ -26,15 +29,19 @@ impl SocketType {
         match self {
             SocketType::Sub => "SUB",
             SocketType::Dealer => "DEALER",
+            SocketType::Pub => "PUB",
+            SocketType::Router => "ROUTER",
         }
     }
 
     /// Whether a peer announcing `peer` may talk to this socket (the pairs of the ZeroMQ socket
-    /// patterns: SUB with PUB or XPUB; DEALER with ROUTER, DEALER or REP).
+    /// patterns: SUB with PUB or XPUB; DEALER with ROUTER, DEALER or REP; and back).
     pub fn accepts(self, peer: &[u8]) -> bool {
         match self {
             SocketType::Sub => matches!(peer, b"PUB" | b"XPUB"),
             SocketType::Dealer => matches!(peer, b"ROUTER" | b"DEALER" | b"REP"),
+            SocketType::Pub => matches!(peer, b"SUB" | b"XSUB"),
+            SocketType::Router => matches!(peer, b"DEALER" | b"REQ" | b"ROUTER"),
         }
     }
 }

@@ -133,6 +133,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// ends it with [`ZmtpError::Silent`].
     pub async fn recv(&mut self) -> Result<Vec<Bytes>, ZmtpError> {
         self.liveness.listening(Instant::now());
+        loop {
+            if let Some(frames) = self.next_message().await? {
+                return Ok(frames);
+            }
+        }
+    }
+
+    /// Wait until bytes from the peer are buffered. Cancel safe on a connection that pings no
+    /// one (nothing is written while it waits): a server that also sends races it against its
+    /// own sends, then takes one [`Self::next_message`].
+    pub async fn readable(&mut self) -> Result<(), ZmtpError> {
+        self.fill().await.map(|_| ())
+    }
+
+    /// One step of [`Self::recv`]: the next whole message, or `None` once a command that came
+    /// between messages was handled (a PING answered), so that a peer's heartbeat never holds a
+    /// server's sends back while it waits for a message.
+    pub async fn next_message(&mut self) -> Result<Option<Vec<Bytes>>, ZmtpError> {
         let mut frames = Vec::new();
         let mut used: u64 = 0;
         loop {
@@ -148,6 +166,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                     // A PONG has done its work by arriving (see `fill`).
                     Command::Ready { .. } | Command::Pong { .. } | Command::Other => {}
                 }
+                if frames.is_empty() {
+                    return Ok(None);
+                }
                 continue;
             }
             let total = used.saturating_add(codec::frame_cost(size));
@@ -160,7 +181,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             used = total;
             frames.push(self.read_body(size).await?);
             if flags & FLAG_MORE == 0 {
-                return Ok(frames);
+                return Ok(Some(frames));
             }
         }
     }

@@ -49,6 +49,8 @@ async fn connected(
     let peer_type = match socket_type {
         SocketType::Sub => "PUB",
         SocketType::Dealer => "ROUTER",
+        SocketType::Pub => "SUB",
+        SocketType::Router => "DEALER",
     };
     let (conn, ready) = tokio::join!(
         Connection::handshake(ours, socket_type, limit),

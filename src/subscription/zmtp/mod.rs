@@ -1,12 +1,13 @@
-//! A small ZMTP 3.1 client of our own for the two socket kinds the subscriber uses: SUB for the
-//! live stream and DEALER for replay requests, over TCP with the NULL mechanism.
+//! A small ZMTP 3.1 implementation of our own for the socket kinds the subscriber uses (SUB for
+//! the live stream, DEALER for replay requests) and the two the fixture publisher serves (PUB
+//! and ROUTER, `crate::fixture::serve`), over TCP with the NULL mechanism.
 //!
 //! Why not the `zeromq` crate here: its decoder reserves a frame's declared length before the
 //! body arrives, and it has no size limit, so one peer announcing a 2^62-byte frame (9 bytes on
 //! the wire) aborts the whole process on the failed allocation. This reader checks every declared
-//! size against `max_publisher_message_bytes` before reading the body, and grows buffers only as
-//! bytes arrive. The crate stays where it serves: parsing endpoints at registration, and the test
-//! and load-tool publishers.
+//! size against its bound (`max_publisher_message_bytes` for the subscriber) before reading the
+//! body, and grows buffers only as bytes arrive. The crate stays where it serves: parsing
+//! endpoints at registration, and the load tool's publishers.
 //!
 //! The protocol facts it relies on (ZMTP 3.0, RFC 23 at rfc.zeromq.org; 3.1, RFC 37, adds the
 //! PING and PONG heartbeat commands):

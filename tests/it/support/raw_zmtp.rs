@@ -126,3 +126,45 @@ impl Drop for HostilePub {
         self.cancel.cancel();
     }
 }
+
+/// Connect to `endpoint` as a peer of `socket_type` (`DEALER` at a replay socket, `SUB` at a
+/// PUB), complete the handshake, send `bytes`, and wait until the other side closes the
+/// connection (`true`) or `timeout` passes (`false`). The connection and handshake are retried
+/// until `timeout` while they fail: the peer may still be starting.
+pub async fn send_after_handshake(
+    endpoint: &str,
+    socket_type: &str,
+    bytes: &[u8],
+    timeout: std::time::Duration,
+) -> bool {
+    let address = endpoint.strip_prefix("tcp://").expect("tcp endpoint");
+    let deadline = std::time::Instant::now() + timeout;
+    let mut stream = loop {
+        let handshake = async {
+            let mut stream = TcpStream::connect(address).await?;
+            stream.write_all(&greeting()).await?;
+            let mut peer = [0u8; 64];
+            stream.read_exact(&mut peer).await?;
+            stream.write_all(&ready(socket_type)).await?;
+            skip_frame(&mut stream).await?;
+            std::io::Result::Ok(stream)
+        };
+        match handshake.await {
+            Ok(stream) => break stream,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("no handshake with {endpoint}: {e}")
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    };
+    stream.write_all(bytes).await.expect("hostile bytes");
+    let mut sink = [0u8; 256];
+    let closed = async {
+        loop {
+            if matches!(stream.read(&mut sink).await, Ok(0) | Err(_)) {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(timeout, closed).await.is_ok()
+}

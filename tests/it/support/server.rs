@@ -86,6 +86,15 @@ impl Server {
         server
     }
 
+    /// Start with extra config keys and `RLIMIT_NOFILE` set to `nofile` (soft and hard), as a
+    /// service manager may start it.
+    pub async fn start_with_nofile(extra: serde_json::Value, nofile: u64) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut server = Server::spawn_with::<&str>(dir, extra, &[], Some(nofile));
+        server.wait_ready().await;
+        server
+    }
+
     /// Start in an existing data directory without waiting until it is ready (tests of what it
     /// reports while starting).
     pub fn spawn_in(dir: tempfile::TempDir, extra: serde_json::Value) -> Server {
@@ -136,6 +145,15 @@ impl Server {
         extra: serde_json::Value,
         env: &[(&str, V)],
     ) -> Server {
+        Server::spawn_with(dir, extra, env, None)
+    }
+
+    fn spawn_with<V: AsRef<std::ffi::OsStr> + Copy>(
+        dir: tempfile::TempDir,
+        extra: serde_json::Value,
+        env: &[(&str, V)],
+        nofile: Option<u64>,
+    ) -> Server {
         // Port 0: the service binds free ports itself and logs them (`bound_ports`). Choosing
         // free ports here and handing them over left a moment in which another process could
         // take one, and the service then failed to start.
@@ -159,7 +177,17 @@ impl Server {
         .expect("write config");
         let log_path = dir.path().join("server.log");
         let log = std::fs::File::create(&log_path).expect("log file");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+        let binary = env!("CARGO_BIN_EXE_mooncake_conductor");
+        // `prlimit` sets the limit and then becomes the service (same process id).
+        let mut command = match nofile {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg(binary);
+                c
+            }
+            None => Command::new(binary),
+        };
+        let mut child = command
             .env("CONDUCTOR_CONFIG_PATH", &config_path)
             .env("CONDUCTOR_LOG_LEVEL", "debug")
             .env_remove("CONDUCTOR_AUTH_TOKEN")
