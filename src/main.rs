@@ -5,6 +5,7 @@
 //! Fixture tools, which need no configuration: `mooncake_conductor record|play|check ...`
 //! (`docs/fixtures.md`).
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use mooncake_conductor::config::{Config, LOG_LEVEL_ENV, LogLevel};
@@ -19,6 +20,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(level.clone().unwrap_or(LogLevel::Info).as_filter())
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal: a log file or journal stays plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     if let Err(warning) = level {
         tracing::warn!("{warning}");

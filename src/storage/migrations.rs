@@ -110,6 +110,11 @@ pub fn migrate_to(store: &dyn KvStore, path: &str, target: u32) -> Result<u32, S
             supported: CURRENT_VERSION,
         });
     }
+    if found == 0 && holds_nothing(store)? {
+        // A new data directory: created at the target schema, with nothing to convert.
+        store.write(vec![version_op(target)])?;
+        return Ok(0);
+    }
     for step in MIGRATIONS
         .iter()
         .filter(|m| m.version > found && m.version <= target)
@@ -126,6 +131,26 @@ pub fn migrate_to(store: &dyn KvStore, path: &str, target: u32) -> Result<u32, S
         tracing::info!(version = step.version, "applied schema migration {title}");
     }
     Ok(found)
+}
+
+/// Whether the store holds no record at all (a new data directory), read up to its first record.
+fn holds_nothing(store: &dyn KvStore) -> Result<bool, StorageError> {
+    for cf in Cf::ALL {
+        let mut found = false;
+        let scanned = store.scan_prefix(cf, b"", &mut |_, _| {
+            found = true;
+            // Ends the scan at the first record; `found` says why it ended.
+            Err(StorageError::Corrupt {
+                cf: cf.name(),
+                what: String::new(),
+            })
+        });
+        if found {
+            return Ok(false);
+        }
+        scanned?;
+    }
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -172,25 +172,6 @@ async fn a_replaced_replica_bootstraps_from_a_peer_and_is_exact_when_ready() {
     assert_eq!(answers(&b, &fleet.published).await, on_a);
 }
 
-/// The log without its ANSI colour sequences.
-fn without_colours(log: &str) -> String {
-    let mut out = String::with_capacity(log.len());
-    let mut chars = log.chars();
-    while let Some(ch) = chars.next() {
-        if ch == '\u{1b}' {
-            // `ESC [ ... m`
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(ch);
-        }
-    }
-    out
-}
-
 /// A peer that sends `chunks`, waiting `pause` before the last one.
 #[derive(Clone)]
 struct Scripted {
@@ -429,7 +410,7 @@ async fn a_truncated_snapshot_reports_progress_then_leaves_nothing_behind() {
     let dir = server.into_dir();
     let server = Server::start_in(dir, json!({})).await;
     assert!(endpoints(&server).await.is_empty());
-    let log = without_colours(&server.log());
+    let log = server.log();
     assert!(log.contains("contexts=0 registrations=0 pairs=0"), "{log}");
 }
 

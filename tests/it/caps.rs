@@ -297,7 +297,7 @@ async fn a_store_naming_too_many_contexts_or_another_tenant_is_refused_event_by_
     )
     .await;
     // Rate-limited: one warning per kind within the interval, each naming its field.
-    let log = crate::hostile::plain_log(&server);
+    let log = server.log();
     let warnings = |field: &str| {
         log.lines()
             .filter(|l| l.contains("events refused") && l.contains(&format!("field=\"{field}\"")))
@@ -379,7 +379,7 @@ async fn a_store_naming_200000_backends_makes_only_max_holders_per_context_holde
     )
     .await;
     // Rate-limited: one line per kind within the interval.
-    let log = crate::hostile::plain_log(&server);
+    let log = server.log();
     let warnings = |field: &str| {
         log.lines()
             .filter(|l| l.contains("events refused") && l.contains(&format!("field=\"{field}\"")))

@@ -81,6 +81,19 @@ pub(crate) fn random_batch(rng: &mut u64) -> Vec<u8> {
     }
 }
 
+/// A new data directory is created at the current schema: no migration runs, so none is logged;
+/// and a log written to a file carries no colour codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_data_directory_starts_at_the_current_schema_with_a_plain_log() {
+    let server = Server::start_with(json!({})).await;
+    let log = server.log();
+    assert!(log.contains("mooncake_conductor listening"), "{log}");
+    assert!(!log.contains('\u{1b}'), "colour codes in a log file:\n{log}");
+    for line in ["applied schema migration", "dropped", "rebuild from replay"] {
+        assert!(!log.contains(line), "a new store logged {line:?}:\n{log}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publisher_restarted_while_the_conductor_was_down_loses_its_old_blocks() {
     let mut server = Server::start().await;

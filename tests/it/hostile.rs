@@ -74,7 +74,7 @@ async fn a_2_pow_62_frame_header_drops_that_connection_and_nothing_else() {
     })
     .await;
     oversized_at_least(&server, "evil|default|0", 2).await;
-    let log = plain_log(&server);
+    let log = server.log();
     let warnings = log
         .lines()
         .filter(|l| l.contains("publisher connection dropped") && l.contains("evil|default|0"))
@@ -215,26 +215,6 @@ async fn an_offline_unregister_removes_a_registration_from_a_stopped_service() {
     assert_eq!(device_hits(&server, "a", 1).await, -1);
 }
 
-/// The server log without ANSI colour codes.
-pub(crate) fn plain_log(server: &Server) -> String {
-    let log = server.log();
-    let mut out = String::with_capacity(log.len());
-    let mut chars = log.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // Skip to the end of the escape sequence (`ESC [ ... m`).
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_repeating_bad_batches_gets_one_warning_per_interval_with_a_suppressed_count() {
     let server = Server::start_with(json!({ "warning_interval_ms": 2000 })).await;
@@ -258,14 +238,14 @@ async fn a_peer_repeating_bad_batches_gets_one_warning_per_interval_with_a_suppr
         player.publish(b"\xc1 not msgpack".to_vec()).await;
     }
     eventually("30 counted decode errors", WAIT, || decode_errors(30)).await;
-    let lines = undecodable(&plain_log(&server));
+    let lines = undecodable(&server.log());
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert!(lines[0].contains("suppressed=0"), "{}", lines[0]);
 
     tokio::time::sleep(Duration::from_millis(2100)).await;
     player.publish(b"\xc1 still not msgpack".to_vec()).await;
     eventually("31 counted decode errors", WAIT, || decode_errors(31)).await;
-    let lines = undecodable(&plain_log(&server));
+    let lines = undecodable(&server.log());
     assert_eq!(lines.len(), 2, "{lines:#?}");
     assert!(lines[1].contains("suppressed=29"), "{}", lines[1]);
     // Counting is not rate-limited, and good batches still apply.
