@@ -524,6 +524,7 @@ impl Config {
                     config.bootstrap_allow_plain_http = value
                         .as_bool()
                         .ok_or_else(|| err(field, "must be true or false".into()))?
+                }
                 "bootstrap_deadline_ms" => {
                     config.bootstrap_deadline_ms =
                         positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
