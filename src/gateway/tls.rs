@@ -284,16 +284,14 @@ pub fn check_bootstrap_transport(
             "bootstrap_tls",
             "applies to an https:// `bootstrap_from` only".into(),
         )),
-        (Some(peer), false) if !allow_plain_http && !is_loopback_url(peer) => {
-            Err((
-                "bootstrap_from",
-                format!(
-                    "{peer} is plain http:// to another host: the service token and the snapshot \
+        (Some(peer), false) if !allow_plain_http && !is_loopback_url(peer) => Err((
+            "bootstrap_from",
+            format!(
+                "{peer} is plain http:// to another host: the service token and the snapshot \
                      would cross the network in clear text; use https:// with `bootstrap_tls`, \
                      or set `bootstrap_allow_plain_http: true` on a network you trust"
-                ),
-            ))
-        }
+            ),
+        )),
         _ => Ok(()),
     }
 }

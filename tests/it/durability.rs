@@ -88,7 +88,10 @@ async fn a_new_data_directory_starts_at_the_current_schema_with_a_plain_log() {
     let server = Server::start_with(json!({})).await;
     let log = server.log();
     assert!(log.contains("mooncake_conductor listening"), "{log}");
-    assert!(!log.contains('\u{1b}'), "colour codes in a log file:\n{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a log file:\n{log}"
+    );
     for line in ["applied schema migration", "dropped", "rebuild from replay"] {
         assert!(!log.contains(line), "a new store logged {line:?}:\n{log}");
     }

@@ -124,7 +124,9 @@ pub async fn https_request(
 ) -> std::io::Result<super::http::HttpResponse> {
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     let name = ServerName::try_from("localhost").expect("name");
-    let stream = connector(ca, &[b"http/1.1".as_slice()]).connect(name, tcp).await?;
+    let stream = connector(ca, &[b"http/1.1".as_slice()])
+        .connect(name, tcp)
+        .await?;
     super::http::request_over(
         stream,
         method,
