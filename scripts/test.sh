@@ -19,12 +19,14 @@ python3 scripts/check-deps.py src
 (
   export CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_DEBUG=line-tables-only
   export CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true
-  cargo clippy --release --locked --all-targets -p mooncake-conductor -p mooncake-conductor-codes -- -D warnings
+  cargo clippy --release --locked --all-targets -p mooncake-conductor -p mooncake-conductor-codes -p mooncake-conductor-loom -- -D warnings
   cargo clippy --release --locked --all-targets -p mooncake-conductor-python -- -D warnings
   # Property tests draw fresh cases on every developer run; CI pins the seed so that a red run is
   # reproducible (export PROPTEST_RNG_SEED yourself to replay it). New failures land in
   # proptest-regressions/, which is committed.
   PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261130}" cargo test --release --locked -p mooncake-conductor
+  # The loom model of the block table's lock-free reads (loom-model/): seconds.
+  cargo test --release --locked -p mooncake-conductor-loom
 )
 
 # The Python tests run against the binary users run (scripts/run.sh's build: no test hooks).

@@ -37,6 +37,7 @@ pub mod index;
 pub mod metrics;
 pub mod mix;
 pub mod model;
+#[allow(unsafe_code)] // A CPU hint that reads nothing (see the file).
 pub mod prefetch;
 pub mod registry;
 pub mod replica;

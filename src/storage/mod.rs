@@ -12,6 +12,7 @@ pub mod bulk;
 pub mod drop_derived;
 #[cfg(test)]
 mod drop_derived_tests;
+#[allow(unsafe_code)] // kill(2) of the process itself, in test builds only.
 pub mod failpoint;
 #[cfg(feature = "failpoints")]
 pub mod fault_switch;

@@ -408,9 +408,15 @@ impl Blocks {
         (self.a().live_val(hint, key) != 0).then_some(hint)
     }
 
+    /// Whether `n` more blocks fit without growing.
+    #[inline]
+    pub(super) fn has_room(&self, n: usize) -> bool {
+        (self.len + n) * LOAD_DEN <= self.a().slots.len() * LOAD_NUM
+    }
+
     /// Make room for `n` more blocks without growing in between.
     pub(super) fn reserve(&mut self, n: usize) {
-        if (self.len + n) * LOAD_DEN > self.a().slots.len() * LOAD_NUM {
+        if !self.has_room(n) {
             self.grow_for(n);
         }
     }
@@ -419,7 +425,7 @@ impl Blocks {
     /// [`Self::insert`] at the position it found.
     #[inline]
     pub(super) fn reserve_one(&mut self) {
-        if (self.len + 1) * LOAD_DEN > self.a().slots.len() * LOAD_NUM {
+        if !self.has_room(1) {
             self.grow_for(1);
         }
     }

@@ -35,14 +35,25 @@ mod hint_tests;
 mod prefetch;
 #[cfg(test)]
 mod ref_tests;
+#[allow(unsafe_code)] // The lock-free read protocol (see the file).
+mod seqlock;
 mod set_index;
 #[cfg(test)]
 mod set_tests;
 mod sets;
+#[cfg(test)]
+mod view_tests;
+/// The atomics `seqlock` is written against: std's here, loom's in the loom model.
+mod sync {
+    pub(super) use std::hint::spin_loop;
+    pub(super) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
+    pub(super) use std::thread::yield_now;
+}
+#[allow(unsafe_code)] // Calls into `seqlock`'s reads (see the file).
 mod view;
 
 use std::hash::BuildHasher;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::model::Tier;
@@ -255,7 +266,12 @@ impl Shard {
             Some(idx) => idx,
             None => {
                 // One probe finds the block or where it goes; growing first keeps that place
-                // valid.
+                // valid. `Table::write` made the room before the write section opened, so
+                // readers never wait for a rehash; this only guards a caller that did not.
+                debug_assert!(
+                    self.blocks.has_room(1),
+                    "room made before the write section"
+                );
                 self.blocks.reserve_one();
                 match self.blocks.probe_hashed(at.key, at.hash) {
                     Probe::Found(_, idx) => idx,
@@ -478,6 +494,8 @@ pub(crate) struct Table {
     views: Box<[ShardView]>,
     /// Lock-free readers in flight (see [`view`]).
     readers: AtomicUsize,
+    /// A panic unwound through a write section: no block is answered (see [`view`]).
+    broken: AtomicBool,
     slot_seed: u64,
     sets: Sets,
 }
@@ -496,6 +514,7 @@ impl Table {
             shards,
             views,
             readers: AtomicUsize::new(0),
+            broken: AtomicBool::new(false),
             slot_seed,
             sets: Sets::new(mix64(slot_seed ^ 0x2545_f491)),
         }
@@ -526,6 +545,21 @@ impl Table {
         Reading::new(&self.readers)
     }
 
+    /// Shard `shard`'s view for `reading`, which must be this table's: another table's
+    /// `Reading` would not keep this table's replaced arrays alive. `None` for a shard out of
+    /// range, or once the table is broken (see [`view`]).
+    #[inline(always)]
+    fn view(&self, reading: &Reading<'_>, shard: u32) -> Option<&ShardView> {
+        assert!(
+            reading.is_of(&self.readers),
+            "a block table read with another table's Reading"
+        );
+        if self.broken.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.views.get(shard as usize)
+    }
+
     /// Without a lock (see [`view`]): the value of block `key` (0 when absent) and the sets'
     /// reuse count read with it, as one consistent read. When `wants(value, reused)` says so,
     /// `out` is cleared and given the value's entries sorted by holder id, in the same read.
@@ -540,7 +574,7 @@ impl Table {
         mut wants: impl FnMut(u32, u64) -> bool,
         out: &mut Vec<u32>,
     ) -> (u32, u64) {
-        let Some(view) = self.views.get(at.shard as usize) else {
+        let Some(view) = self.view(reading, at.shard) else {
             return (0, 0);
         };
         view.read(reading, |arrays| {
@@ -566,7 +600,7 @@ impl Table {
     /// `key` up a few blocks later.
     #[inline]
     pub fn prefetch(&self, reading: &Reading<'_>, at: Located) {
-        if let Some(view) = self.views.get(at.shard as usize) {
+        if let Some(view) = self.view(reading, at.shard) {
             view.arrays(reading).prefetch_slot(at.hash);
         }
     }
@@ -586,7 +620,7 @@ impl Table {
     /// lookup takes it when the record holds the key, and probes otherwise.
     #[inline]
     pub fn locate_record(&self, reading: &Reading<'_>, at: &mut Located) {
-        if let Some(view) = self.views.get(at.shard as usize) {
+        if let Some(view) = self.view(reading, at.shard) {
             at.record = view.arrays(reading).prefetch_record(at.hash);
         }
     }
@@ -633,7 +667,7 @@ impl Table {
         before: &Located,
         otherwise: impl FnOnce(&Arrays, &mut Located),
     ) -> bool {
-        let Some(view) = self.views.get(at.shard as usize) else {
+        let Some(view) = self.view(reading, at.shard) else {
             return false;
         };
         let arrays = view.arrays(reading);
@@ -661,7 +695,7 @@ impl Table {
         keys: &[crate::model::BlockHash],
     ) -> usize {
         let (val, reused) = held;
-        let Some(view) = self.views.get(at.shard as usize) else {
+        let Some(view) = self.view(reading, at.shard) else {
             return 0;
         };
         if at.record == NO_RECORD || val == 0 {
@@ -688,15 +722,23 @@ impl Table {
         }
     }
 
-    /// Shard `shard` under its write lock, inside a write section of its view.
-    fn write(&self, shard: usize) -> ShardWrite<'_> {
-        let guard = write_lock(&self.shards[shard]);
+    /// Shard `shard` under its write lock, inside a write section of its view, with room for
+    /// `room` more blocks made *before* the section opens: a growth builds the new arrays while
+    /// readers still read the old ones, which nothing changes meanwhile (this lock excludes every
+    /// other writer), so the section only publishes the new pointer and readers never wait for
+    /// a rehash.
+    fn write(&self, shard: usize, room: usize) -> ShardWrite<'_> {
+        let mut guard = write_lock(&self.shards[shard]);
+        if room > 0 {
+            guard.blocks.reserve(room);
+        }
         let view = &self.views[shard];
         view.begin_write();
         ShardWrite {
             guard,
             view,
             readers: &self.readers,
+            broken: &self.broken,
         }
     }
 
@@ -732,10 +774,7 @@ impl Table {
         if shard >= self.shards.len() {
             return;
         }
-        let mut guard = self.write(shard);
-        if items.len() > 1 {
-            guard.blocks.reserve(items.len());
-        }
+        let mut guard = self.write(shard, items.len());
         for &item in items {
             let (at, id, bits) = store(item);
             let (added, idx) = guard.add_at(w, at, id, bits);
@@ -780,7 +819,7 @@ impl Table {
     /// [`Self::remove`] with the sets' writer state of a series of calls ([`Self::writer`]).
     #[inline]
     pub fn remove_with(&self, w: &mut WriterSlot<'_>, key: u64, id: u32, bits: u8) -> Removed {
-        self.write(self.shard_no(key)).remove(w, key, id, bits)
+        self.write(self.shard_no(key), 0).remove(w, key, id, bits)
     }
 
     /// The key of the block behind `r` when holder `id` has an entry there.
@@ -793,7 +832,7 @@ impl Table {
     /// changed, or `None` when the holder has no entry there (a stale reference).
     pub fn clear_at(&self, r: BlockRef, id: u32) -> Option<(u64, Removed)> {
         let (shard, idx) = self.resolve(r);
-        let mut shard = self.write(shard);
+        let mut shard = self.write(shard, 0);
         let key = shard.held_key(&self.sets, idx, id)?;
         let (pos, found) = shard.blocks.find(key)?;
         debug_assert_eq!(found, idx);
@@ -816,8 +855,10 @@ impl Table {
     }
 }
 
-/// A poisoned lock only means another thread panicked while holding it; every writer here leaves
-/// the structure consistent between statements, so keep serving instead of cascading the panic.
+/// A poisoned lock means another thread panicked while holding it. A shard's writer may then
+/// have left it half-changed: the panic marked the table broken on its way out of the write
+/// section (see [`view`]), and lock-free reads answer nothing from then on; the locked paths
+/// (reverse lists, exports) go on rather than cascade the panic.
 pub(crate) fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
 }

@@ -10,107 +10,61 @@
 //! exclude each other and every other reader still locks).
 //!
 //! Memory safety: a reader may be inside an [`Arrays`] while the writer replaces it (growth).
-//! Replaced arrays are kept until the table's reader count is 0: a reader registers
-//! ([`Table::reading`](super::Table::reading)) before it loads any arrays pointer, and the writer
-//! reads the count after publishing the new pointer, both sequentially consistent, so either
-//! the writer sees the reader and keeps the old arrays, or the reader sees the new pointer.
+//! Replaced arrays are kept until the table's reader count is 0, by the protocol in
+//! [`seqlock`](super::seqlock) (readers register before they load a pointer; the writer
+//! publishes before it looks for readers), which the loom model checks. This file holds the
+//! shard's side of it: the write section ([`ShardWrite`]), which frees retired arrays only when
+//! [`no_readers`] says so. A [`Reading`] keeps only its own table's arrays alive, so the table
+//! refuses another table's (`Table::view`).
+//!
+//! Write sections are short: a shard grows before its section opens (`Table::write`), so a
+//! section never holds a rehash, and a reader that still finds one open after
+//! [`SPINS_BEFORE_YIELD`](super::seqlock::SPINS_BEFORE_YIELD) spins (its writer descheduled
+//! inside it) yields its thread instead of spinning on.
 //! While readers never pause, replaced arrays wait; each shard's retired arrays add up to less
 //! than twice its current ones (growth is geometric), and go at the next write section that
 //! finds no reader.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
-
 use std::sync::RwLockWriteGuard;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::Shard;
 use super::blocks::Arrays;
+pub(crate) use super::seqlock::Reading;
+use super::seqlock::{SeqView, no_readers};
 
 /// One shard's version (odd while its writer is inside a write section) and current arrays.
-pub(super) struct ShardView {
-    version: AtomicU64,
-    arrays: AtomicPtr<Arrays>,
-}
+pub(super) struct ShardView(SeqView<Arrays>);
 
 impl ShardView {
     pub(super) fn new(arrays: *const Arrays) -> Self {
-        ShardView {
-            version: AtomicU64::new(0),
-            arrays: AtomicPtr::new(arrays.cast_mut()),
-        }
+        ShardView(SeqView::new(arrays))
     }
 
     /// Under the shard's write lock, before changing anything.
     pub(super) fn begin_write(&self) {
-        let v = self.version.load(Ordering::Relaxed);
-        self.version.store(v | 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-    }
-
-    /// Under the shard's write lock, after the changes: publish the arrays readers use from now
-    /// on, then the new even version.
-    pub(super) fn end_write(&self, arrays: *const Arrays) {
-        self.arrays.store(arrays.cast_mut(), Ordering::SeqCst);
-        let v = self.version.load(Ordering::Relaxed);
-        self.version.store((v | 1) + 1, Ordering::Release);
+        self.0.begin_write();
     }
 
     /// Run `f` over a consistent view of the shard: `f` may see a torn state and must tolerate
-    /// it (no panic, bounded time), but only a run with no write in between is returned. Call
-    /// only inside a [`Reading`] of the table.
+    /// it (no panic, bounded time), but only a run with no write in between is returned. Only
+    /// atomic cells are read through the arrays.
     #[inline]
-    pub(super) fn read<R>(&self, _reading: &Reading<'_>, mut f: impl FnMut(&Arrays) -> R) -> R {
-        loop {
-            let v = self.version.load(Ordering::Acquire);
-            if v & 1 == 0 {
-                let p = self.arrays.load(Ordering::SeqCst);
-                // SAFETY: `p` is a shard's current or replaced arrays: published by
-                // `end_write` from an `Arc` the shard's `Blocks` owns, and replaced ones are
-                // dropped only while the table has no `Reading`, which `_reading` proves there
-                // is (see the module doc). Only atomic cells are read through it.
-                let r = f(unsafe { &*p });
-                fence(Ordering::Acquire);
-                if self.version.load(Ordering::Relaxed) == v {
-                    return r;
-                }
-            }
-            std::hint::spin_loop();
-        }
+    pub(super) fn read<R>(&self, reading: &Reading<'_>, f: impl FnMut(&Arrays) -> R) -> R {
+        // SAFETY: `reading` is registered with the table's count (`Table::view` checks it is
+        // this table's), every arrays pointer `end_write` publishes comes from an `Arc` the
+        // shard's `Blocks` owns, and replaced ones are dropped only after `no_readers` (in
+        // `ShardWrite`'s drop).
+        unsafe { self.0.read(reading, f) }
     }
-}
 
-impl ShardView {
     /// The shard's arrays as they are now, unvalidated: for prefetch hints, which may read a torn
-    /// state (it only aims a hint). Alive for as long as `_reading` is, like every arrays pointer
-    /// loaded after the reader registered (see the module doc).
+    /// state (it only aims a hint). Alive for as long as `reading` is.
     #[inline]
-    pub(super) fn arrays<'r>(&self, _reading: &'r Reading<'_>) -> &'r Arrays {
-        let p = self.arrays.load(Ordering::SeqCst);
-        // SAFETY: as in `read`: loaded after `_reading` registered, so not freed before it ends.
-        unsafe { &*p }
+    pub(super) fn arrays<'r>(&self, reading: &'r Reading<'_>) -> &'r Arrays {
+        // SAFETY: as in `read`.
+        unsafe { self.0.current(reading) }
     }
-}
-
-/// A registered lock-free reader of a table; while any exists, replaced arrays stay.
-pub(crate) struct Reading<'a> {
-    readers: &'a AtomicUsize,
-}
-
-impl<'a> Reading<'a> {
-    pub(super) fn new(readers: &'a AtomicUsize) -> Self {
-        readers.fetch_add(1, Ordering::SeqCst);
-        Reading { readers }
-    }
-}
-
-impl Drop for Reading<'_> {
-    fn drop(&mut self) {
-        self.readers.fetch_sub(1, Ordering::Release);
-    }
-}
-
-/// Whether replaced arrays may be freed: after `end_write` published the new pointer.
-pub(super) fn no_readers(readers: &AtomicUsize) -> bool {
-    readers.load(Ordering::SeqCst) == 0
 }
 
 /// A shard under its write lock, inside a write section of its view: ending the section (also
@@ -120,6 +74,8 @@ pub(super) struct ShardWrite<'a> {
     pub(super) guard: RwLockWriteGuard<'a, Shard>,
     pub(super) view: &'a ShardView,
     pub(super) readers: &'a AtomicUsize,
+    /// Set when a panic unwinds through the section (see [`ShardWrite`]'s `Drop`).
+    pub(super) broken: &'a AtomicBool,
 }
 
 impl std::ops::Deref for ShardWrite<'_> {
@@ -137,7 +93,17 @@ impl std::ops::DerefMut for ShardWrite<'_> {
 
 impl Drop for ShardWrite<'_> {
     fn drop(&mut self) {
-        self.view.end_write(self.guard.blocks.arrays_ptr());
+        if std::thread::panicking() {
+            // Invariant: nothing inside a write section panics. Should a bug break it, the
+            // shard may be half-changed (a shift cut short), so the table answers no block from
+            // now on: a false miss (logged) rather than a hit the shard cannot vouch for. The
+            // section still ends so that no reader waits on it for ever.
+            self.broken.store(true, Ordering::Release);
+            tracing::error!(
+                "a panic inside a block table's write section: the context answers no hits until it is rebuilt"
+            );
+        }
+        self.view.0.end_write(self.guard.blocks.arrays_ptr());
         if self.guard.blocks.has_retired() && no_readers(self.readers) {
             self.guard.blocks.drop_retired();
         }
