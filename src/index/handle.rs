@@ -36,7 +36,7 @@ pub struct IndexStats {
     /// Interned holders (reclaimed ones not counted).
     pub holders: u64,
     pub invalid_ops: u64,
-    /// Pairs keyed by a published hash (see "Keys" in the module doc).
+    /// Pairs keyed by a published hash (see "Keys" in `src/index/README.md`).
     pub raw_pairs: u64,
     /// Blocks stored with a parent the context never saw.
     pub unlinked: u64,
@@ -72,7 +72,7 @@ impl IndexReader {
 
     /// Prefix hits for a prompt's token ids (`cache_salt` "" for none): the walk over the keys
     /// the index derives from tokens, and while it holds blocks by published hash, the
-    /// registered profile's hash chain beside them (see "Keys" in the module doc).
+    /// registered profile's hash chain beside them (see "Keys" in `src/index/README.md`).
     pub fn query_tokens<T: Token>(
         &self,
         tokens: &[T],

@@ -1,6 +1,6 @@
 //! The query walk: per registered (instance, rank), one cursor over the prompt's blocks moving
-//! device → cpu_local → cpu_share → disk and never back. See the module doc of [`super`] for the
-//! exact semantics and why hashing never runs under a lock.
+//! device → cpu_local → cpu_share → disk and never back. See "Query semantics" and "The walk"
+//! in `src/index/README.md` for the exact semantics and why hashing never runs under a lock.
 
 use std::sync::atomic::Ordering;
 
@@ -132,7 +132,7 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
     // The previous block's value and the sets' reuse count read with it (0: none yet).
     let (mut last_val, mut last_reused) = (0u32, 0u64);
     // While the index keeps blocks under published hashes, a block may also be held under its
-    // second key (see "Keys" in the module doc).
+    // second key (see "Keys" in `src/index/README.md`).
     let with_raw = shared.raw_pairs.load(Ordering::Relaxed) > 0;
     // Blocks below this have had their slot line prefetched; the last `LOCATED` of them, located.
     let mut ahead = 0usize;
@@ -146,7 +146,8 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
         while ahead < window {
             let at = shared.table.locate(keys.key(ahead).0);
             // A block in its predecessor's shard is most likely in the record after its
-            // predecessor's (see "Segments" in `index`): its slot line waits for that guess.
+            // predecessor's (see "Segments" in the index README): its slot line waits for that
+            // guess.
             let in_segment = ahead > 0 && at.same_shard(&located[(ahead - 1) % LOCATED]);
             if !in_segment {
                 shared.table.prefetch(&reading, at);
@@ -201,7 +202,8 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
             c += 1;
             if !with_raw {
                 // Along a segment stored in one run, the next blocks are the next records:
-                // read them in one pass, as a tree reads an edge (see "Segments" in `index`).
+                // read them in one pass, as a tree reads an edge (see "Segments" in the index
+                // README).
                 let known = keys.known();
                 let upto = known.len().min(n).min(c + FOLLOW_MAX);
                 let run = known.get(c..upto).map_or(0, |next| {

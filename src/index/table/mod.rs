@@ -609,8 +609,9 @@ impl Table {
     }
 
     /// For a block in its predecessor's shard, whose slot line the walk did not prefetch (see
-    /// "Segments" in `index`): take the record after `before`'s when it holds the block, else
-    /// bring the slot line in for the lookup a few steps on. True when the record was taken.
+    /// "Segments" in `src/index/README.md`): take the record after `before`'s when it holds the
+    /// block, else bring the slot line in for the lookup a few steps on. True when the record
+    /// was taken.
     #[inline]
     pub fn guess_record_after(
         &self,
