@@ -45,7 +45,10 @@ pub struct IndexStats {
 }
 
 /// A cheap, cloneable, `Send + Sync` read handle on one context. Queries through it never wait
-/// for the writer's mailbox; they take one shard read lock per block lookup (see the module doc).
+/// for the writer's mailbox, and their block lookups take no lock: each reads its shard through
+/// the shard's sequence lock and retries if the writer changed the shard meanwhile (see
+/// `table::view`). A query takes the metadata lock once, to fetch the cached plan, and a query by
+/// hash the alias map's read lock once, to translate its hashes.
 #[derive(Clone)]
 pub struct IndexReader {
     pub(crate) shared: Arc<Shared>,

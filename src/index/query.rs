@@ -56,9 +56,10 @@ thread_local! {
 /// overlap (see `table::prefetch`). It is also how far past the walk the keys are asked for: a
 /// walk that stops at block `m` has asked for at most `PREFETCH_AHEAD - 1` keys it did not
 /// need (a derived chain links in bursts beyond that, see `DerivedChain`; the registered
-/// profile's chain, asked only for raw pairs, is never hashed ahead). Measured on the side-by-side benchmark: 8 and 4 against no
-/// prefetch, a 2,048-token query by keys 9.4 → 6.5 us, and starting at the full distance
-/// rather than growing it from 2 a further 3-5 % (most walks there are short).
+/// profile's chain, asked only for raw pairs, is never hashed ahead). Deciding figures, on the
+/// side-by-side benchmark: 8 and 4 against no prefetch take a 2,048-token query by keys from
+/// 9.4 to 6.5 us, and starting at the full distance rather than growing it from 2 saves a
+/// further 3-5 % (most walks there are short).
 const PREFETCH_AHEAD: usize = 8;
 const RECORD_AHEAD: usize = 4;
 /// At most this many blocks are followed record by record in one read of a shard (see
@@ -91,9 +92,10 @@ fn prefetch_window(c: usize, n: usize) -> usize {
 /// Per block the walk reads the block's value (see `table`): when it equals the previous
 /// block's value (and no set value was reused meanwhile), every holder holds this block in the
 /// same tiers as the previous one, so every live cursor, which accepted the previous block in its
-/// current phase, accepts this one too: nothing to do. When the value changes, the walk merges
-/// the two blocks' sorted entries and settles only the cursors that lost a tier, so the cost is
-/// the entries' length plus the cursors whose holders changed, not every live cursor.
+/// current phase, accepts this one too: nothing to do. When the value changes, the new block's
+/// entries go to the cursors (`cursors`: bit sets per phase in direct walks, a merge with the
+/// previous block's entries in counted ones), so the cost is the entries' length plus the
+/// cursors whose phase ends, not every live cursor.
 fn walk_counts<K: PrefixKeys + ?Sized, R>(
     shared: &Shared,
     keys: &mut K,
