@@ -67,7 +67,7 @@ const SHARD_MASK: u64 = !0 << (64 - SHARD_BITS);
 /// walk that follows a segment's records reaches the next segment at once and waits there for a
 /// slot line and then a record line; with segments four times longer, the p99 of the
 /// side-by-side benchmark's 2,048-token queries from tokens went from 0.82 x Dynamo's to 0.68
-/// (means of 6 alternated runs; single runs 0.76-0.86 -> 0.61-0.73, see `index`, "Segments").
+/// (means of 6 alternated runs; single runs 0.76-0.86 -> 0.61-0.73, see `docs/performance.md`).
 /// One in 256 measured the same. Shards stay even: segments still start at random, a few
 /// hundred per shard in a context of a few million blocks.
 const SEGMENT_BITS: u32 = 6;
@@ -88,7 +88,7 @@ const fn mixed(parent: u64, content: u64) -> u64 {
 ///
 /// Derived keys are odd and roots even, so a key knows whether its parent is a root. (The
 /// published hashes the index keeps where it cannot derive a key are stored as published, odd
-/// or even; they meet a derived key only by a 2^-64 chance, see `index`'s "Keys".)
+/// or even; they meet a derived key only by a 2^-64 chance, see "Keys" in `src/index/README.md`.)
 ///
 /// A key's top [`SHARD_BITS`] pick its shard in the block table, and a key takes them from its
 /// parent unless it starts a segment: the first block of a chain (its parent is a root) and

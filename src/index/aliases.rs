@@ -1,7 +1,7 @@
 //! Engine hash → derived key, for everything that names a block by its published hash.
 //!
-//! Engine blocks are keyed by the key the index derives from their contents (see "Keys" in the
-//! module doc of [`super`]); removals, the parent of the next event, store objects and queries by
+//! Engine blocks are keyed by the key the index derives from their contents (see "Keys" in
+//! `src/index/README.md`); removals, the parent of the next event, store objects and queries by
 //! hash name them by the engine's hash, which this map translates. One map per context, shared by
 //! all its sources: ranks of one model publish the same hashes for the same blocks, and a store
 //! object carries the hash its engine published.

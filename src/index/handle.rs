@@ -36,7 +36,7 @@ pub struct IndexStats {
     /// Interned holders (reclaimed ones not counted).
     pub holders: u64,
     pub invalid_ops: u64,
-    /// Pairs keyed by a published hash (see "Keys" in the module doc).
+    /// Pairs keyed by a published hash (see "Keys" in `src/index/README.md`).
     pub raw_pairs: u64,
     /// Blocks stored with a parent the context never saw.
     pub unlinked: u64,
@@ -45,7 +45,10 @@ pub struct IndexStats {
 }
 
 /// A cheap, cloneable, `Send + Sync` read handle on one context. Queries through it never wait
-/// for the writer's mailbox; they take one shard read lock per block lookup (see the module doc).
+/// for the writer's mailbox, and their block lookups take no lock: each reads its shard through
+/// the shard's sequence lock and retries if the writer changed the shard meanwhile (see
+/// `table::view`). A query takes the metadata lock once, to fetch the cached plan, and a query by
+/// hash the alias map's read lock once, to translate its hashes.
 #[derive(Clone)]
 pub struct IndexReader {
     pub(crate) shared: Arc<Shared>,
@@ -72,7 +75,7 @@ impl IndexReader {
 
     /// Prefix hits for a prompt's token ids (`cache_salt` "" for none): the walk over the keys
     /// the index derives from tokens, and while it holds blocks by published hash, the
-    /// registered profile's hash chain beside them (see "Keys" in the module doc).
+    /// registered profile's hash chain beside them (see "Keys" in `src/index/README.md`).
     pub fn query_tokens<T: Token>(
         &self,
         tokens: &[T],

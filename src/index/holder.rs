@@ -29,7 +29,7 @@ pub(super) struct HolderState {
     pub(super) key: HolderKey,
     /// Blocks this holder has an entry on.
     pub(super) live: u64,
-    /// Of `live`, blocks keyed by a published hash (see "Keys" in the module doc).
+    /// Of `live`, blocks keyed by a published hash (see "Keys" in `src/index/README.md`).
     pub(super) raw_live: u64,
     /// Reverse index: the blocks this holder was added to, as table references (4 bytes where a
     /// key would take 8). Removals leave stale references behind (checked against the table when
@@ -42,9 +42,9 @@ pub(super) struct HolderState {
     /// of the change set without a second copy in `ContextIndex::dirty` (see `persist`).
     pub(super) checkpointed: usize,
     /// Announcements beyond the first, per (block, tier bit): engines do not deduplicate (see
-    /// "Repeated announcements" in the module doc), so a block stored twice stays held after one
-    /// removal. Only counts above one live here; the table's tier bit is the first copy, so the
-    /// common count of one costs nothing.
+    /// "Repeated announcements" in `src/index/README.md`), so a block stored twice stays held
+    /// after one removal. Only counts above one live here; the table's tier bit is the first
+    /// copy, so the common count of one costs nothing.
     pub(super) repeats: HashMap<(u64, u8), u32>,
     /// No holder has this id (reclaimed, or left free by a reclaim before the checkpoint that
     /// was recovered); its id is in [`FreeIds`].

@@ -39,8 +39,8 @@ pub struct HolderRecord {
     pub id: u32,
     pub source: SubscriptionKey,
     pub holder: Holder,
-    /// Of its pairs, those keyed by a published hash (see "Keys" in the module doc); `None` in
-    /// schema 1 records, whose pairs all are.
+    /// Of its pairs, those keyed by a published hash (see "Keys" in `src/index/README.md`);
+    /// `None` in schema 1 records, whose pairs all are.
     pub raw_pairs: Option<u64>,
 }
 

@@ -1,4 +1,4 @@
-//! The derived keys of a chained store (see "Keys" in the module doc of [`super`]).
+//! The derived keys of a chained store (see "Keys" in `src/index/README.md`).
 
 use crate::events::{BlockContents, IndexOp};
 use crate::hashing::derived;
@@ -93,7 +93,7 @@ pub(super) struct KeyOut<'a> {
 }
 
 /// The table keys of a store op's blocks into `out.keys`, each flagged when it is a published
-/// hash (see "Keys" in the module doc of [`super`]): derived keys for a chained store whose
+/// hash (see "Keys" in `src/index/README.md`): derived keys for a chained store whose
 /// parent is known (its hashes become aliases, gathered in `out.pending`), an alias's key or the
 /// hash itself for an aliased store and for a chained store whose parent is unknown, the hashes
 /// themselves for a plain store. Other ops have no keys.

@@ -1,6 +1,6 @@
 //! Order independence: an engine source and a Mooncake store source that announce the same
 //! blocks give the same index whatever the interleaving of their events (see "Order of
-//! sources" in the module doc of [`super`]): same answers, counts, aliases and checkpoint
+//! sources" in `src/index/README.md`): same answers, counts, aliases and checkpoint
 //! records, also across a checkpoint and restore between them.
 
 use std::collections::BTreeMap;

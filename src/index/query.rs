@@ -1,6 +1,6 @@
 //! The query walk: per registered (instance, rank), one cursor over the prompt's blocks moving
-//! device → cpu_local → cpu_share → disk and never back. See the module doc of [`super`] for the
-//! exact semantics and why hashing never runs under a lock.
+//! device → cpu_local → cpu_share → disk and never back. See "Query semantics" and "The walk"
+//! in `src/index/README.md` for the exact semantics and why hashing never runs under a lock.
 
 use std::sync::atomic::Ordering;
 
@@ -56,9 +56,10 @@ thread_local! {
 /// overlap (see `table::prefetch`). It is also how far past the walk the keys are asked for: a
 /// walk that stops at block `m` has asked for at most `PREFETCH_AHEAD - 1` keys it did not
 /// need (a derived chain links in bursts beyond that, see `DerivedChain`; the registered
-/// profile's chain, asked only for raw pairs, is never hashed ahead). Measured on the side-by-side benchmark: 8 and 4 against no
-/// prefetch, a 2,048-token query by keys 9.4 → 6.5 us, and starting at the full distance
-/// rather than growing it from 2 a further 3-5 % (most walks there are short).
+/// profile's chain, asked only for raw pairs, is never hashed ahead). Deciding figures, on the
+/// side-by-side benchmark: 8 and 4 against no prefetch take a 2,048-token query by keys from
+/// 9.4 to 6.5 us, and starting at the full distance rather than growing it from 2 saves a
+/// further 3-5 % (most walks there are short).
 const PREFETCH_AHEAD: usize = 8;
 const RECORD_AHEAD: usize = 4;
 /// At most this many blocks are followed record by record in one read of a shard (see
@@ -91,9 +92,10 @@ fn prefetch_window(c: usize, n: usize) -> usize {
 /// Per block the walk reads the block's value (see `table`): when it equals the previous
 /// block's value (and no set value was reused meanwhile), every holder holds this block in the
 /// same tiers as the previous one, so every live cursor, which accepted the previous block in its
-/// current phase, accepts this one too: nothing to do. When the value changes, the walk merges
-/// the two blocks' sorted entries and settles only the cursors that lost a tier, so the cost is
-/// the entries' length plus the cursors whose holders changed, not every live cursor.
+/// current phase, accepts this one too: nothing to do. When the value changes, the new block's
+/// entries go to the cursors (`cursors`: bit sets per phase in direct walks, a merge with the
+/// previous block's entries in counted ones), so the cost is the entries' length plus the
+/// cursors whose phase ends, not every live cursor.
 fn walk_counts<K: PrefixKeys + ?Sized, R>(
     shared: &Shared,
     keys: &mut K,
@@ -132,7 +134,7 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
     // The previous block's value and the sets' reuse count read with it (0: none yet).
     let (mut last_val, mut last_reused) = (0u32, 0u64);
     // While the index keeps blocks under published hashes, a block may also be held under its
-    // second key (see "Keys" in the module doc).
+    // second key (see "Keys" in `src/index/README.md`).
     let with_raw = shared.raw_pairs.load(Ordering::Relaxed) > 0;
     // Blocks below this have had their slot line prefetched; the last `LOCATED` of them, located.
     let mut ahead = 0usize;
@@ -146,7 +148,8 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
         while ahead < window {
             let at = shared.table.locate(keys.key(ahead).0);
             // A block in its predecessor's shard is most likely in the record after its
-            // predecessor's (see "Segments" in `index`): its slot line waits for that guess.
+            // predecessor's (see "Segments" in the index README): its slot line waits for that
+            // guess.
             let in_segment = ahead > 0 && at.same_shard(&located[(ahead - 1) % LOCATED]);
             if !in_segment {
                 shared.table.prefetch(&reading, at);
@@ -201,7 +204,8 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
             c += 1;
             if !with_raw {
                 // Along a segment stored in one run, the next blocks are the next records:
-                // read them in one pass, as a tree reads an edge (see "Segments" in `index`).
+                // read them in one pass, as a tree reads an edge (see "Segments" in the index
+                // README).
                 let known = keys.known();
                 let upto = known.len().min(n).min(c + FOLLOW_MAX);
                 let run = known.get(c..upto).map_or(0, |next| {

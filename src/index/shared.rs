@@ -26,11 +26,12 @@ pub(crate) struct Shared {
     pub invalid_ops: AtomicU64,
     /// Engine hash → derived key.
     pub aliases: Aliases,
-    /// Pairs keyed by a published hash rather than a derived key (see "Keys" in the module doc):
-    /// while there are any, a query from tokens also walks the registered profile's chain.
+    /// Pairs keyed by a published hash rather than a derived key (see "Keys" in
+    /// `src/index/README.md`): while there are any, a query from tokens also walks the
+    /// registered profile's chain.
     pub raw_pairs: AtomicU64,
     /// Blocks whose contents came with an unknown parent, so they are keyed by their hash (or
-    /// its alias's key, see "Order of sources" in the module doc).
+    /// its alias's key, see "Order of sources" in `src/index/README.md`).
     pub unlinked: AtomicU64,
     /// Blocks the memory budget evicted (see `context::evict`).
     pub evicted: AtomicU64,

@@ -7,8 +7,8 @@
 //! overlap (a run's items fall in many shards, one or two per shard for an engine message, so
 //! prefetching per shard group overlapped almost nothing). Each item is located once (its slot
 //! hash and the record its prefetch found travel with it), and the record found is a hint that
-//! spares an existing block the probe over the slots (see "Apply" in the module doc of
-//! [`super`]).
+//! spares an existing block the probe over the slots (see "The apply path" in
+//! `src/index/README.md`).
 
 use super::aliases::Aliases;
 use super::holder::HolderState;

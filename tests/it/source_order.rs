@@ -1,6 +1,6 @@
 //! An engine's blocks and the Mooncake store's objects under the same hashes give the same global
 //! view and the same answers whichever source the Conductor hears first, and across a restart
-//! between the two (`src/index/mod.rs`, "Order of sources").
+//! between the two (`src/index/README.md`, "Order of sources").
 
 use serde_json::{Value, json};
 

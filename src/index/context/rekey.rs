@@ -1,6 +1,6 @@
 //! Pairs kept under a published hash move to the derived key once an alias names that hash, so
 //! that a block is keyed the same whichever source announced it first (see "Order of sources"
-//! in the module doc of [`crate::index`]).
+//! in `src/index/README.md`).
 
 use std::sync::atomic::Ordering;
 

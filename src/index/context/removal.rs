@@ -14,7 +14,7 @@ pub(super) type RemovalScratch = (Vec<Option<u64>>, Vec<(u64, bool)>);
 impl ContextIndex {
     /// The table keys a removal of `hashes` from holder `id`'s tier `bit` names: the derived key
     /// an alias gives, unless the holder keeps the block by its hash (a pair from a store written
-    /// by an earlier version, see "Order of sources" in the module doc of [`crate::index`]).
+    /// by an earlier version, see "Order of sources" in `src/index/README.md`).
     /// Flagged raw where the hash itself is the key.
     /// The buffers are the caller's (engines announce one removal per block: no allocation per
     /// removal).

@@ -6,7 +6,8 @@
 //! holder on the way to its final set. Here each shard's pairs are sorted by slot hash (a
 //! counting sort on the hash's top bits, then the few keys per bucket), grouped per block, and
 //! the shard is written in one sequential pass ([`Blocks::fill_sorted`]) with each multi-holder
-//! set interned once. Shards are independent (a key's shard is known from its hash), so several
+//! set interned once. Shards are independent (a key's shard is known from the key alone,
+//! [`Table::shard_no`]), so several
 //! threads build disjoint shards without sharing anything but the sets' writer, which each
 //! takes once per shard.
 

@@ -1,5 +1,8 @@
-//! The block table: 64-bit block key → compact set of (holder id, tier bits), split into shards
-//! that each sit behind their own `std::sync::RwLock`.
+//! The block table: 64-bit block key → compact set of (holder id, tier bits), split into 64
+//! shards. Each shard sits behind its own `std::sync::RwLock`, which its writer and the locked
+//! readers (snapshots, checkpoints, the writer's own look-ups) take; the query walk reads
+//! shards without any lock, through each shard's sequence lock ([`view`]), and retries a read
+//! a write overlapped.
 //!
 //! A shard keeps its blocks in [`blocks::Blocks`] (dense records found through an open-addressing
 //! index). A block's holder set is the record's 32-bit value:
@@ -643,8 +646,9 @@ impl Table {
     }
 
     /// For a block in its predecessor's shard, whose slot line the walk did not prefetch (see
-    /// "Segments" in `index`): take the record after `before`'s when it holds the block, else
-    /// bring the slot line in for the lookup a few steps on. True when the record was taken.
+    /// "Segments" in `src/index/README.md`): take the record after `before`'s when it holds the
+    /// block, else bring the slot line in for the lookup a few steps on. True when the record
+    /// was taken.
     #[inline]
     pub fn guess_record_after(
         &self,

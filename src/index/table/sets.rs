@@ -12,11 +12,17 @@
 //!
 //! Concurrency: readers see [`SetLists`] (entries by id) behind a `RwLock` the writer takes for
 //! writing only to add or free a set. Everything else (refcounts, the content index, the
-//! transition cache) is the single writer's and sits behind a mutex nobody else takes. A set is
-//! read only while holding the read lock of a shard with a block that names it, so it cannot be
-//! freed meanwhile (freeing needs its last block changed under that shard's write lock). A freed
-//! id may be given to other contents; [`Sets::reused`] counts that, so a reader that remembers a
-//! set value across blocks knows when the value may mean something else.
+//! transition cache) is the single writer's and sits behind a mutex nobody else takes (a bulk
+//! fill's threads take it before the context is shared). A set is freed as soon as no block
+//! names it, not later. Readers stay exact anyway: a set's entries are read under the lists'
+//! read lock (so the arena is not rewritten or reallocated meanwhile) and after reading a block
+//! value that names it, either under that block's shard read lock (snapshots, checkpoints, the
+//! writer's look-ups) or, for the query walk, inside the same validated lock-free read of the
+//! shard (`Table::lookup`, see `view`). Freeing needs the last such block changed, under that
+//! shard's write lock and inside a write section, so a locked reader cannot overlap it and a
+//! lock-free read that overlapped it is retried. A freed id may be given to other contents;
+//! [`Sets::reused`] counts that, so a reader that remembers a set value across blocks knows when
+//! the value may mean something else.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
@@ -144,9 +150,9 @@ impl Sets {
         read_lock(&self.lists)
     }
 
-    /// How many times a freed set id was given to new contents. Read under a shard lock after a
-    /// block value: if it equals the figure read with an earlier block's (equal) value, both
-    /// values name the same entries.
+    /// How many times a freed set id was given to new contents. Read with a block value (in the
+    /// same validated read of its shard): if it equals the figure read with an earlier block's
+    /// (equal) value, both values name the same entries.
     #[inline]
     pub(super) fn reused(&self) -> u64 {
         self.reused.load(Ordering::Acquire)

@@ -1,13 +1,13 @@
 //! Reading a shard without its lock: a sequence lock over the shard's [`Arrays`], and the
 //! reader count that decides when replaced arrays may be freed.
 //!
-//! Why: the walk reads one block per step from a random shard. Under a `RwLock` each step costs
-//! two atomic read-modify-writes on the shard's lock word, and on x86 those order every load
-//! before them, so the cache misses of consecutive steps could never overlap; on a 1M-token
-//! prompt they were the largest part of the walk. With a sequence lock a step is a few plain
-//! loads: read the version, read the block, read the version again, and retry if a write
-//! happened in between (the writer holds the shard's `RwLock` as before, so writers still
-//! exclude each other and every other reader still locks).
+//! Why: the walk reads one block per step from a random shard. Under a `RwLock` each step would
+//! cost two atomic read-modify-writes on the shard's lock word, and on x86 those order every
+//! load before them, so the cache misses of consecutive steps could never overlap (figures:
+//! `docs/performance.md`, "Index: lock-free block lookups"). With a sequence lock a step is a
+//! few plain loads: read the version, read the block, read the version again, and retry if a
+//! write happened in between. The writer still holds the shard's `RwLock` while it writes, so
+//! writers exclude each other and every other reader still locks.
 //!
 //! Memory safety: a reader may be inside an [`Arrays`] while the writer replaces it (growth).
 //! Replaced arrays are kept until the table's reader count is 0, by the protocol in
