@@ -26,6 +26,7 @@ pub mod handle;
 mod holder;
 mod image;
 mod keying;
+mod lookahead;
 mod plan;
 mod prompt_keys;
 pub mod query;

@@ -9,9 +9,10 @@ use crate::model::BlockHash;
 
 use super::answer::QueryHits;
 use super::cursors::Cursors;
+use super::lookahead::Lookahead;
 use super::plan::Plan;
 use super::shared::Shared;
-use super::table::{Located, entry_id, is_inline};
+use super::table::{entry_id, is_inline};
 
 /// Query by hash: the already-projected keys of a prompt's blocks. Every block is complete, so
 /// `covered(n) = n * block_size`.
@@ -51,38 +52,17 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
-/// How many blocks ahead of the one it looks up the walk prefetches a block's slot line, and
-/// (once that line is in) its record line, so that the cache misses of consecutive blocks
-/// overlap (see `table::prefetch`). It is also how far past the walk the keys are asked for: a
-/// walk that stops at block `m` has asked for at most `PREFETCH_AHEAD - 1` keys it did not
-/// need (a derived chain links in bursts beyond that, see `DerivedChain`; the registered
-/// profile's chain, asked only for raw pairs, is never hashed ahead). Deciding figures, on the
-/// side-by-side benchmark: 8 and 4 against no prefetch take a 2,048-token query by keys from
-/// 9.4 to 6.5 us, and starting at the full distance rather than growing it from 2 saves a
-/// further 3-5 % (most walks there are short).
-const PREFETCH_AHEAD: usize = 8;
-const RECORD_AHEAD: usize = 4;
 /// At most this many blocks are followed record by record in one read of a shard (see
 /// `Table::follow`), so a writer's section waits at most that long to be noticed.
 const FOLLOW_MAX: usize = 64;
-/// Located blocks kept by the walk: the prefetch window and the block looked up.
-const LOCATED: usize = 16;
-const _: () = assert!(PREFETCH_AHEAD < LOCATED);
-
 /// How many blocks (from block 0, in order) a walk over `n` blocks that looked up its first
 /// `looked_up` blocks asked the keys of: the lookahead window of its last step.
 #[cfg(test)]
 pub(crate) fn keys_hashed(looked_up: usize, n: usize) -> usize {
     match looked_up.checked_sub(1) {
         None => 0,
-        Some(last) => prefetch_window(last, n),
+        Some(last) => super::lookahead::prefetch_window(last, n),
     }
-}
-
-/// Blocks below this have their keys asked for (and their slots prefetched) at walk step `c`.
-#[inline]
-fn prefetch_window(c: usize, n: usize) -> usize {
-    (c + PREFETCH_AHEAD).min(n)
 }
 
 /// Run the walk for the cursors `filter` selects and hand each cursor's counts to `answer`.
@@ -136,42 +116,14 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
     // While the index keeps blocks under published hashes, a block may also be held under its
     // second key (see "Keys" in `src/index/README.md`).
     let with_raw = shared.raw_pairs.load(Ordering::Relaxed) > 0;
-    // Blocks below this have had their slot line prefetched; the last `LOCATED` of them, located.
-    let mut ahead = 0usize;
-    let mut located = [Located::default(); LOCATED];
-    // Registered for the whole walk: table reads take no lock (see `table::view`).
+    let mut ahead = Lookahead::new();
+    // Registered for the whole walk: table reads take no lock (see `table::seqlock`).
     let reading = shared.table.reading();
     while c < n && cur.any_live() {
         // Hash outside any lock: this is where the lazy chain pays for the blocks up to
-        // `c + PREFETCH_AHEAD` (see `PREFETCH_AHEAD` for the waste past a miss).
-        let window = prefetch_window(c, n);
-        while ahead < window {
-            let at = shared.table.locate(keys.key(ahead).0);
-            // A block in its predecessor's shard is most likely in the record after its
-            // predecessor's (see "Segments" in the index README): its slot line waits for that
-            // guess.
-            let in_segment = ahead > 0 && at.same_shard(&located[(ahead - 1) % LOCATED]);
-            if !in_segment {
-                shared.table.prefetch(&reading, at);
-            }
-            located[ahead % LOCATED] = at;
-            ahead += 1;
-        }
-        if c + RECORD_AHEAD < ahead {
-            let i = c + RECORD_AHEAD;
-            let before = located[(i - 1) % LOCATED];
-            let later = &mut located[i % LOCATED];
-            if later.same_shard(&before) {
-                shared.table.guess_record_after(&reading, later, &before);
-            } else {
-                shared.table.locate_record_after(&reading, later, &before);
-            }
-        }
-        // The first blocks were never located: their records may follow the block before.
-        let mut at = located[c % LOCATED];
-        if c > 0 {
-            at.after(&located[(c - 1) % LOCATED]);
-        }
+        // `c + PREFETCH_AHEAD` (see `lookahead` for the waste past a miss).
+        ahead.prepare(&shared.table, &reading, keys, c, n);
+        let mut at = ahead.at(c);
         let key = at.key;
         let alt = if with_raw {
             keys.alt_key(c).map(|k| k.0).filter(|&k| k != key)
@@ -196,7 +148,7 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
             |val, reused| val != 0 && !unchanged(val, reused),
             next,
         );
-        located[c % LOCATED] = at;
+        ahead.found(c, at);
         if val == 0 && alt_val == 0 {
             break;
         }
@@ -213,8 +165,7 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
                 });
                 if run > 0 {
                     c += run;
-                    located[(c - 1) % LOCATED] = at.followed(run, known[c - 1].0);
-                    ahead = ahead.max(c);
+                    ahead.followed(c, &at, run, known[c - 1].0);
                 }
             }
             continue;
