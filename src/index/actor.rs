@@ -8,11 +8,11 @@ use crate::events::{InFlightGuard, IndexBatch};
 use crate::hashing::PrefixKeys;
 use crate::model::{ContextKey, SubscriptionKey};
 
-use super::answer::QueryHits;
-use super::context::{ApplyReport, ContextIndex};
-use super::handle::{ContextView, IndexReader, IndexStats};
-use super::image::{ContextChanges, Watermark};
-use super::snapshot::ContextSnapshot;
+use super::read::answer::QueryHits;
+use super::read::handle::{ContextView, IndexReader, IndexStats};
+use super::stored::image::{ContextChanges, Watermark};
+use super::stored::snapshot::ContextSnapshot;
+use super::write::context::{ApplyReport, ContextIndex};
 
 pub struct ContextActor {
     pub(super) index: ContextIndex,

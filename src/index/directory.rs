@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use actix::ArbiterHandle;
 
 use super::actor::ContextHandle;
-use super::context::ContextIndex;
+use super::write::context::ContextIndex;
 use crate::hashing::HashProfile;
 use crate::model::ContextKey;
 

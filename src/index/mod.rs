@@ -15,28 +15,13 @@
 pub mod actor;
 mod alias_table;
 mod aliases;
-mod answer;
 pub mod budget;
-pub mod context;
-mod cursors;
 pub mod directory;
-mod evict_order;
-pub mod export;
-pub mod handle;
-mod holder;
-mod image;
-mod keying;
-mod lookahead;
-mod plan;
-mod prompt_keys;
-pub mod query;
-mod records;
-mod refs;
+mod read;
 mod shared;
-mod snapshot;
-pub mod sorted_map;
-mod store_run;
+mod stored;
 mod table;
+mod write;
 
 #[cfg(test)]
 mod keys_tests;
@@ -55,14 +40,19 @@ pub use actor::{
     ApplyBatch, AttachRank, ContextActor, ContextHandle, DetachOutcome, DetachSource, DropSource,
     GetStats, Snapshot,
 };
-pub use answer::{InstanceHits, QueryHits, TierCounts};
 pub use budget::Budget;
-pub use context::restore::{AliasLoader, PairBatch, Restorer};
-pub use context::{ApplyReport, ContextIndex};
 pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};
-pub use handle::{ContextView, IndexReader, IndexStats};
-pub use image::{ContextChanges, HolderRecord, Watermark, payload_digest};
-pub use query::HashList;
-pub use records::{Attachment, PairBits};
-pub use snapshot::ContextSnapshot;
-pub use sorted_map::SortedMap;
+pub use read::answer::{InstanceHits, QueryHits, TierCounts};
+pub use read::handle::{ContextView, IndexReader, IndexStats};
+pub use read::query::HashList;
+pub use read::sorted_map::SortedMap;
+pub use stored::image::{ContextChanges, HolderRecord, Watermark, payload_digest};
+pub use stored::records::{Attachment, PairBits};
+pub use stored::snapshot::ContextSnapshot;
+pub use write::context::restore::{AliasLoader, PairBatch, Restorer};
+pub use write::context::{ApplyReport, ContextIndex};
+
+// The public modules keep their paths (`crate::index::query`, ...).
+pub use read::{handle, query, sorted_map};
+pub use stored::export;
+pub use write::context;

@@ -460,7 +460,7 @@ fn run(seed: u64, steps: usize, walk: Walk) -> Result<Coverage, String> {
                         .zip(grew)
                         .for_each(|(n, g)| *n += u64::from(g));
                 }
-                let hashed = super::query::keys_hashed(needed, keys.hashes.len());
+                let hashed = super::read::query::keys_hashed(needed, keys.hashes.len());
                 if keys.first_asks() != (0..hashed).collect::<Vec<_>>() {
                     return Err(fail(format!(
                         "hashed blocks {:?}, walk looks up 0..{needed} and hashes 0..{hashed}",

@@ -4,7 +4,7 @@
 //! copies then take the same churn as the original and stay equal.
 
 use super::*;
-use crate::index::snapshot::ContextSnapshot;
+use crate::index::stored::snapshot::ContextSnapshot;
 use crate::test_rng::Rng;
 
 const HOLDERS: [&str; 5] = ["a", "b", "c", "d", "e"];
@@ -152,8 +152,8 @@ fn a_restored_context_is_the_context_whatever_the_build_threads() {
 
 #[test]
 fn holder_ids_far_past_what_was_read_are_refused_without_filling_the_gap() {
-    use crate::index::context::restore::{VACANT_FLOOR, VACANT_PER_HOLDER};
-    let record = |id: u32, who: &str| crate::index::image::HolderRecord {
+    use crate::index::write::context::restore::{VACANT_FLOOR, VACANT_PER_HOLDER};
+    let record = |id: u32, who: &str| crate::index::stored::image::HolderRecord {
         id,
         source: src(who, 0),
         holder: Holder::Shared {

@@ -4,7 +4,7 @@ use crate::events::{BlockContents, IndexOp};
 use crate::hashing::derived;
 use crate::model::BlockHash;
 
-use super::aliases::Aliases;
+use crate::index::aliases::Aliases;
 
 /// Alias pairs (engine hash, derived key) gathered by a batch's stores, inserted into the alias
 /// map when the batch's gathered stores are applied (see [`super::store_run`]), in order.
@@ -14,13 +14,13 @@ use super::aliases::Aliases;
 /// (the insert's load was 60 % of its time). Gathered for the whole run, their lines are
 /// prefetched when the op is keyed and read after every other store of the batch was keyed.
 #[derive(Default)]
-pub(super) struct PendingAliases {
-    pub(super) pairs: Vec<(u64, u64)>,
+pub(in crate::index) struct PendingAliases {
+    pub(in crate::index) pairs: Vec<(u64, u64)>,
 }
 
 impl PendingAliases {
     /// Insert the gathered pairs (recording changed hashes in `changed`) and empty the list.
-    pub(super) fn flush(&mut self, aliases: &Aliases, changed: &mut Vec<u64>) {
+    pub(in crate::index) fn flush(&mut self, aliases: &Aliases, changed: &mut Vec<u64>) {
         if !self.pairs.is_empty() {
             aliases.insert_all(&self.pairs, changed);
             self.pairs.clear();
@@ -45,7 +45,7 @@ impl PendingAliases {
 /// `contents`: its parent's key (the root, or the alias of the published parent) linked with each
 /// block's content in turn. False (and `keys` as it was) when the parent is a hash this context
 /// has no alias for, or the contents do not name one block per hash.
-pub(super) fn chain(
+pub(in crate::index) fn chain(
     aliases: &Aliases,
     pending: &mut PendingAliases,
     changed: &mut Vec<u64>,
@@ -72,7 +72,7 @@ pub(super) fn chain(
 
 /// What keying one store op found.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Keyed {
+pub(in crate::index) struct Keyed {
     /// Blocks keyed by derived keys whose hashes became aliases.
     pub translated: u64,
     /// Blocks of a chained store whose parent the context never saw.
@@ -81,7 +81,7 @@ pub(super) struct Keyed {
 
 /// Where keying a store op writes: the alias map and the pairs gathered for it, the hashes
 /// whose alias changed, and the op's table keys.
-pub(super) struct KeyOut<'a> {
+pub(in crate::index) struct KeyOut<'a> {
     pub aliases: &'a Aliases,
     pub pending: &'a mut PendingAliases,
     pub changed: &'a mut Vec<u64>,
@@ -97,7 +97,7 @@ pub(super) struct KeyOut<'a> {
 /// parent is known (its hashes become aliases, gathered in `out.pending`), an alias's key or the
 /// hash itself for an aliased store and for a chained store whose parent is unknown, the hashes
 /// themselves for a plain store. Other ops have no keys.
-pub(super) fn store_keys(op: &IndexOp, out: KeyOut<'_>) -> Keyed {
+pub(in crate::index) fn store_keys(op: &IndexOp, out: KeyOut<'_>) -> Keyed {
     let KeyOut {
         aliases,
         pending,

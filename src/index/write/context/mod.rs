@@ -56,8 +56,8 @@ pub struct ApplyReport {
 /// One context's prefix index. Owned by exactly one writer (the context actor); readers go
 /// through [`IndexReader`]s obtained from [`ContextIndex::reader`].
 pub struct ContextIndex {
-    pub(super) shared: Arc<Shared>,
-    pub(super) holders: Vec<HolderState>,
+    pub(in crate::index) shared: Arc<Shared>,
+    pub(in crate::index) holders: Vec<HolderState>,
     pub(super) holder_ids: HashMap<HolderKey, u32>,
     /// Source → holder ids it reported, for drop/detach in O(its blocks).
     pub(super) by_source: HashMap<SubscriptionKey, Vec<u32>>,

@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 use crate::model::BlockHash;
 
 use super::ContextIndex;
-use crate::index::refs::RefList;
 use crate::index::table::Table;
+use crate::index::write::refs::RefList;
 
 /// Buffers of [`ContextIndex::removal_keys`]: the aliases found, and the keys to remove.
 pub(super) type RemovalScratch = (Vec<Option<u64>>, Vec<(u64, bool)>);

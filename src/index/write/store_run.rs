@@ -10,14 +10,14 @@
 //! spares an existing block the probe over the slots (see "The apply path" in
 //! `src/index/README.md`).
 
-use super::aliases::Aliases;
 use super::holder::HolderState;
 use super::keying::PendingAliases;
-use super::table::{Located, Reading, SHARDS, Table};
+use crate::index::aliases::Aliases;
+use crate::index::table::{Located, Reading, SHARDS, Table};
 
 /// What one run added.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Added {
+pub(in crate::index) struct Added {
     /// Blocks new to the table.
     pub blocks: u64,
     /// (block, holder) pairs new to the table.
@@ -33,25 +33,25 @@ pub(super) struct Added {
 /// nothing is hashed or probed twice), the holder id, its tier bit, and whether the key is a
 /// published hash.
 #[derive(Clone, Copy, Default)]
-pub(super) struct RunItem {
-    pub(super) at: Located,
-    pub(super) id: u32,
-    pub(super) bit: u8,
-    pub(super) raw: bool,
+pub(in crate::index) struct RunItem {
+    pub(in crate::index) at: Located,
+    pub(in crate::index) id: u32,
+    pub(in crate::index) bit: u8,
+    pub(in crate::index) raw: bool,
 }
 
 /// Stores gathered for [`apply`], the alias pairs their ops gave, and scratch.
 #[derive(Default)]
-pub(super) struct StoreRun {
-    pub(super) items: Vec<RunItem>,
+pub(in crate::index) struct StoreRun {
+    pub(in crate::index) items: Vec<RunItem>,
     /// Inserted into the alias map before the items are applied (see [`PendingAliases`]).
-    pub(super) aliases: PendingAliases,
+    pub(in crate::index) aliases: PendingAliases,
     /// `items[..hinted]` have their record hint (see [`StoreRun::find_records`]).
     hinted: usize,
     shard: Vec<u8>,
     /// Under a memory budget: record each op's start and the blocks the run makes new, so that
     /// they join the eviction order as runs of their op (see `evict_order`).
-    pub(super) track: bool,
+    pub(in crate::index) track: bool,
     /// Per gathered op while tracking: its first item, the published hash of its last block and
     /// the published parent it named.
     ops: Vec<(u32, Option<u64>, Option<u64>)>,
@@ -65,11 +65,11 @@ pub(super) struct StoreRun {
 
 /// Stores applied per grouping pass: enough that each shard gets several (one lock, and their
 /// slot reads overlap), few enough that the scratch stays small.
-pub(super) const RUN_MAX: usize = 4096;
+pub(in crate::index) const RUN_MAX: usize = 4096;
 
 impl StoreRun {
     /// The largest of its buffers' capacities, in items.
-    pub(super) fn capacity(&self) -> usize {
+    pub(in crate::index) fn capacity(&self) -> usize {
         self.items
             .capacity()
             .max(self.order.capacity())
@@ -84,7 +84,7 @@ impl StoreRun {
     /// Hints only: `reading` registers the caller as a reader so that the arrays they look at
     /// stay while they do.
     /// Note that the next items gathered are one op's blocks (while tracking).
-    pub(super) fn mark_op(&mut self, last_hash: Option<u64>, parent_hash: Option<u64>) {
+    pub(in crate::index) fn mark_op(&mut self, last_hash: Option<u64>, parent_hash: Option<u64>) {
         if self.track {
             self.ops
                 .push((self.items.len() as u32, last_hash, parent_hash));
@@ -93,7 +93,7 @@ impl StoreRun {
 
     /// Hand each applied op's new blocks, in chain order, with its last and parent hashes to
     /// `f`, and forget them.
-    pub(super) fn take_new_runs(
+    pub(in crate::index) fn take_new_runs(
         &mut self,
         mut f: impl FnMut(std::iter::Copied<std::slice::Iter<'_, u64>>, Option<u64>, Option<u64>),
     ) {
@@ -123,7 +123,7 @@ impl StoreRun {
         self.fresh.clear();
     }
 
-    pub(super) fn find_records(&mut self, table: &Table, reading: &Reading<'_>) {
+    pub(in crate::index) fn find_records(&mut self, table: &Table, reading: &Reading<'_>) {
         if let Some(fresh) = self.items.get_mut(self.hinted..) {
             fresh
                 .iter_mut()
@@ -140,7 +140,7 @@ impl StoreRun {
 /// The run's alias pairs go into `aliases` (changed hashes onto `alias_dirty`) after the record
 /// prefetches are issued: the inserts' own lines were prefetched when the pairs were gathered,
 /// and meanwhile the records arrive.
-pub(super) fn apply(
+pub(in crate::index) fn apply(
     table: &Table,
     (aliases, alias_dirty): (&Aliases, &mut Vec<u64>),
     holders: &mut [HolderState],

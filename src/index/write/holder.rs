@@ -14,47 +14,47 @@ use std::sync::Weak;
 use crate::events::Holder;
 use crate::model::SubscriptionKey;
 
-use super::plan::Plan;
 use super::refs::RefList;
+use crate::index::read::plan::Plan;
 
 /// A holder as identified inside one context: engine (instance, rank) or store backend, always
 /// qualified by the subscription that reported it, so dropping a source drops exactly its blocks.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(super) struct HolderKey {
-    pub(super) source: SubscriptionKey,
-    pub(super) holder: Holder,
+pub(in crate::index) struct HolderKey {
+    pub(in crate::index) source: SubscriptionKey,
+    pub(in crate::index) holder: Holder,
 }
 
-pub(super) struct HolderState {
-    pub(super) key: HolderKey,
+pub(in crate::index) struct HolderState {
+    pub(in crate::index) key: HolderKey,
     /// Blocks this holder has an entry on.
-    pub(super) live: u64,
+    pub(in crate::index) live: u64,
     /// Of `live`, blocks keyed by a published hash (see "Keys" in `src/index/README.md`).
-    pub(super) raw_live: u64,
+    pub(in crate::index) raw_live: u64,
     /// Reverse index: the blocks this holder was added to, as table references (4 bytes where a
     /// key would take 8). Removals leave stale references behind (checked against the table when
     /// used: a reference may outlive its block and name a later one) and the list is compacted
     /// once stale ones outnumber live ones, so remove/clear/drop cost O(blocks the holder owns),
     /// amortized. Chunked ([`RefList`]) so that growing never copies the list or leaves freed
     /// buffers behind.
-    pub(super) blocks: RefList,
+    pub(in crate::index) blocks: RefList,
     /// `blocks[checkpointed..]` joined since the last checkpoint took its changes: they are part
     /// of the change set without a second copy in `ContextIndex::dirty` (see `persist`).
-    pub(super) checkpointed: usize,
+    pub(in crate::index) checkpointed: usize,
     /// Announcements beyond the first, per (block, tier bit): engines do not deduplicate (see
     /// "Repeated announcements" in `src/index/README.md`), so a block stored twice stays held
     /// after one removal. Only counts above one live here; the table's tier bit is the first
     /// copy, so the common count of one costs nothing.
-    pub(super) repeats: HashMap<(u64, u8), u32>,
+    pub(in crate::index) repeats: HashMap<(u64, u8), u32>,
     /// No holder has this id (reclaimed, or left free by a reclaim before the checkpoint that
     /// was recovered); its id is in [`FreeIds`].
-    pub(super) vacant: bool,
+    pub(in crate::index) vacant: bool,
     /// The `raw_pairs` of this holder's record on disk; `None` while no record of it is written.
-    pub(super) written: Option<u64>,
+    pub(in crate::index) written: Option<u64>,
 }
 
 impl HolderState {
-    pub(super) fn new(key: HolderKey) -> Self {
+    pub(in crate::index) fn new(key: HolderKey) -> Self {
         HolderState {
             key,
             live: 0,
@@ -68,7 +68,7 @@ impl HolderState {
     }
 
     /// The slot of an id no holder has (reclaimed before a checkpoint, see [`FreeIds`]).
-    pub(super) fn vacant() -> Self {
+    pub(in crate::index) fn vacant() -> Self {
         let mut state = HolderState::new(HolderKey {
             source: SubscriptionKey::new("", "", 0),
             holder: Holder::Shared {
@@ -89,14 +89,14 @@ impl HolderState {
 /// reclaim removed it from the metadata first), and the cached plan itself went with that
 /// metadata change, so only walks already running can hold the others.
 #[derive(Default)]
-pub(super) struct FreeIds {
+pub(in crate::index) struct FreeIds {
     ready: Vec<u32>,
     waiting: Vec<(u32, Vec<Weak<Plan>>)>,
 }
 
 impl FreeIds {
     /// An id that may be given to a new holder, if any.
-    pub(super) fn take(&mut self) -> Option<u32> {
+    pub(in crate::index) fn take(&mut self) -> Option<u32> {
         if self.ready.is_empty() {
             let FreeIds { ready, waiting } = self;
             waiting.retain(|(id, plans)| {
@@ -111,7 +111,7 @@ impl FreeIds {
     }
 
     /// `id` was reclaimed; `plans` were alive right after the reclaim's metadata change.
-    pub(super) fn release(&mut self, id: u32, plans: Vec<Weak<Plan>>) {
+    pub(in crate::index) fn release(&mut self, id: u32, plans: Vec<Weak<Plan>>) {
         if plans.is_empty() {
             self.ready.push(id);
         } else {
@@ -120,7 +120,7 @@ impl FreeIds {
     }
 
     /// A slot left vacant before the last checkpoint: no plan of this process ever routed it.
-    pub(super) fn vacant_at_recovery(&mut self, id: u32) {
+    pub(in crate::index) fn vacant_at_recovery(&mut self, id: u32) {
         self.ready.push(id);
     }
 }

@@ -1,7 +1,7 @@
 //! A map kept as one vector of entries sorted by key: the shape of a query answer.
 //!
 //! An answer is built once per plan in key order and then only read in order or written in
-//! place ([`super::IndexReader::query_into`] fills the counts of a previous answer), so a sorted
+//! place ([`crate::index::IndexReader::query_into`] fills the counts of a previous answer), so a sorted
 //! vector gives what a `BTreeMap` gave (ordered iteration, lookup by key) while iterating and
 //! filling a 64 x 2 answer touches a few contiguous cache lines instead of walking tree nodes.
 //! Inserting keeps the order by shifting; answers are small and built in order, so that stays
@@ -173,7 +173,7 @@ impl<'a, K, V> IntoIterator for &'a SortedMap<K, V> {
 
 #[cfg(test)]
 mod tests {
-    use super::SortedMap;
+    use crate::index::SortedMap;
     use std::collections::BTreeMap;
 
     #[test]

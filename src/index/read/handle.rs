@@ -12,7 +12,7 @@ use crate::model::{BlockHash, ContextKey, SubscriptionKey};
 use super::answer::QueryHits;
 use super::prompt_keys::{AliasedHashes, TokenKeys};
 use super::query;
-use super::shared::Shared;
+use crate::index::shared::Shared;
 
 /// One context as the global view reports it (`docs/python-api.md`, get_global_view()).
 #[derive(Debug, Clone, PartialEq, Eq)]

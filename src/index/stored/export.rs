@@ -9,11 +9,11 @@
 
 use actix::{Handler, Message, MessageResult};
 
-use super::actor::ContextActor;
-use super::context::ContextIndex;
 use super::image::{ContextChanges, HolderRecord};
 use super::records::PairBits;
-use super::table::{entry_bits, entry_id};
+use crate::index::actor::ContextActor;
+use crate::index::table::{entry_bits, entry_id};
+use crate::index::write::context::ContextIndex;
 
 /// Everything the context holds, as [`ContextIndex::export_changes`].
 #[derive(Debug, Message)]
@@ -71,7 +71,7 @@ impl ContextIndex {
                 continue;
             }
             for tier in crate::model::Tier::ALL {
-                let bit = super::table::tier_bit(tier);
+                let bit = crate::index::table::tier_bit(tier);
                 if let Some(&n) = state.repeats.get(&(block, bit)).filter(|_| bits & bit != 0) {
                     repeats.push((id, block, bit, n));
                 }

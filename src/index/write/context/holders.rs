@@ -1,9 +1,9 @@
 //! How a context interns its holders and reclaims the idle ones (the holder records themselves,
-//! and the id allocator, are `crate::index::holder`'s).
+//! and the id allocator, are `crate::index::write::holder`'s).
 
 use crate::events::Holder;
-use crate::index::holder::{HolderKey, HolderState};
 use crate::index::table::MAX_HOLDERS;
+use crate::index::write::holder::{HolderKey, HolderState};
 use crate::model::SubscriptionKey;
 
 use super::ContextIndex;
@@ -103,7 +103,7 @@ impl ContextIndex {
         }
     }
 
-    /// Reclaim every holder that owns nothing and that no source lists (see [`crate::index::holder::FreeIds`]), so
+    /// Reclaim every holder that owns nothing and that no source lists (see [`crate::index::write::holder::FreeIds`]), so
     /// holders of instances long gone stay in no checkpoint and no plan. Returns how many.
     pub(in crate::index) fn reclaim_idle(&mut self) -> usize {
         let ids: Vec<u32> = (0..self.holders.len() as u32)

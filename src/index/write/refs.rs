@@ -6,7 +6,7 @@
 //! a push never copies, and the slack is at most one chunk per holder (a few KiB), however long
 //! the list grows, while a holder with a handful of blocks still costs a handful of words.
 
-use super::table::BlockRef;
+use crate::index::table::BlockRef;
 
 /// References in the first chunk.
 const FIRST: usize = 16;

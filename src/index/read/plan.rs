@@ -8,7 +8,7 @@
 //! and building the answer inserts every instance and rank into fresh maps; for 64 instances x 2
 //! ranks that cost more than the walk itself. With a plan, a query clones the prebuilt zero
 //! answer (one pass, no searching or rebalancing) and writes the counts into it in order, or,
-//! through [`super::IndexReader::query_into`], writes them into the caller's previous answer
+//! through [`crate::index::IndexReader::query_into`], writes them into the caller's previous answer
 //! without allocating at all.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard,
 use crate::model::SubscriptionKey;
 
 use super::answer::{InstanceHits, QueryHits, Shape, TierCounts};
-use super::table::{read_lock, write_lock};
+use crate::index::table::{read_lock, write_lock};
 
 /// The metadata lock. Its only way to change [`Meta`] is [`MetaLock::write`], which drops the
 /// cached query plan, so a plan never outlives the metadata it was built from.

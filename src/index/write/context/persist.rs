@@ -15,7 +15,7 @@ use crate::events::IndexBatch;
 use crate::model::SubscriptionKey;
 
 use super::{ApplyReport, ContextIndex};
-use crate::index::image::{ContextChanges, HolderRecord, Watermark};
+use crate::index::stored::image::{ContextChanges, HolderRecord, Watermark};
 
 /// What the store holds of a context besides its pairs and aliases, as far as its writer knows.
 pub(in crate::index) struct OnDisk {

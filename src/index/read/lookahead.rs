@@ -6,7 +6,7 @@
 
 use crate::hashing::PrefixKeys;
 
-use super::table::{Located, Reading, Table};
+use crate::index::table::{Located, Reading, Table};
 
 /// How many blocks ahead of the one it looks up the walk prefetches a block's slot line, and
 /// (once that line is in) its record line. It is also how far past the walk the keys are asked
@@ -16,7 +16,7 @@ use super::table::{Located, Reading, Table};
 /// side-by-side benchmark: 8 and 4 against no prefetch take a 2,048-token query by keys from
 /// 9.4 to 6.5 us, and starting at the full distance rather than growing it from 2 saves a
 /// further 3-5 % (most walks there are short).
-pub(super) const PREFETCH_AHEAD: usize = 8;
+pub(in crate::index) const PREFETCH_AHEAD: usize = 8;
 const RECORD_AHEAD: usize = 4;
 /// Located blocks kept: the prefetch window and the block looked up.
 const LOCATED: usize = 16;
@@ -24,19 +24,19 @@ const _: () = assert!(PREFETCH_AHEAD < LOCATED);
 
 /// Blocks below this have their keys asked for (and their slots prefetched) at walk step `c`.
 #[inline]
-pub(super) fn prefetch_window(c: usize, n: usize) -> usize {
+pub(in crate::index) fn prefetch_window(c: usize, n: usize) -> usize {
     (c + PREFETCH_AHEAD).min(n)
 }
 
 /// The ring of located blocks of one walk.
-pub(super) struct Lookahead {
+pub(in crate::index) struct Lookahead {
     located: [Located; LOCATED],
     /// Blocks below this were located and their slot lines asked for.
     ahead: usize,
 }
 
 impl Lookahead {
-    pub(super) fn new() -> Self {
+    pub(in crate::index) fn new() -> Self {
         Lookahead {
             located: [Located::default(); LOCATED],
             ahead: 0,
@@ -47,7 +47,7 @@ impl Lookahead {
     /// (hashing their keys, outside any lock) and ask for their slot lines, then for the
     /// record line of block `c + RECORD_AHEAD`.
     #[inline]
-    pub(super) fn prepare<K: PrefixKeys + ?Sized>(
+    pub(in crate::index) fn prepare<K: PrefixKeys + ?Sized>(
         &mut self,
         table: &Table,
         reading: &Reading<'_>,
@@ -84,7 +84,7 @@ impl Lookahead {
     /// Block `c`'s place for its lookup. The first blocks were never located ahead: their
     /// records may follow the block before.
     #[inline]
-    pub(super) fn at(&self, c: usize) -> Located {
+    pub(in crate::index) fn at(&self, c: usize) -> Located {
         let mut at = self.located[c % LOCATED];
         if c > 0 {
             at.after(&self.located[(c - 1) % LOCATED]);
@@ -94,13 +94,13 @@ impl Lookahead {
 
     /// What the lookup of block `c` found (its record), for the guesses of the blocks after.
     #[inline]
-    pub(super) fn found(&mut self, c: usize, at: Located) {
+    pub(in crate::index) fn found(&mut self, c: usize, at: Located) {
         self.located[c % LOCATED] = at;
     }
 
     /// The walk followed a run from `at` up to block `c - 1`, whose key is `key`.
     #[inline]
-    pub(super) fn followed(&mut self, c: usize, at: &Located, run: usize, key: u64) {
+    pub(in crate::index) fn followed(&mut self, c: usize, at: &Located, run: usize, key: u64) {
         self.located[(c - 1) % LOCATED] = at.followed(run, key);
         self.ahead = self.ahead.max(c);
     }

@@ -8,13 +8,13 @@ use crate::model::BlockHash;
 
 /// A query prompt's keys: derived keys first, the registered profile's hash chain as the
 /// second key, hashed only when the walk asks (see [`PrefixKeys::alt_key`]).
-pub(super) struct TokenKeys<'a, T> {
+pub(in crate::index) struct TokenKeys<'a, T> {
     derived: DerivedChain<'a, T>,
     registered: HashChain<'a, T>,
 }
 
 impl<'a, T: Token> TokenKeys<'a, T> {
-    pub(super) fn new(
+    pub(in crate::index) fn new(
         hasher: &'a BlockHasher,
         strategy: Strategy,
         block_size: u32,
@@ -45,10 +45,10 @@ impl<T: Token> PrefixKeys for TokenKeys<'_, T> {
 
 /// Published hashes of a prompt's blocks (query by hash): each one's alias when the context has
 /// one, with the hash itself as the second key; every block is complete.
-pub(super) struct AliasedHashes {
-    pub(super) hashes: Vec<BlockHash>,
-    pub(super) aliases: Vec<Option<u64>>,
-    pub(super) block_size: u32,
+pub(in crate::index) struct AliasedHashes {
+    pub(in crate::index) hashes: Vec<BlockHash>,
+    pub(in crate::index) aliases: Vec<Option<u64>>,
+    pub(in crate::index) block_size: u32,
 }
 
 impl PrefixKeys for AliasedHashes {

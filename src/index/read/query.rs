@@ -11,8 +11,8 @@ use super::answer::QueryHits;
 use super::cursors::Cursors;
 use super::lookahead::Lookahead;
 use super::plan::Plan;
-use super::shared::Shared;
-use super::table::{entry_id, is_inline};
+use crate::index::shared::Shared;
+use crate::index::table::{entry_id, is_inline};
 
 /// Query by hash: the already-projected keys of a prompt's blocks. Every block is complete, so
 /// `covered(n) = n * block_size`.

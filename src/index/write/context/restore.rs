@@ -16,10 +16,10 @@
 use std::sync::Arc;
 
 use crate::hashing::HashProfile;
-use crate::index::holder::HolderState;
-use crate::index::image::{HolderRecord, Watermark};
 use crate::index::shared::Shared;
+use crate::index::stored::image::{HolderRecord, Watermark};
 use crate::index::table::{self, ALL_TIERS, SHARDS, entry_id, make_entry};
+use crate::index::write::holder::HolderState;
 use crate::model::{ContextKey, SubscriptionKey};
 
 use super::ContextIndex;

@@ -6,8 +6,8 @@ use crate::events::{IndexBatch, IndexOp};
 use crate::hashing::HashProfile;
 use crate::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
-use super::context::ContextIndex;
-use super::table::{entry_bits, entry_id, tier_bit};
+use crate::index::table::{entry_bits, entry_id, tier_bit};
+use crate::index::write::context::ContextIndex;
 
 /// Replayable content of one context: every (source, instance, rank) listing, one batch per
 /// source that stores each of its holders' blocks (a repeated announcement as the same store
@@ -18,7 +18,7 @@ pub struct ContextSnapshot {
     pub key: ContextKey,
     pub profile: HashProfile,
     /// (source, instance, rank) listings, sorted.
-    pub attachments: Vec<super::Attachment>,
+    pub attachments: Vec<crate::index::Attachment>,
     /// One batch of Store ops per source, sorted by source (keys as the table holds them).
     pub batches: Vec<IndexBatch>,
     /// (engine hash, derived key), sorted by hash.

@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering;
 
 use super::ContextIndex;
 use crate::index::budget::{self, Budget, Charge};
-use crate::index::evict_order::EvictOrder;
-use crate::index::store_run::StoreRun;
 use crate::index::table::{ALL_TIERS, entry_bits, entry_id};
+use crate::index::write::evict_order::EvictOrder;
+use crate::index::write::store_run::StoreRun;
 
 /// Keys in the eviction order beyond twice the blocks before it drops removed ones.
 const ORDER_SLACK: usize = 4096;

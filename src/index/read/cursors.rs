@@ -15,7 +15,7 @@
 //!   changes are in, and only if one of its tiers (or a backend's) emptied.
 
 use super::plan::{NOT_SELECTED, SHARED_HOLDER};
-use super::table::{CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id};
+use crate::index::table::{CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id};
 
 /// Bits a phase accepts: its own tier and every earlier one (cumulative meaning of the counts).
 pub(crate) const PHASE_MASK: [u8; 4] = [
@@ -71,7 +71,7 @@ impl Held {
 
 /// The cursors of one walk. Kept per thread between walks, so their arrays are reused.
 #[derive(Default)]
-pub(super) struct Cursors {
+pub(in crate::index) struct Cursors {
     direct: bool,
     counts: Vec<[u64; 4]>,
     live: usize,

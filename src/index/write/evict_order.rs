@@ -60,7 +60,7 @@ impl Hasher for HashHasher {
 
 /// A context's eviction order (see the module doc).
 #[derive(Default)]
-pub(super) struct EvictOrder {
+pub(in crate::index) struct EvictOrder {
     runs: Vec<Run>,
     free: Vec<u32>,
     /// Run ids with their generation, oldest first.
@@ -74,13 +74,13 @@ pub(super) struct EvictOrder {
 
 impl EvictOrder {
     /// Keys held (live and removed blocks).
-    pub(super) fn len(&self) -> usize {
+    pub(in crate::index) fn len(&self) -> usize {
         self.keys
     }
 
     /// Append a run of blocks new to the context, in chain order; `last_hash` is the published
     /// hash of the op's last block and `parent_hash` the published parent the op named.
-    pub(super) fn push_run(
+    pub(in crate::index) fn push_run(
         &mut self,
         keys: impl IntoIterator<Item = u64>,
         last_hash: Option<u64>,
@@ -124,7 +124,7 @@ impl EvictOrder {
 
     /// Put up to `n` keys to evict into `out`, deepest first (see the module doc). The caller
     /// checks each against the table: a key may name a block already removed.
-    pub(super) fn next_victims(&mut self, n: usize, out: &mut Vec<u64>) {
+    pub(in crate::index) fn next_victims(&mut self, n: usize, out: &mut Vec<u64>) {
         out.clear();
         // Runs passed over for their children since the last one taken: once every queued run
         // was passed over (links form no cycle, so only a bug could do that), the next is
@@ -167,7 +167,7 @@ impl EvictOrder {
     }
 
     /// Drop keys `keep` refuses (blocks no longer in the table) and the runs left empty.
-    pub(super) fn compact(&mut self, mut keep: impl FnMut(u64) -> bool) {
+    pub(in crate::index) fn compact(&mut self, mut keep: impl FnMut(u64) -> bool) {
         let mut emptied = Vec::new();
         let mut total = 0;
         for (id, run) in self.runs.iter_mut().enumerate() {
