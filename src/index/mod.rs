@@ -17,11 +17,11 @@ mod alias_table;
 mod aliases;
 pub mod budget;
 pub mod directory;
-mod read;
+pub(crate) mod read;
 mod shared;
-mod stored;
+pub(crate) mod stored;
 mod table;
-mod write;
+pub(crate) mod write;
 
 #[cfg(test)]
 mod keys_tests;

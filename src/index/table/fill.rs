@@ -137,7 +137,7 @@ impl Table {
             recs.push((key, first));
         }
         drop(sorted);
-        let mut guard = self.write(shard);
+        let mut guard = self.write(shard, 0);
         let placed = guard.blocks.fill_sorted(&recs);
         let mut pairs = placed as u64;
         if !multi.is_empty() {

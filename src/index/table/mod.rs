@@ -69,7 +69,6 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::model::Tier;
 
 use blocks::{Arrays, Blocks, IDX_BITS, NO_RECORD, Probe};
 pub(crate) use entry::*;
@@ -79,7 +78,7 @@ use sets::{SetWriter, Sets};
 pub(crate) use view::Reading;
 use view::{ShardView, ShardWrite};
 pub(crate) use walk::Located;
-pub(crate) use write::{Shard, ShardRead, WriterSlot, read_lock, write_lock};
+pub(crate) use write::{Shard, read_lock, write_lock};
 
 /// log2 of the shard count. 64 shards keep concurrent readers of one hot context off each other's
 /// lock cache lines while costing a few KiB per context.

@@ -210,7 +210,7 @@ impl Table {
     /// readers still read the old ones, which nothing changes meanwhile (this lock excludes every
     /// other writer), so the section only publishes the new pointer and readers never wait for
     /// a rehash.
-    fn write(&self, shard: usize, room: usize) -> ShardWrite<'_> {
+    pub(super) fn write(&self, shard: usize, room: usize) -> ShardWrite<'_> {
         let mut guard = write_lock(&self.shards[shard]);
         if room > 0 {
             guard.blocks.reserve(room);

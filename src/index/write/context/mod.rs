@@ -17,16 +17,16 @@ use crate::model::{ContextKey, SubscriptionKey, Tier};
 
 use removal::RemovalScratch;
 
-use super::answer::QueryHits;
-use super::handle::{ContextView, IndexReader, IndexStats};
+use crate::index::read::answer::QueryHits;
+use crate::index::read::handle::{ContextView, IndexReader, IndexStats};
 use super::holder::{FreeIds, HolderKey, HolderState};
 use super::keying::{self, KeyOut};
-use super::plan::MetaLock;
-use super::query;
-use super::records::Attachment;
-use super::shared::Shared;
+use crate::index::read::plan::MetaLock;
+use crate::index::read::query;
+use crate::index::stored::records::Attachment;
+use crate::index::shared::Shared;
 use super::store_run::{self, RUN_MAX, RunItem, StoreRun};
-use super::table::{
+use crate::index::table::{
     CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, SHARED_TIERS, Table, tier_bit,
 };
 
@@ -58,36 +58,36 @@ pub struct ApplyReport {
 pub struct ContextIndex {
     pub(in crate::index) shared: Arc<Shared>,
     pub(in crate::index) holders: Vec<HolderState>,
-    pub(super) holder_ids: HashMap<HolderKey, u32>,
+    pub(in crate::index) holder_ids: HashMap<HolderKey, u32>,
     /// Source → holder ids it reported, for drop/detach in O(its blocks).
-    pub(super) by_source: HashMap<SubscriptionKey, Vec<u32>>,
+    pub(in crate::index) by_source: HashMap<SubscriptionKey, Vec<u32>>,
     /// Reclaimed holder ids (see `holder`).
-    pub(super) free_ids: FreeIds,
+    pub(in crate::index) free_ids: FreeIds,
     /// Reclaimed holder ids whose records the next checkpoint deletes.
-    pub(super) holders_gone: Vec<u32>,
+    pub(in crate::index) holders_gone: Vec<u32>,
     /// What the store holds of this context besides pairs and aliases (see `persist`).
-    pub(super) on_disk: persist::OnDisk,
+    pub(in crate::index) on_disk: persist::OnDisk,
     /// Source → (instance, rank) it listed, for detach without scanning the context.
-    pub(super) attached: HashMap<SubscriptionKey, Vec<(String, u32)>>,
+    pub(in crate::index) attached: HashMap<SubscriptionKey, Vec<(String, u32)>>,
     /// (holder, block) pairs touched since the last checkpoint took them, with repeats; the
     /// checkpoint reads their current bits, so its cost follows the change, not the index size.
     /// Pairs a store created are not listed here: they are the tails of the holders' reverse
     /// lists (`HolderState::checkpointed`), which a fill would otherwise pay for twice.
-    pub(super) dirty: Vec<(u32, u64)>,
+    pub(in crate::index) dirty: Vec<(u32, u64)>,
     /// Per source, its position: the last publisher batch that reached this context, with ops for
     /// it or not (see `persist`).
-    pub(super) watermarks: HashMap<SubscriptionKey, super::image::Watermark>,
+    pub(in crate::index) watermarks: HashMap<SubscriptionKey, crate::index::stored::image::Watermark>,
     /// Engine hashes whose alias was added, moved or dropped since the last checkpoint.
-    pub(super) alias_dirty: Vec<u64>,
+    pub(in crate::index) alias_dirty: Vec<u64>,
     /// `alias_dirty[..rekey_from]` had their blocks re-keyed (see `rekey`); set per batch.
     rekey_from: usize,
     /// Alias count above which the next sweep runs (see `sweep_aliases`).
     next_alias_sweep: usize,
     /// Sweeps so far.
-    pub(super) alias_sweeps: u64,
+    pub(in crate::index) alias_sweeps: u64,
     /// A checkpoint took this context's changes before, or it was recovered (see
     /// `ContextChanges::fresh`).
-    pub(super) persisted: bool,
+    pub(in crate::index) persisted: bool,
     /// Buffers `apply` reuses from batch to batch (see [`ApplyScratch`]).
     scratch: ApplyScratch,
     /// The memory budget's state, when the context has one (see `evict`).
@@ -461,7 +461,7 @@ impl ContextIndex {
     }
 
     /// Every (source, instance, rank) listing, sorted.
-    pub(super) fn attachments(&self) -> Vec<Attachment> {
+    pub(in crate::index) fn attachments(&self) -> Vec<Attachment> {
         let mut all: Vec<Attachment> = self
             .attached
             .iter()
@@ -479,7 +479,7 @@ impl ContextIndex {
 
     /// Announcements of tier `bit` of holder `id` on block `key`: 0 when not held.
     #[cfg(test)]
-    pub(super) fn announcements(&self, id: u32, key: u64, bit: u8) -> u32 {
+    pub(in crate::index) fn announcements(&self, id: u32, key: u64, bit: u8) -> u32 {
         let Some(state) = self.holders.get(id as usize) else {
             return 0;
         };
