@@ -211,19 +211,26 @@ async fn a_replica_bootstraps_from_a_tls_peer_over_https() {
         .into_inner();
     assert_eq!(reply.ret, 0, "{:?}", reply.error);
 
-    let b = Server::start_with(json!({
-        "bootstrap_from": format!("https://127.0.0.1:{}", a.rpc_port),
-        "bootstrap_tls": {"ca_file": certs.ca},
-        "bootstrap_attempts": 1,
-    }))
-    .await;
-    assert!(
-        b.log().contains("bootstrapped from a peer's snapshot"),
-        "{}",
-        b.log()
+    // The replica reports ready only once its subscription is live again, which takes a
+    // publisher that sends: this one does not, so the test waits for the bootstrap itself.
+    let b = Server::spawn_in(
+        tempfile::tempdir().expect("temp dir"),
+        json!({
+            "bootstrap_from": format!("https://127.0.0.1:{}", a.rpc_port),
+            "bootstrap_tls": {"ca_file": certs.ca},
+            "bootstrap_attempts": 1,
+        }),
     );
+    eventually("the replica bootstraps over https", WAIT, || async {
+        b.log()
+            .contains("bootstrapped from a peer's snapshot")
+            .then_some(())
+    })
+    .await;
     assert_ne!(
         b.service_status("boot-0|default|0").await,
-        serde_json::Value::Null
+        serde_json::Value::Null,
+        "{}",
+        b.log()
     );
 }

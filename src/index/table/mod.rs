@@ -69,7 +69,6 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-
 use blocks::{Arrays, Blocks, IDX_BITS, NO_RECORD, Probe};
 pub(crate) use entry::*;
 pub(crate) use prefetch::prefetch as prefetch_line;

@@ -17,15 +17,15 @@ use crate::model::{ContextKey, SubscriptionKey, Tier};
 
 use removal::RemovalScratch;
 
-use crate::index::read::answer::QueryHits;
-use crate::index::read::handle::{ContextView, IndexReader, IndexStats};
 use super::holder::{FreeIds, HolderKey, HolderState};
 use super::keying::{self, KeyOut};
+use super::store_run::{self, RUN_MAX, RunItem, StoreRun};
+use crate::index::read::answer::QueryHits;
+use crate::index::read::handle::{ContextView, IndexReader, IndexStats};
 use crate::index::read::plan::MetaLock;
 use crate::index::read::query;
-use crate::index::stored::records::Attachment;
 use crate::index::shared::Shared;
-use super::store_run::{self, RUN_MAX, RunItem, StoreRun};
+use crate::index::stored::records::Attachment;
 use crate::index::table::{
     CPU_LOCAL, CPU_SHARE, DEVICE, DISK, ENGINE_TIERS, SHARED_TIERS, Table, tier_bit,
 };
@@ -76,7 +76,8 @@ pub struct ContextIndex {
     pub(in crate::index) dirty: Vec<(u32, u64)>,
     /// Per source, its position: the last publisher batch that reached this context, with ops for
     /// it or not (see `persist`).
-    pub(in crate::index) watermarks: HashMap<SubscriptionKey, crate::index::stored::image::Watermark>,
+    pub(in crate::index) watermarks:
+        HashMap<SubscriptionKey, crate::index::stored::image::Watermark>,
     /// Engine hashes whose alias was added, moved or dropped since the last checkpoint.
     pub(in crate::index) alias_dirty: Vec<u64>,
     /// `alias_dirty[..rekey_from]` had their blocks re-keyed (see `rekey`); set per batch.
