@@ -276,28 +276,58 @@ def problems_in(src):
     return problems + check_documented_order(src, files, edges)
 
 
-def check_documented_order(src, files, edges):
-    """The crate root's doc lists the top-level modules as bullets, lowest first: every module
-    must be listed, and may use only modules of its own bullet or an earlier one."""
-    with open(os.path.join(src, "lib.rs"), encoding="utf-8") as f:
-        doc = [line[3:] for line in f if line.startswith("//!")]
-    rank, bullet = {}, -1
-    for line in doc:
-        if line.lstrip().startswith("- "):
+def documented_ranks(lines, whole):
+    """Bullet rank of every module linked as [`name`] in a doc's bullets, lowest first. With
+    `whole`, every bullet of the doc counts (the crate root); otherwise only the bullets right
+    after a line saying "Layers, lowest first" (a module's own order of its children)."""
+    rank, bullet, inside = {}, -1, whole
+    for line in lines:
+        text = line.strip()
+        if not whole and "Layers, lowest first" in text:
+            inside = True
+            continue
+        if not inside:
+            continue
+        if text.startswith("- "):
             bullet += 1
+        elif not whole and bullet >= 0 and not text:
+            break
         if bullet >= 0:
             for name in re.findall(r"\[`(\w+)`\]", line):
                 rank.setdefault(name, bullet)
+    return rank
+
+
+def check_documented_order(src, files, edges):
+    """The crate root's doc lists the top-level modules as bullets, lowest first, and a module's
+    doc may list its children the same way after "Layers, lowest first": every module (child)
+    must be listed, and may use only modules of its own bullet or an earlier one."""
     problems = 0
-    for top in sorted({m[0] for m in files if m}):
-        if top not in rank:
-            problems += 1
-            print(f"module {top} is not listed in the layout doc of {src}/lib.rs")
-    for (a, b), where in sorted(edges.items()):
-        if a and b and a[0] != b[0] and a[0] in rank and b[0] in rank and rank[b[0]] > rank[a[0]]:
-            problems += 1
-            user, used = "::".join(a), "::".join(b)
-            print(f"{user} uses {used}, listed after it in {src}/lib.rs ({where[0]})")
+    for mod in sorted({()} | {m for m in files if m}):
+        rel = "lib.rs" if mod == () else os.path.join(*mod, "mod.rs")
+        try:
+            with open(os.path.join(src, rel), encoding="utf-8") as f:
+                doc = [line[3:] for line in f if line.startswith("//!")]
+        except FileNotFoundError:
+            continue
+        rank = documented_ranks(doc, whole=(mod == ()))
+        if not rank:
+            continue
+        depth = len(mod)
+        children = {m[depth] for m in files if len(m) > depth and m[:depth] == mod}
+        for child in sorted(children):
+            if child not in rank:
+                problems += 1
+                where = "the layout doc of " + os.path.join(src, rel)
+                print(f"module {'::'.join(mod + (child,))} is not listed in {where}")
+        for (a, b), where in sorted(edges.items()):
+            if len(a) <= depth or len(b) <= depth or a[:depth] != mod or b[:depth] != mod:
+                continue
+            ca, cb = a[depth], b[depth]
+            if ca != cb and ca in rank and cb in rank and rank[cb] > rank[ca]:
+                problems += 1
+                user, used = "::".join(a), "::".join(b)
+                print(f"{user} uses {used}, listed after it in {os.path.join(src, rel)} ({where[0]})")
     return problems
 
 
@@ -346,6 +376,35 @@ SELF_TEST = {
         1,
     ),
     "an unlisted module": ({"lib.rs": "//! - [`a`]\n", "a.rs": "", "b.rs": ""}, 1),
+    "a module's own layers, kept": (
+        {
+            "lib.rs": "//! - [`m`]\n",
+            "m/mod.rs": "//! Layers, lowest first:\n//! - [`low`]\n//! - [`high`]\n//!\n//! - [`low`]\nmod low;\nmod high;\n",
+            "m/low/mod.rs": "mod x;",
+            "m/low/x.rs": "",
+            "m/high.rs": "use crate::m::low::x::X;",
+        },
+        0,
+    ),
+    "a module's own layers, broken from a nested file": (
+        {
+            "lib.rs": "//! - [`m`]\n",
+            "m/mod.rs": "//! Layers, lowest first:\n//! - [`low`]\n//! - [`high`]\nmod low;\nmod high;\n",
+            "m/low/mod.rs": "mod x;",
+            "m/low/x.rs": "use super::super::high::H;",
+            "m/high.rs": "",
+        },
+        1,
+    ),
+    "a module's child left out of its layers": (
+        {
+            "lib.rs": "//! - [`m`]\n",
+            "m/mod.rs": "//! Layers, lowest first:\n//! - [`low`]\nmod low;\nmod other;\n",
+            "m/low.rs": "",
+            "m/other.rs": "",
+        },
+        1,
+    ),
 }
 
 

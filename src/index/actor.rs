@@ -8,7 +8,7 @@ use crate::events::{InFlightGuard, IndexBatch};
 use crate::hashing::PrefixKeys;
 use crate::model::{ContextKey, SubscriptionKey};
 
-use super::read::answer::QueryHits;
+use super::answer::QueryHits;
 use super::read::handle::{ContextView, IndexReader, IndexStats};
 use super::stored::image::{ContextChanges, Watermark};
 use super::stored::snapshot::ContextSnapshot;
@@ -124,6 +124,11 @@ pub struct Advance {
 #[rtype(result = "ContextChanges")]
 pub struct TakeChanges;
 
+/// Everything the context holds, as [`ContextIndex::export_changes`] (a peer's bootstrap).
+#[derive(Debug, Message)]
+#[rtype(result = "ContextChanges")]
+pub struct ExportState;
+
 /// A checkpoint write failed: these pairs and aliases must be written by the next one.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -209,6 +214,13 @@ impl Handler<Snapshot> for ContextActor {
     type Result = MessageResult<Snapshot>;
     fn handle(&mut self, _: Snapshot, _: &mut Self::Context) -> Self::Result {
         MessageResult(ContextSnapshot::of(&self.index))
+    }
+}
+
+impl Handler<ExportState> for ContextActor {
+    type Result = MessageResult<ExportState>;
+    fn handle(&mut self, _: ExportState, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.index.export_changes())
     }
 }
 

@@ -6,7 +6,7 @@ use crate::hashing::HashProfile;
 use crate::model::ContextKey;
 
 use super::aliases::Aliases;
-use super::read::plan::MetaLock;
+use super::plan::MetaLock;
 use super::table::Table;
 
 /// State shared between the single writer ([`super::ContextIndex`]) and any number of readers.

@@ -20,7 +20,7 @@ use crate::durability::checkpoint::context_ops;
 use crate::durability::codec::context_id;
 use crate::gateway::pb;
 use crate::index::ContextChanges;
-use crate::index::stored::export::ExportState;
+use crate::index::actor::ExportState;
 use crate::registry::{ContextDirectory, SubscriptionDirectory};
 use crate::storage::{Cf, KvStore, StorageError};
 

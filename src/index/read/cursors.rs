@@ -14,7 +14,7 @@
 //!   what the backends hold for every cursor; a cursor is settled once all of a block's
 //!   changes are in, and only if one of its tiers (or a backend's) emptied.
 
-use super::plan::{NOT_SELECTED, SHARED_HOLDER};
+use crate::index::plan::{NOT_SELECTED, SHARED_HOLDER};
 use crate::index::table::{CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id};
 
 /// Bits a phase accepts: its own tier and every earlier one (cumulative meaning of the counts).

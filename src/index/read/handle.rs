@@ -9,9 +9,9 @@ use crate::hashing::derived::{BlockRule, DerivedChain};
 use crate::hashing::{HashProfile, PrefixKeys, Token};
 use crate::model::{BlockHash, ContextKey, SubscriptionKey};
 
-use super::answer::QueryHits;
 use super::prompt_keys::{AliasedHashes, TokenKeys};
 use super::query;
+use crate::index::answer::QueryHits;
 use crate::index::shared::Shared;
 
 /// One context as the global view reports it (`docs/python-api.md`, get_global_view()).

@@ -4,11 +4,8 @@
 //! handle (`handle`) and the sorted map answers are built in (`sorted_map`). Nothing here
 //! changes the index; it imports nothing from `write` or `stored`.
 
-pub(in crate::index) mod answer;
 pub(in crate::index) mod cursors;
 pub mod handle;
 pub(in crate::index) mod lookahead;
-pub(in crate::index) mod plan;
 pub(in crate::index) mod prompt_keys;
 pub mod query;
-pub mod sorted_map;

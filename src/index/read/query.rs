@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 use crate::hashing::PrefixKeys;
 use crate::model::BlockHash;
 
-use super::answer::QueryHits;
 use super::cursors::Cursors;
 use super::lookahead::Lookahead;
-use super::plan::Plan;
+use crate::index::answer::QueryHits;
+use crate::index::plan::Plan;
 use crate::index::shared::Shared;
 use crate::index::table::{entry_id, is_inline};
 

@@ -7,25 +7,10 @@
 //! from the same call on the context's single writer, so each watermark is paired with exactly
 //! the state it describes.
 
-use actix::{Handler, Message, MessageResult};
-
 use super::image::{ContextChanges, HolderRecord};
 use super::records::PairBits;
-use crate::index::actor::ContextActor;
 use crate::index::table::{entry_bits, entry_id};
 use crate::index::write::context::ContextIndex;
-
-/// Everything the context holds, as [`ContextIndex::export_changes`].
-#[derive(Debug, Message)]
-#[rtype(result = "ContextChanges")]
-pub struct ExportState;
-
-impl Handler<ExportState> for ContextActor {
-    type Result = MessageResult<ExportState>;
-    fn handle(&mut self, _: ExportState, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.index.export_changes())
-    }
-}
 
 impl ContextIndex {
     /// Every holder, pair, repeat count, listing, watermark and alias, as a full checkpoint of

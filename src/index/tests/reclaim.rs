@@ -2,7 +2,7 @@
 //! holders only once no plan that routed them can still be in a walk.
 
 use super::*;
-use crate::index::read::plan::NOT_SELECTED;
+use crate::index::plan::NOT_SELECTED;
 
 fn id_of(ix: &ContextIndex, instance: &str) -> u32 {
     let key = crate::index::write::holder::HolderKey {

@@ -15,7 +15,7 @@ use crate::events::Holder;
 use crate::model::SubscriptionKey;
 
 use super::refs::RefList;
-use crate::index::read::plan::Plan;
+use crate::index::plan::Plan;
 
 /// A holder as identified inside one context: engine (instance, rank) or store backend, always
 /// qualified by the subscription that reported it, so dropping a source drops exactly its blocks.

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard,
 
 use crate::model::SubscriptionKey;
 
-use super::answer::{InstanceHits, QueryHits, Shape, TierCounts};
+use crate::index::answer::{InstanceHits, QueryHits, Shape, TierCounts};
 use crate::index::table::{read_lock, write_lock};
 
 /// The metadata lock. Its only way to change [`Meta`] is [`MetaLock::write`], which drops the

@@ -56,7 +56,7 @@ impl InstanceHits {
 #[derive(Debug, Clone, Default)]
 pub struct QueryHits {
     pub hits: SortedMap<String, InstanceHits>,
-    /// Which plan and selection wrote this answer's shape (see [`super::plan::Plan::answer_into`]);
+    /// Which plan and selection wrote this answer's shape (see [`crate::index::plan::Plan::answer_into`]);
     /// not part of the answer's value.
     pub(crate) shape: Shape,
 }
