@@ -124,6 +124,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         budget.max_context_blocks()
     );
     let contexts = ContextDirectory::new(arbiters.clone()).with_budget(budget);
+    // Every context started on this store makes its keys as the store's were made.
+    contexts.set_tuning(loaded.recovered.tuning);
     let mut persisted = HashSet::new();
     for index in loaded.recovered.contexts {
         persisted.insert(index.key().clone());
@@ -256,6 +258,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             .await
         {
             Outcome::Loaded(recovered) => {
+                // The peer's tuning, which its snapshot brought into the store.
+                contexts.set_tuning(recovered.tuning);
                 for index in recovered.contexts {
                     persisted.insert(index.key().clone());
                     contexts.insert(contexts.start(index));

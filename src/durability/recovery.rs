@@ -39,6 +39,9 @@ pub struct Recovered {
     pub dropped: Vec<(SubscriptionKey, &'static str)>,
     /// (block, holder) pairs loaded.
     pub pairs: u64,
+    /// The chain tuning the store's derived keys were made with: every context recovered, and
+    /// every context started later on this store, makes its keys with it.
+    pub tuning: crate::hashing::derived::ChainTuning,
     /// Where the time went (zero where the contexts were not read from a store).
     pub phases: Phases,
 }
@@ -80,6 +83,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
             }
         }
     }
+    let tuning = crate::storage::migrations::read_tuning(store)?;
     let mut headers: Vec<([u8; 8], ContextKey, crate::hashing::HashProfile)> = Vec::new();
     store.scan_prefix(Cf::Contexts, b"", &mut |key, value| {
         let ctx: [u8; 8] = key.try_into().map_err(|_| StorageError::Corrupt {
@@ -95,7 +99,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
     let mut pairs = 0u64;
     let mut phases = Phases::default();
     for (ctx, key, profile) in headers {
-        let mut restorer = Restorer::new(key.clone(), profile);
+        let mut restorer = Restorer::tuned(key.clone(), profile, tuning);
         let mut ids = Vec::new();
         store.scan_prefix(Cf::Holders, &ctx, &mut |k, v| {
             let id = holder_id(k);
@@ -176,6 +180,7 @@ pub fn recover(store: &dyn KvStore) -> Result<Recovered, StorageError> {
     let mut recovered = settle(registrations, contexts, sources, pairs);
     phases.settle = settling.elapsed();
     recovered.phases = phases;
+    recovered.tuning = tuning;
     Ok(recovered)
 }
 
@@ -263,6 +268,8 @@ pub fn settle(
         sources: on_disk,
         dropped,
         pairs,
+        // Contexts rebuilt elsewhere keep their own; `recover` sets the store's.
+        tuning: crate::hashing::derived::ChainTuning::DEFAULT,
         phases: Phases::default(),
     }
 }

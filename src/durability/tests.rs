@@ -472,3 +472,98 @@ fn pairs_of_unknown_holders_are_skipped_and_corrupt_pairs_still_fail() {
         Ok(_) => panic!("a corrupt pair record recovered"),
     }
 }
+
+/// Tokens of a 40-block prompt, and the chained store an engine publishes for it (blocks keyed
+/// by the keys the context derives from the contents, under its own tuning).
+fn chained_prompt() -> (Vec<i32>, IndexOp) {
+    let bs = key().block_size as usize;
+    let tokens: Vec<i32> = (0..40 * bs as i32).map(|t| 7 + t).collect();
+    let digests = tokens
+        .chunks(bs)
+        .map(|b| crate::hashing::derived::content(b.iter().map(|&t| i64::from(t)), bs, 0))
+        .collect();
+    let op = IndexOp::StoreChained {
+        holder: Holder::Engine {
+            instance_id: "e0".into(),
+            dp_rank: 0,
+        },
+        tier: Tier::Device,
+        hashes: (0..40).map(|i| BlockHash(0xabc0_0000 + i)).collect(),
+        contents: crate::events::BlockContents {
+            parent: None,
+            root: crate::hashing::derived::root(""),
+            digests,
+        },
+    };
+    (tokens, op)
+}
+
+fn device_blocks(index: &ContextIndex, tokens: &[i32]) -> u64 {
+    let hits = index.reader().query_tokens(tokens, "", None);
+    hits.hits.get("e0").map_or(0, |h| h.rank_matches[&0].device) / key().block_size as u64
+}
+
+/// A store records the chain tuning its keys were made with, and recovery rebuilds every context
+/// with it: a store written under one tuning restarts exactly under a binary whose default is
+/// another. Read as the default instead, the same records would answer only a stub.
+#[test]
+fn a_store_written_under_one_chain_tuning_restarts_exactly_under_another() {
+    use crate::hashing::derived::ChainTuning;
+    use crate::storage::migrations;
+    let tuned = ChainTuning::new(3, 2).expect("tuning");
+    assert_ne!(tuned, ChainTuning::DEFAULT);
+    let store = MemoryStore::new();
+    migrations::migrate(&store, "mem").unwrap();
+    assert_eq!(migrations::read_tuning(&store).unwrap(), ChainTuning::DEFAULT, "a new store");
+    // As a store created under `tuned` (another binary's default).
+    store.write(vec![migrations::tuning_op(tuned)]).unwrap();
+    put_registration(&store, &registration(0)).unwrap();
+
+    let mut index = ContextIndex::tuned(key(), profile(), tuned);
+    index.attach_rank(&source(0), "e0", 0);
+    let (tokens, op) = chained_prompt();
+    let batch = IndexBatch {
+        source: source(0),
+        ops: vec![op],
+    };
+    index.apply_sequenced(&batch, Watermark { seq: 1, digest: 9 });
+    assert_eq!(device_blocks(&index, &tokens), 40);
+    checkpoint(&mut index, &store).unwrap();
+
+    let recovered = recover(&store).unwrap();
+    assert_eq!(recovered.tuning, tuned);
+    let back = recovered.contexts.into_iter().next().expect("context");
+    assert_eq!(device_blocks(&back, &tokens), 40, "every block, from tokens");
+    assert_eq!(state(&back), state(&index));
+
+    // Without the record the keys would be read as the default's: a short prefix at most.
+    store.write(vec![migrations::tuning_op(ChainTuning::DEFAULT)]).unwrap();
+    let misread = recover(&store).unwrap().contexts.into_iter().next().expect("context");
+    assert!(device_blocks(&misread, &tokens) < 40);
+}
+
+/// Migration 8 records the tuning every older store was made with and changes no key.
+#[test]
+fn migration_8_records_the_tuning_older_stores_were_made_with() {
+    use crate::hashing::derived::ChainTuning;
+    use crate::storage::migrations;
+    let store = MemoryStore::new();
+    put_registration(&store, &registration(0)).unwrap();
+    store.write(vec![migrations::version_op(7)]).unwrap();
+    let mut index = ContextIndex::tuned(key(), profile(), ChainTuning::UNRECORDED);
+    index.attach_rank(&source(0), "e0", 0);
+    let (tokens, op) = chained_prompt();
+    let batch = IndexBatch {
+        source: source(0),
+        ops: vec![op],
+    };
+    index.apply_sequenced(&batch, Watermark { seq: 1, digest: 9 });
+    checkpoint(&mut index, &store).unwrap();
+    assert_eq!(migrations::migrate(&store, "mem").unwrap(), 7);
+    assert_eq!(
+        migrations::read_tuning(&store).unwrap(),
+        ChainTuning::UNRECORDED
+    );
+    let back = recover(&store).unwrap().contexts.into_iter().next().expect("context");
+    assert_eq!(device_blocks(&back, &tokens), 40);
+}

@@ -59,8 +59,9 @@ const K3: u64 = 0x5899_65cc_7537_4cc3;
 /// [`link`] knows a chain's first block by its parent.
 pub const ROOT: u64 = 0x6d6f_6f6e_6361_6b64;
 
-/// The top bits of a derived key that pick its shard in the block table.
+/// The top bits a derived key inherits within a segment, by default (see [`ChainTuning`]).
 pub const SHARD_BITS: u32 = 6;
+#[cfg(test)]
 const SHARD_MASK: u64 = !0 << (64 - SHARD_BITS);
 /// A key whose bits 1..=SEGMENT_BITS are all 0 starts a new segment: about one block in
 /// 2^SEGMENT_BITS, 64 (schema 6; it was 16 in schema 5, see `migrations/0006_*`). Why 64: a
@@ -71,6 +72,75 @@ const SHARD_MASK: u64 = !0 << (64 - SHARD_BITS);
 /// One in 256 measured the same. Shards stay even: segments still start at random, a few
 /// hundred per shard in a context of a few million blocks.
 const SEGMENT_BITS: u32 = 6;
+
+/// How a chain's keys keep their blocks together: the top `shard_bits` a key inherits from its
+/// parent within a segment, and the segment length (a key whose bits 1..=`segment_bits` are all
+/// 0 starts one). Both change what every derived key is, so a store records the tuning its keys
+/// were made with and keeps it (`durability::tuning`): a new default applies to new stores, and
+/// a store written under another one restarts exactly, every block kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChainTuning {
+    shard_bits: u8,
+    segment_bits: u8,
+}
+
+impl ChainTuning {
+    /// The tuning of new stores (see [`SHARD_BITS`], [`SEGMENT_BITS`]).
+    pub const DEFAULT: ChainTuning = ChainTuning {
+        shard_bits: SHARD_BITS as u8,
+        segment_bits: SEGMENT_BITS as u8,
+    };
+
+    /// The tuning of every store written before stores recorded theirs (schema 7 and older):
+    /// never changes, whatever [`Self::DEFAULT`] becomes.
+    pub const UNRECORDED: ChainTuning = ChainTuning {
+        shard_bits: 6,
+        segment_bits: 6,
+    };
+
+    /// A tuning: `shard_bits` in 1..=16, `segment_bits` in 1..=16.
+    pub const fn new(shard_bits: u8, segment_bits: u8) -> Option<ChainTuning> {
+        if shard_bits >= 1 && shard_bits <= 16 && segment_bits >= 1 && segment_bits <= 16 {
+            Some(ChainTuning {
+                shard_bits,
+                segment_bits,
+            })
+        } else {
+            None
+        }
+    }
+
+    pub const fn shard_bits(self) -> u8 {
+        self.shard_bits
+    }
+
+    pub const fn segment_bits(self) -> u8 {
+        self.segment_bits
+    }
+
+    /// Two bytes, as stores and snapshots carry it.
+    pub const fn encode(self) -> [u8; 2] {
+        [self.shard_bits, self.segment_bits]
+    }
+
+    /// The tuning two bytes name; `None` for anything [`Self::new`] refuses.
+    pub fn decode(bytes: &[u8]) -> Option<ChainTuning> {
+        match bytes {
+            [shard, segment] => ChainTuning::new(*shard, *segment),
+            _ => None,
+        }
+    }
+
+    #[inline(always)]
+    const fn shard_mask(self) -> u64 {
+        !0 << (64 - self.shard_bits as u32)
+    }
+
+    #[inline(always)]
+    const fn segment_mask(self) -> u64 {
+        (1 << self.segment_bits as u32) - 1
+    }
+}
 
 #[inline(always)]
 const fn fold(a: u64, b: u64) -> u64 {
@@ -100,9 +170,15 @@ const fn mixed(parent: u64, content: u64) -> u64 {
 /// often than any two keys did before.
 #[inline]
 pub const fn link(parent: u64, content: u64) -> u64 {
+    link_tuned(ChainTuning::DEFAULT, parent, content)
+}
+
+/// [`link`] under `tuning` (the context's, see [`ChainTuning`]).
+#[inline(always)]
+pub const fn link_tuned(tuning: ChainTuning, parent: u64, content: u64) -> u64 {
     let own = mixed(parent, content) | 1;
-    let starts = parent & 1 == 0 || (own >> 1) & ((1 << SEGMENT_BITS) - 1) == 0;
-    let inherited = SHARD_MASK & (starts as u64).wrapping_sub(1);
+    let starts = parent & 1 == 0 || (own >> 1) & tuning.segment_mask() == 0;
+    let inherited = tuning.shard_mask() & (starts as u64).wrapping_sub(1);
     (own & !inherited) | (parent & inherited)
 }
 
@@ -196,6 +272,7 @@ pub fn root(cache_salt: &str) -> u64 {
     if cache_salt.is_empty() {
         ROOT
     } else {
+        // A root's parent is a root, so the link starts a segment under any tuning.
         link(ROOT, bytes_digest(cache_salt.as_bytes())) & !1
     }
 }
@@ -246,13 +323,19 @@ impl BlockRule {
 /// Link the complete blocks of `n` tokens in `tokens` onto `parent`, pushing each key. Inlined
 /// so that a constant `n` at the call makes the block length a constant in the loop.
 #[inline(always)]
-fn link_blocks<T: Token>(mut parent: u64, tokens: &[T], n: usize, keys: &mut Vec<BlockHash>) {
+fn link_blocks<T: Token>(
+    tuning: ChainTuning,
+    mut parent: u64,
+    tokens: &[T],
+    n: usize,
+    keys: &mut Vec<BlockHash>,
+) {
     for block in tokens.chunks_exact(n.max(1)) {
         // A query's tokens are read once, so they come from memory: the walk's misses leave
         // the hardware prefetcher behind (the token loads were half of hashing's time in the
         // side-by-side benchmark).
         prefetch(block.as_ptr().wrapping_add(TOKENS_AHEAD * n));
-        parent = link(parent, content_of(block, 0));
+        parent = link_tuned(tuning, parent, content_of(block, 0));
         keys.push(BlockHash(parent));
     }
 }
@@ -272,11 +355,23 @@ pub struct DerivedChain<'a, T> {
     block_size: usize,
     num_blocks: usize,
     root: u64,
+    tuning: ChainTuning,
     keys: Vec<BlockHash>,
 }
 
 impl<'a, T: Token> DerivedChain<'a, T> {
     pub fn new(rule: BlockRule, block_size: u32, tokens: &'a [T], cache_salt: &str) -> Self {
+        Self::tuned(rule, block_size, tokens, cache_salt, ChainTuning::DEFAULT)
+    }
+
+    /// [`Self::new`] under `tuning` (the context's).
+    pub fn tuned(
+        rule: BlockRule,
+        block_size: u32,
+        tokens: &'a [T],
+        cache_salt: &str,
+        tuning: ChainTuning,
+    ) -> Self {
         // The first burst's lines arrive while the walk sets up (see the burst loop).
         let first = tokens.len().min(TOKENS_AHEAD * block_size as usize);
         for i in (0..first).step_by((64 / std::mem::size_of::<T>()).max(1)) {
@@ -289,6 +384,7 @@ impl<'a, T: Token> DerivedChain<'a, T> {
             block_size: block_size as usize,
             num_blocks,
             root: root(cache_salt),
+            tuning,
             // Room for the bursts of a usual prompt at once, rather than a reallocation per
             // burst (16, 32, 64, ...); a long prompt grows past it only if the walk gets there.
             keys: Vec::with_capacity(num_blocks.min(KEYS_RESERVED)),
@@ -345,14 +441,15 @@ impl<T: Token> super::PrefixKeys for DerivedChain<'_, T> {
                 // The engines' usual block sizes get a loop whose block length is a constant,
                 // so a block's digest unrolls into straight-line multiplies (the side-by-side
                 // workload's query hashing: 7.8 -> 6.6 k instructions per query).
+                let t = self.tuning;
                 match self.block_size {
-                    16 => link_blocks(parent, tokens, 16, &mut self.keys),
-                    32 => link_blocks(parent, tokens, 32, &mut self.keys),
-                    n => link_blocks(parent, tokens, n, &mut self.keys),
+                    16 => link_blocks(t, parent, tokens, 16, &mut self.keys),
+                    32 => link_blocks(t, parent, tokens, 32, &mut self.keys),
+                    n => link_blocks(t, parent, tokens, n, &mut self.keys),
                 };
             } else {
                 for b in from..upto {
-                    parent = link(parent, self.content_of(b));
+                    parent = link_tuned(self.tuning, parent, self.content_of(b));
                     self.keys.push(BlockHash(parent));
                 }
             }

@@ -3,7 +3,7 @@
 //! round trip).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use actix::ArbiterHandle;
@@ -11,6 +11,7 @@ use actix::ArbiterHandle;
 use super::actor::ContextHandle;
 use super::write::context::ContextIndex;
 use crate::hashing::HashProfile;
+use crate::hashing::derived::ChainTuning;
 use crate::model::ContextKey;
 
 /// A context exists with another hash profile.
@@ -81,6 +82,10 @@ pub struct ContextDirectory {
     arbiters: ArbiterPool,
     /// The memory budget every context it starts shares.
     budget: Arc<super::Budget>,
+    /// The chain tuning of the store, which every context it starts uses (two bytes, see
+    /// [`ChainTuning::encode`]): set from the store at start and after a bootstrap, before
+    /// any context is started.
+    tuning: Arc<AtomicU16>,
 }
 
 impl ContextDirectory {
@@ -89,7 +94,22 @@ impl ContextDirectory {
             contexts: Arc::default(),
             arbiters,
             budget: super::Budget::unbounded(),
+            tuning: Arc::new(AtomicU16::new(u16::from_be_bytes(
+                ChainTuning::DEFAULT.encode(),
+            ))),
         }
+    }
+
+    /// Contexts started from now on make their derived keys with `tuning` (the store's).
+    pub fn set_tuning(&self, tuning: ChainTuning) {
+        let bytes = u16::from_be_bytes(tuning.encode());
+        self.tuning.store(bytes, Ordering::Release);
+    }
+
+    /// The tuning contexts are started with.
+    pub fn tuning(&self) -> ChainTuning {
+        let bytes = self.tuning.load(Ordering::Acquire).to_be_bytes();
+        ChainTuning::decode(&bytes).unwrap_or(ChainTuning::DEFAULT)
     }
 
     /// Contexts started from now on share `budget` (see [`super::Budget`]).
@@ -122,7 +142,7 @@ impl ContextDirectory {
         if let Some(handle) = contexts.get(key) {
             return check_profile(handle.clone(), profile);
         }
-        let mut index = ContextIndex::new(key.clone(), profile.clone());
+        let mut index = ContextIndex::tuned(key.clone(), profile.clone(), self.tuning());
         index.set_budget(Arc::clone(&self.budget));
         let handle = ContextHandle::start_in_arbiter(&self.arbiters.pick(), index);
         contexts.insert(key.clone(), handle.clone());

@@ -1,5 +1,6 @@
 //! What a context's single writer shares with any number of concurrent readers.
 
+use crate::hashing::derived::ChainTuning;
 use std::sync::atomic::AtomicU64;
 
 use crate::hashing::HashProfile;
@@ -13,6 +14,8 @@ use super::table::Table;
 pub(crate) struct Shared {
     pub key: ContextKey,
     pub profile: HashProfile,
+    /// What this context's derived keys are made with (see [`ChainTuning`]).
+    pub tuning: ChainTuning,
     pub table: Table,
     /// Registered ranks and the holder ids behind each (instance, rank); small, read once per
     /// query to fetch the walk's plan.

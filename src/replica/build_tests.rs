@@ -40,6 +40,7 @@ fn chunks_of(contexts: Vec<ContextIndex>, registered: &[u32]) -> Vec<SnapshotChu
         contexts: exported,
         registrations,
         positions,
+        tuning: crate::hashing::derived::ChainTuning::DEFAULT,
     };
     cut.into_chunks("peer".into(), 64 * 1024).collect()
 }

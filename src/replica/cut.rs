@@ -22,6 +22,7 @@ use crate::gateway::pb;
 use crate::index::ContextChanges;
 use crate::index::actor::ExportState;
 use crate::registry::{ContextDirectory, SubscriptionDirectory};
+use crate::hashing::derived::ChainTuning;
 use crate::storage::{Cf, KvStore, StorageError};
 
 use super::format::{self, FORMAT};
@@ -38,6 +39,8 @@ pub struct Cut {
     pub registrations: Vec<(Vec<u8>, Vec<u8>)>,
     /// Where each source resumes on the reader (see the module doc).
     pub positions: Positions,
+    /// The chain tuning the store's derived keys were made with, which the reader takes.
+    pub tuning: ChainTuning,
 }
 
 impl Cut {
@@ -66,6 +69,7 @@ impl Cut {
             registrations: self.registrations.len() as u64,
             replica_id,
             sources: positions::to_wire(&self.positions),
+            chain_tuning: tuning_to_wire(self.tuning),
         };
         Chunks {
             begin: Some(begin),
@@ -136,7 +140,24 @@ impl Listing {
             contexts: exported,
             registrations,
             positions: self.positions,
+            tuning: crate::storage::migrations::read_tuning(store)?,
         })
+    }
+}
+
+/// A tuning as `SnapshotBegin.chain_tuning` carries it: shard bits << 8 | segment bits.
+pub fn tuning_to_wire(tuning: ChainTuning) -> u32 {
+    u32::from(u16::from_be_bytes(tuning.encode()))
+}
+
+/// The tuning `SnapshotBegin.chain_tuning` names: 0 (a peer that sends none, of schema 7 or
+/// older) is [`ChainTuning::UNRECORDED`]; `None` for a value no tuning has.
+pub fn tuning_from_wire(wire: u32) -> Option<ChainTuning> {
+    match wire {
+        0 => Some(ChainTuning::UNRECORDED),
+        w => u16::try_from(w)
+            .ok()
+            .and_then(|w| ChainTuning::decode(&w.to_be_bytes())),
     }
 }
 

@@ -189,6 +189,7 @@ fn the_chunks_recover_into_the_same_context_and_respect_their_bound() {
                 })
                 .collect(),
             positions: positions.clone(),
+            tuning: crate::hashing::derived::ChainTuning::DEFAULT,
         };
         assert_eq!(index.has_changes(), due);
         let pairs = cut.contexts[0].pairs.len() as u64;
@@ -245,6 +246,7 @@ fn an_empty_cut_is_one_chunk_with_both_marks() {
         contexts: Vec::new(),
         registrations: Vec::new(),
         positions: Default::default(),
+        tuning: crate::hashing::derived::ChainTuning::DEFAULT,
     };
     let chunks: Vec<_> = cut.into_chunks("peer".into(), 1024).collect();
     assert_eq!(chunks.len(), 1);

@@ -275,6 +275,7 @@ mod tests {
             sources: Default::default(),
             dropped: Vec::new(),
             pairs: 1,
+            tuning: crate::hashing::derived::ChainTuning::DEFAULT,
             phases: Phases::default(),
         };
         (store, recovered)
@@ -321,6 +322,7 @@ mod tests {
             sources: Default::default(),
             dropped: Vec::new(),
             pairs: 0,
+            tuning: crate::hashing::derived::ChainTuning::DEFAULT,
             phases: Phases::default(),
         };
         let store = MemoryStore::default();

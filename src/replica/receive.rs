@@ -285,7 +285,18 @@ pub async fn receive(
             return Err(bad("no begin mark".into()));
         };
         let pairs_before = tally.pairs;
-        let mut ops = Vec::with_capacity(chunk.records.len());
+        let mut ops = Vec::with_capacity(chunk.records.len() + 1);
+        if chunk.seq == 0 {
+            // The peer's keys were made with its tuning: this store records it, so that its
+            // contexts make theirs the same way (see migration 8).
+            let tuning = super::cut::tuning_from_wire(begin.chain_tuning).ok_or_else(|| {
+                bad(format!(
+                    "SnapshotBegin.chain_tuning {:#x} is not a chain tuning",
+                    begin.chain_tuning
+                ))
+            })?;
+            ops.push(crate::storage::migrations::tuning_op(tuning));
+        }
         for r in chunk.records {
             let cf = tally.record(begin, &r).map_err(|refused| match refused {
                 Refused::Bad(reason) => bad(reason),

@@ -21,6 +21,7 @@ fn begin(records: u64, pairs: u64, contexts: u64, registrations: u64) -> pb::Sna
         registrations,
         replica_id: "peer".into(),
         sources: Vec::new(),
+        chain_tuning: 0,
     }
 }
 

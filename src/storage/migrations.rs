@@ -1,9 +1,10 @@
 //! The migration runner over the steps described in `migrations/`.
 
 use super::{Cf, KvOp, KvStore, StorageError};
+use crate::hashing::derived::ChainTuning;
 
 /// The schema version this binary writes.
-pub const CURRENT_VERSION: u32 = 7;
+pub const CURRENT_VERSION: u32 = 8;
 
 /// The newest schema version that changed how a record (a key and value of the `KvStore`
 /// API) is encoded or what it means. Schema 4 changed only how the RocksDB store packs records
@@ -13,6 +14,10 @@ pub const CURRENT_VERSION: u32 = 7;
 pub const RECORDS_VERSION: u32 = 6;
 
 const VERSION_KEY: &[u8] = b"schema_version";
+
+/// The meta record of the chain tuning the store's derived keys were made with (two bytes,
+/// `ChainTuning::encode`; see migration 8).
+pub const TUNING_KEY: &[u8] = b"chain_tuning";
 
 /// One schema step: what it changes (the file in `migrations/`) and the writes that do it.
 pub struct Migration {
@@ -68,7 +73,56 @@ pub const MIGRATIONS: &[Migration] = &[
         description: include_str!("../../migrations/0007_source_records.md"),
         apply: super::source_records::add_source_records,
     },
+    Migration {
+        version: 8,
+        // Records the tuning every older store's keys were made with; no key changes (see the
+        // file).
+        description: include_str!("../../migrations/0008_chain_tuning_recorded.md"),
+        apply: |store| {
+            Ok(match store.get(Cf::Meta, TUNING_KEY)? {
+                Some(_) => Vec::new(),
+                None => vec![tuning_op(ChainTuning::UNRECORDED)],
+            })
+        },
+    },
 ];
+
+/// The write that records `tuning` as the store's.
+pub fn tuning_op(tuning: ChainTuning) -> KvOp {
+    KvOp::Put {
+        cf: Cf::Meta,
+        key: TUNING_KEY.to_vec(),
+        value: tuning.encode().to_vec(),
+    }
+}
+
+/// The chain tuning the store's derived keys were made with: recorded since schema 8; a store
+/// of an older schema read as it is (the offline commands) was made with
+/// [`ChainTuning::UNRECORDED`].
+pub fn read_tuning(store: &dyn KvStore) -> Result<ChainTuning, StorageError> {
+    match store.get(Cf::Meta, TUNING_KEY)? {
+        None => Ok(ChainTuning::UNRECORDED),
+        Some(bytes) => ChainTuning::decode(&bytes).ok_or_else(|| StorageError::Corrupt {
+            cf: "meta",
+            what: format!("chain_tuning {bytes:?} is not a tuning"),
+        }),
+    }
+}
+
+/// The tuning a new store records: the default, or in test builds `CONDUCTOR_TEST_CHAIN_TUNING`
+/// (`shard_bits,segment_bits`), so that the tests can write a store under another tuning than
+/// the one the binary that reads it defaults to.
+fn new_store_tuning() -> ChainTuning {
+    #[cfg(feature = "failpoints")]
+    if let Ok(text) = std::env::var("CONDUCTOR_TEST_CHAIN_TUNING")
+        && let Some((shard, segment)) = text.split_once(',')
+        && let (Ok(shard), Ok(segment)) = (shard.trim().parse(), segment.trim().parse())
+        && let Some(tuning) = ChainTuning::new(shard, segment)
+    {
+        return tuning;
+    }
+    ChainTuning::DEFAULT
+}
 
 pub fn read_version(store: &dyn KvStore) -> Result<Option<u32>, StorageError> {
     match store.get(Cf::Meta, VERSION_KEY)? {
@@ -111,8 +165,13 @@ pub fn migrate_to(store: &dyn KvStore, path: &str, target: u32) -> Result<u32, S
         });
     }
     if found == 0 && holds_nothing(store)? {
-        // A new data directory: created at the target schema, with nothing to convert.
-        store.write(vec![version_op(target)])?;
+        // A new data directory: created at the target schema, with nothing to convert, and
+        // the tuning its keys will be made with.
+        let mut ops = vec![version_op(target)];
+        if target >= 8 {
+            ops.push(tuning_op(new_store_tuning()));
+        }
+        store.write(ops)?;
         return Ok(0);
     }
     for step in MIGRATIONS

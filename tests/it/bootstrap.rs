@@ -247,6 +247,7 @@ fn begin(format: u32, records: u64, pairs: u64) -> pb::SnapshotBegin {
         registrations: 1,
         replica_id: "scripted".into(),
         sources: Vec::new(),
+        chain_tuning: 0,
     }
 }
 

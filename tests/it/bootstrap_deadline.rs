@@ -45,6 +45,7 @@ impl Replica for Trickle {
                     registrations: 0,
                     replica_id: "trickle".into(),
                     sources: Vec::new(),
+                    chain_tuning: 0,
                 }),
                 records: vec![pb::SnapshotRecord {
                     cf: 6,

@@ -100,16 +100,23 @@ impl IndexReader {
         if self.shared.raw_pairs.load(Ordering::Relaxed) == 0 {
             // Nothing is held by published hash: the registered chain would never be asked for,
             // so its per-request set-up is skipped too.
-            let mut keys = DerivedChain::new(
+            let mut keys = DerivedChain::tuned(
                 BlockRule::of(profile.strategy()),
                 block_size,
                 tokens,
                 cache_salt,
+                self.shared.tuning,
             );
             return query::walk_into(&self.shared, &mut keys, instance_filter, out);
         }
         let hasher = profile.hasher(&self.shared.key.lora_name, cache_salt);
-        let mut keys = TokenKeys::new(&hasher, profile.strategy(), block_size, tokens, cache_salt);
+        let mut keys = TokenKeys::new(
+            &hasher,
+            (profile.strategy(), self.shared.tuning),
+            block_size,
+            tokens,
+            cache_salt,
+        );
         query::walk_into(&self.shared, &mut keys, instance_filter, out)
     }
 

@@ -2,7 +2,7 @@
 //! second key while the index holds blocks by published hash), or a list of published hashes
 //! translated through the context's aliases.
 
-use crate::hashing::derived::{BlockRule, DerivedChain};
+use crate::hashing::derived::{BlockRule, ChainTuning, DerivedChain};
 use crate::hashing::{BlockHasher, HashChain, PrefixKeys, Strategy, Token};
 use crate::model::BlockHash;
 
@@ -16,13 +16,19 @@ pub(in crate::index) struct TokenKeys<'a, T> {
 impl<'a, T: Token> TokenKeys<'a, T> {
     pub(in crate::index) fn new(
         hasher: &'a BlockHasher,
-        strategy: Strategy,
+        (strategy, tuning): (Strategy, ChainTuning),
         block_size: u32,
         tokens: &'a [T],
         cache_salt: &str,
     ) -> Self {
         TokenKeys {
-            derived: DerivedChain::new(BlockRule::of(strategy), block_size, tokens, cache_salt),
+            derived: DerivedChain::tuned(
+                BlockRule::of(strategy),
+                block_size,
+                tokens,
+                cache_salt,
+                tuning,
+            ),
             registered: hasher.chain(block_size, tokens),
         }
     }

@@ -17,6 +17,8 @@ use crate::index::write::context::ContextIndex;
 pub struct ContextSnapshot {
     pub key: ContextKey,
     pub profile: HashProfile,
+    /// What the context's derived keys are made with.
+    pub tuning: crate::hashing::derived::ChainTuning,
     /// (source, instance, rank) listings, sorted.
     pub attachments: Vec<crate::index::Attachment>,
     /// One batch of Store ops per source, sorted by source (keys as the table holds them).
@@ -79,6 +81,7 @@ impl ContextSnapshot {
             .collect();
         batches.sort_by(|a, b| a.source.cmp(&b.source));
         ContextSnapshot {
+            tuning: ix.shared.tuning,
             key: ix.key().clone(),
             profile: ix.profile().clone(),
             attachments,
@@ -89,7 +92,7 @@ impl ContextSnapshot {
 
     /// Rebuild an index from a snapshot.
     pub fn restore(&self) -> ContextIndex {
-        let mut index = ContextIndex::new(self.key.clone(), self.profile.clone());
+        let mut index = ContextIndex::tuned(self.key.clone(), self.profile.clone(), self.tuning);
         for a in &self.attachments {
             index.attach_rank(&a.source, &a.instance_id, a.dp_rank);
         }

@@ -46,6 +46,7 @@ impl PendingAliases {
 /// block's content in turn. False (and `keys` as it was) when the parent is a hash this context
 /// has no alias for, or the contents do not name one block per hash.
 pub(in crate::index) fn chain(
+    tuning: derived::ChainTuning,
     aliases: &Aliases,
     pending: &mut PendingAliases,
     changed: &mut Vec<u64>,
@@ -64,7 +65,7 @@ pub(in crate::index) fn chain(
         return false;
     };
     keys.extend(contents.digests.iter().map(|&c| {
-        parent = derived::link(parent, c);
+        parent = derived::link_tuned(tuning, parent, c);
         parent
     }));
     true
@@ -90,6 +91,8 @@ pub(in crate::index) struct KeyOut<'a> {
     pub keys: &'a mut Vec<(u64, bool)>,
     /// Scratch for a chain's derived keys.
     pub derived: &'a mut Vec<u64>,
+    /// The context's chain tuning.
+    pub tuning: derived::ChainTuning,
 }
 
 /// The table keys of a store op's blocks into `out.keys`, each flagged when it is a published
@@ -104,6 +107,7 @@ pub(in crate::index) fn store_keys(op: &IndexOp, out: KeyOut<'_>) -> Keyed {
         changed,
         keys,
         derived,
+        tuning,
     } = out;
     keys.clear();
     let raw = |keys: &mut Vec<(u64, bool)>, hashes: &[BlockHash]| {
@@ -125,7 +129,7 @@ pub(in crate::index) fn store_keys(op: &IndexOp, out: KeyOut<'_>) -> Keyed {
             hashes, contents, ..
         } => {
             derived.clear();
-            if chain(aliases, pending, changed, hashes, contents, derived) {
+            if chain(tuning, aliases, pending, changed, hashes, contents, derived) {
                 aliases.prefetch(hashes.iter().map(|h| h.0));
                 pending
                     .pairs
@@ -159,6 +163,7 @@ mod tests {
     ) -> Option<Vec<u64>> {
         let mut keys = Vec::new();
         chain(
+            derived::ChainTuning::DEFAULT,
             aliases,
             pending,
             &mut Vec::new(),
@@ -215,6 +220,7 @@ mod tests {
         let mut changed = Vec::new();
         let mut keys = Vec::new();
         assert!(chain(
+            derived::ChainTuning::DEFAULT,
             &aliases,
             &mut pending,
             &mut changed,
@@ -226,6 +232,7 @@ mod tests {
         assert_eq!(pending.pairs.len(), 3, "found without flushing");
         keys.clear();
         assert!(chain(
+            derived::ChainTuning::DEFAULT,
             &aliases,
             &mut pending,
             &mut changed,

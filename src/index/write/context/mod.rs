@@ -7,6 +7,7 @@ mod rekey;
 mod removal;
 pub mod restore;
 
+use crate::hashing::derived::ChainTuning;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,10 +97,17 @@ pub struct ContextIndex {
 }
 
 impl ContextIndex {
+    /// A context whose derived keys are made with the default tuning (a new store's).
     pub fn new(key: ContextKey, profile: HashProfile) -> Self {
+        Self::tuned(key, profile, ChainTuning::DEFAULT)
+    }
+
+    /// A context whose derived keys are made with `tuning`: its store's (see [`ChainTuning`]).
+    pub fn tuned(key: ContextKey, profile: HashProfile, tuning: ChainTuning) -> Self {
         let shared = Shared {
             key,
             profile,
+            tuning,
             table: Table::new(),
             meta: MetaLock::default(),
             blocks: AtomicU64::new(0),
@@ -203,6 +211,7 @@ impl ContextIndex {
                             changed: &mut self.alias_dirty,
                             keys,
                             derived,
+                            tuning: self.shared.tuning,
                         },
                     );
                     report.translated += keyed.translated;

@@ -13,6 +13,7 @@
 //! holders' reverse lists from the built table. The context is the one incremental stores
 //! would have made: same blocks, entries, sets, counts and aliases (tests compare them).
 
+use crate::hashing::derived::ChainTuning;
 use std::sync::Arc;
 
 use crate::hashing::HashProfile;
@@ -131,7 +132,12 @@ impl AliasLoader {
 
 impl Restorer {
     pub fn new(key: ContextKey, profile: HashProfile) -> Self {
-        let index = ContextIndex::new(key, profile);
+        Self::tuned(key, profile, ChainTuning::DEFAULT)
+    }
+
+    /// A restorer of a context whose keys were made with `tuning` (its store's).
+    pub fn tuned(key: ContextKey, profile: HashProfile, tuning: ChainTuning) -> Self {
+        let index = ContextIndex::tuned(key, profile, tuning);
         let pending = PairBatch::new(Arc::clone(&index.shared), Vec::new());
         Restorer {
             index,
