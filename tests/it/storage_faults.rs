@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use serde_json::json;
 
 use crate::support::server::Server;
+use crate::support::tool::Tool;
 use crate::support::{WAIT, eventually, free_port, http};
 
 /// Start a second service on `dir`'s data directory (while `dir`'s own service runs); it must
@@ -20,21 +21,13 @@ fn second_service_refuses(dir: &std::path::Path, extra: serde_json::Value) -> St
     }
     let path = dir.join("second.json");
     std::fs::write(&path, config.to_string()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+    let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
         .env("CONDUCTOR_CONFIG_PATH", &path)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + WAIT;
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the second service did not stop");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = Tool::from_child(child, "the second service").finish_blocking(WAIT);
     assert_ne!(out.status.code(), Some(0));
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mooncake_conductor::gateway::pb;
 use mooncake_conductor::gateway::pb::conductor_client::ConductorClient;
@@ -17,6 +17,7 @@ use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::tls::{Certs, grpc_channel, https_request, make_certs};
+use crate::support::tool::Tool;
 use crate::support::{WAIT, eventually, http};
 
 /// Start a TLS server (with `extra` config keys) and wait until `/health` answers 200 over HTTPS.
@@ -137,27 +138,18 @@ fn start_fails(extra: serde_json::Value) -> String {
     }
     let path = dir.path().join("conductor.json");
     std::fs::write(&path, config.to_string()).expect("write config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+    let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
         .env("CONDUCTOR_CONFIG_PATH", &path)
         .env_remove("CONDUCTOR_AUTH_TOKEN")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            let out = child.wait_with_output().expect("output");
-            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            assert!(!status.success(), "started anyway:\n{stderr}");
-            return stderr;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the service started with {config}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let what = format!("the service started with {config}");
+    let out = Tool::from_child(child, &what).finish_blocking(Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "started anyway:\n{stderr}");
+    stderr
 }
 
 #[test]

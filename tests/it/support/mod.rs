@@ -16,7 +16,6 @@ pub mod server;
 pub mod tls;
 pub mod tool;
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 /// A free TCP port on 127.0.0.1 (bound and released; the OS does not hand it out again at once).
@@ -26,22 +25,58 @@ pub fn free_port() -> u16 {
 }
 
 /// Poll `check` until it returns `Some` or `timeout` passes; panics with `what` on timeout.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
+/// An async closure may borrow what it checks mutably (a player it re-sends with).
+pub async fn eventually<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    until(timeout, async || {
+        check().await.ok_or_else(|| format!("waiting for {what}"))
+    })
+    .await
+}
+
+/// Poll `check` until it returns `Ok` or `timeout` passes; panics with the last `Err` on timeout,
+/// so that the message shows the state the check last saw.
+pub async fn until<T, E: std::fmt::Display>(
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> Result<T, E>,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(v) = check().await {
+        let why = match check().await {
+            Ok(v) => return v,
+            Err(why) => why,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} {why}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// [`eventually`] for synchronous tests and support code that run outside an async context.
+pub fn eventually_blocking<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
             return v;
         }
         assert!(
             Instant::now() < deadline,
             "timed out after {timeout:?} waiting for {what}"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        std::thread::sleep(POLL);
     }
 }
+
+/// Between two polls of a condition.
+const POLL: Duration = Duration::from_millis(20);
 
 pub const WAIT: Duration = Duration::from_secs(10);

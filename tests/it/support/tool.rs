@@ -4,12 +4,22 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use super::eventually_blocking;
+
 pub struct Tool {
     child: Option<Child>,
     what: String,
 }
 
 impl Tool {
+    /// A child started elsewhere, killed if the test ends before it exits.
+    pub fn from_child(child: Child, what: &str) -> Tool {
+        Tool {
+            child: Some(child),
+            what: what.to_owned(),
+        }
+    }
+
     pub fn spawn(args: &[&str]) -> Tool {
         let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
             .args(args)
@@ -45,6 +55,18 @@ impl Tool {
                 None => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
+    }
+}
+
+impl Tool {
+    /// [`Tool::finish`] for synchronous tests: a command still running at `timeout` fails the
+    /// test (and is killed on the way out).
+    pub fn finish_blocking(mut self, timeout: Duration) -> Output {
+        let what = format!("`{}` to exit", self.what);
+        let child = self.child.as_mut().expect("not finished yet");
+        eventually_blocking(&what, timeout, || child.try_wait().expect("poll child"));
+        let child = self.child.take().expect("not finished yet");
+        child.wait_with_output().expect("child output")
     }
 }
 
