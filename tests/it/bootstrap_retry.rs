@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::e2e_query::grpc_query;
 use crate::replicas::publish_to_all;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::proxy::Proxy;
 use crate::support::server::Server;
@@ -101,15 +101,9 @@ async fn a_peer_killed_mid_snapshot_never_leaves_an_empty_ready_replica() {
     let peer_config = json!({"snapshot_export": "open"});
     let a = Server::start_with(peer_config.clone()).await;
     let mut player = Player::start(true, 0).await;
-    let reg = engine::registration(
-        "v0",
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let reg = Registration::vllm("v0", &player.endpoint)
+        .replay(player.replay_endpoint.as_deref())
+        .json();
     let r = http::post_json(a.http_port, "/register", &engine::http_registration(&reg)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     for n in 0..BATCHES {

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::e2e_query::handshake;
 use crate::http_api::{expect_error, reg};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration};
 use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::server::Server;
@@ -100,15 +100,9 @@ async fn registrations_outside_the_policy_are_refused_naming_the_field() {
     .await;
 
     // gRPC applies the same policy (and names fields as the Python API does).
-    let mut r = engine::registration(
-        "g0",
-        (&format!("tcp://127.0.0.3:{port}"), None),
-        "vLLM",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
+    let mut r = Registration::vllm("g0", &format!("tcp://127.0.0.3:{port}"))
+        .block_size(16)
+        .json();
     let reply = server.register(&r).await;
     assert_eq!(reply.ret, -600);
     assert_eq!(
@@ -233,15 +227,9 @@ async fn a_store_naming_too_many_contexts_or_another_tenant_is_refused_event_by_
     }))
     .await;
     let mut store = Player::start(false, 1).await;
-    let mut r = engine::registration(
-        "store",
-        (&store.endpoint, None),
-        "Mooncake",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
+    let mut r = Registration::mooncake("store", &store.endpoint)
+        .block_size(16)
+        .json();
     r["tenant_id"] = json!("t1");
     let reply = server.grpc().await.register(register_request(&r)).await;
     assert_eq!(reply.unwrap().into_inner().ret, 0);
@@ -325,15 +313,9 @@ async fn a_store_naming_200000_backends_makes_only_max_holders_per_context_holde
     // The defaults: `max_holders_per_context` 1024, `max_name_bytes` 256.
     let server = Server::start_with(json!({"warning_interval_ms": 60_000})).await;
     let mut store = Player::start(false, 1).await;
-    let r = engine::registration(
-        "store",
-        (&store.endpoint, None),
-        "Mooncake",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
+    let r = Registration::mooncake("store", &store.endpoint)
+        .block_size(16)
+        .json();
     let reply = server.grpc().await.register(register_request(&r)).await;
     assert_eq!(reply.unwrap().into_inner().ret, 0);
 

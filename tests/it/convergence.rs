@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::durability::{PROMPTS, adapter_hits, adapter_store, next, prompt, random_batch, store};
 use crate::e2e_query::{grpc_query, handshake};
 use crate::ingest::{BS, MODEL};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
@@ -25,15 +25,11 @@ const MOVED_MODEL: &str = "m-moved";
 const IDLE_MODEL: &str = "m-idle";
 
 async fn register_as(server: &Server, instance: &str, kind: &str, model: &str, player: &Player) {
-    let r = engine::registration(
-        instance,
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        kind,
-        model,
-        BS,
-        0,
-        vllm_cbor_profile(),
-    );
+    let r = Registration::new(kind, instance, &player.endpoint)
+        .replay(player.replay_endpoint.as_deref())
+        .model(model)
+        .block_size(BS)
+        .json();
     server.register_ok(&r).await;
 }
 

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::durability::{PROMPTS, adapter_store, next, prompt};
 use crate::ingest::{BS, MODEL};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::http::{HttpResponse, try_request};
 use crate::support::player::Player;
 use crate::support::server::Server;
@@ -125,30 +125,20 @@ struct Fleet {
 
 fn engine_registration(fleet: &Fleet, rank: usize) -> Value {
     let player = &fleet.ranks[rank];
-    engine::http_registration(&engine::registration(
-        "e",
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        "vLLM",
-        MODEL,
-        BS,
-        rank as u32,
-        vllm_cbor_profile(),
-    ))
+    Registration::vllm("e", &player.endpoint)
+        .replay(player.replay_endpoint.as_deref())
+        .model(MODEL)
+        .block_size(BS)
+        .rank(rank as u32)
+        .http()
 }
 
 fn store_registration(fleet: &Fleet) -> Value {
-    engine::http_registration(&engine::registration(
-        "s",
-        (
-            &fleet.store.endpoint,
-            fleet.store.replay_endpoint.as_deref(),
-        ),
-        "Mooncake",
-        MODEL,
-        BS,
-        0,
-        vllm_cbor_profile(),
-    ))
+    Registration::mooncake("s", &fleet.store.endpoint)
+        .replay(fleet.store.replay_endpoint.as_deref())
+        .model(MODEL)
+        .block_size(BS)
+        .http()
 }
 
 async fn register(victim: &mut Victim, registration: &Value) {

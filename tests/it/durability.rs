@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::e2e_query::{grpc_query, handshake};
 use crate::ingest::{BS, MODEL, register};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
@@ -157,15 +157,12 @@ async fn counts_and_translated_keys_survive_a_restart() {
     let mut player = Player::start(true, 0).await;
     let mut profile = vllm_cbor_profile();
     profile["python_hash_seed"] = json!("7");
-    let reg = engine::registration(
-        "e",
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        "vLLM",
-        MODEL,
-        BS,
-        0,
-        profile,
-    );
+    let reg = Registration::vllm("e", &player.endpoint)
+        .replay(player.replay_endpoint.as_deref())
+        .model(MODEL)
+        .block_size(BS)
+        .profile(profile)
+        .json();
     server.register_ok(&reg).await;
     // Batches apply in order: once a later store of prompt `p` answers, everything before it
     // has been applied (the status's last seq is only what was received).

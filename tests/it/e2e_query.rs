@@ -4,7 +4,7 @@
 use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
@@ -56,15 +56,9 @@ pub async fn grpc_query(
 async fn vllm_blocks_become_hits_over_every_transport() {
     let server = Server::start().await;
     let mut player = Player::start(false, 0).await;
-    let registration = engine::registration(
-        "vllm-0",
-        (&player.endpoint, None),
-        "vLLM",
-        "my-model",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let registration = Registration::vllm("vllm-0", &player.endpoint)
+        .model("my-model")
+        .json();
     server.register_ok(&registration).await;
 
     // 10 tokens, block size 4: two complete blocks on GPU; the tail is never a block for vLLM.
@@ -143,15 +137,9 @@ async fn vllm_blocks_become_hits_over_every_transport() {
 async fn adapter_blocks_from_a_base_registration_get_their_own_context() {
     let server = Server::start().await;
     let mut player = Player::start(false, 0).await;
-    let registration = engine::registration(
-        "v",
-        (&player.endpoint, None),
-        "vLLM",
-        "base-model",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let registration = Registration::vllm("v", &player.endpoint)
+        .model("base-model")
+        .json();
     assert_eq!(server.register(&registration).await.ret, 0);
     let tokens: Vec<i32> = (1..=8).collect();
     let keys = engine::block_keys(&vllm_cbor_profile(), &tokens, 4, "ad");

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::e2e_query::handshake;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::tool::{self, Tool};
@@ -103,15 +103,11 @@ async fn status(server: &Server, service: &str) -> Option<Value> {
 }
 
 async fn register(server: &Server, instance: &str, endpoint: &str, replay: &str, model: &str) {
-    let reg = engine::registration(
-        instance,
-        (endpoint, Some(replay)),
-        "vLLM",
-        model,
-        BLOCK,
-        0,
-        vllm_cbor_profile(),
-    );
+    let reg = Registration::vllm(instance, endpoint)
+        .replay(Some(replay))
+        .model(model)
+        .block_size(BLOCK)
+        .json();
     server.register_ok(&reg).await;
 }
 

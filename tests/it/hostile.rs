@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::e2e_query::{grpc_query, handshake};
 use crate::ingest::{BS, MODEL, register};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::raw_zmtp::{HostilePub, long_frame_header};
@@ -23,15 +23,10 @@ fn store(p: i32) -> Vec<u8> {
 }
 
 async fn register_endpoint(server: &Server, instance: &str, endpoint: &str) {
-    let r = engine::registration(
-        instance,
-        (endpoint, None),
-        "vLLM",
-        MODEL,
-        BS,
-        0,
-        vllm_cbor_profile(),
-    );
+    let r = Registration::vllm(instance, endpoint)
+        .model(MODEL)
+        .block_size(BS)
+        .json();
     server.register_ok(&r).await;
 }
 
@@ -122,15 +117,11 @@ async fn an_oversized_replay_answer_fails_that_replay_only() {
     let server = Server::start_with(json!({ "max_publisher_message_bytes": 1 << 20 })).await;
     let mut live = Player::start(false, 0).await;
     let replay = HostilePub::start_as("ROUTER", long_frame_header(1 << 62)).await;
-    let r = engine::registration(
-        "a",
-        (&live.endpoint, Some(&replay.endpoint)),
-        "vLLM",
-        MODEL,
-        BS,
-        0,
-        vllm_cbor_profile(),
-    );
+    let r = Registration::vllm("a", &live.endpoint)
+        .replay(Some(&replay.endpoint))
+        .model(MODEL)
+        .block_size(BS)
+        .json();
     let reply = server.grpc().await.register(register_request(&r)).await;
     assert_eq!(reply.expect("register").into_inner().ret, 0);
     handshake(&server, &mut live, "a|default|0", store(1)).await;
@@ -163,15 +154,11 @@ async fn an_offline_unregister_removes_a_registration_from_a_stopped_service() {
     register(&server, "a", &a).await;
     handshake(&server, &mut a, "a|default|0", store(1)).await;
     let b = Player::start(false, 0).await;
-    let mut r = engine::registration(
-        "b",
-        (&b.endpoint, None),
-        "vLLM",
-        MODEL,
-        BS,
-        1,
-        vllm_cbor_profile(),
-    );
+    let mut r = Registration::vllm("b", &b.endpoint)
+        .model(MODEL)
+        .block_size(BS)
+        .rank(1)
+        .json();
     r["tenant_id"] = json!("t1");
     let reply = server.grpc().await.register(register_request(&r)).await;
     assert_eq!(reply.expect("register").into_inner().ret, 0);

@@ -4,20 +4,14 @@
 use mooncake_conductor::gateway::pb;
 use serde_json::{Value, json};
 
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::server::Server;
 use crate::support::{free_port, http};
 
 pub(crate) fn reg(instance: &str, port: u16) -> Value {
-    let python = engine::registration(
-        instance,
-        (&format!("tcp://127.0.0.1:{port}"), None),
-        "vLLM",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
+    let python = Registration::vllm(instance, &format!("tcp://127.0.0.1:{port}"))
+        .block_size(16)
+        .json();
     engine::http_registration(&python)
 }
 
@@ -159,15 +153,9 @@ async fn register_list_and_view_over_json_and_msgpack() {
 async fn grpc_reports_seed_codes() {
     let server = Server::start().await;
     let mut client = server.grpc().await;
-    let good = engine::registration(
-        "g",
-        (&format!("tcp://127.0.0.1:{}", free_port()), None),
-        "vLLM",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
+    let good = Registration::vllm("g", &format!("tcp://127.0.0.1:{}", free_port()))
+        .block_size(16)
+        .json();
     let mut bad = good.clone();
     bad["endpoint"] = json!("127.0.0.1:5557");
     let r = server.register(&bad).await;

@@ -5,7 +5,7 @@ use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
 use crate::e2e_query::{grpc_query, handshake};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually};
@@ -24,15 +24,11 @@ fn store(p: i32) -> Vec<u8> {
 
 /// Register `player` as vLLM instance `instance`, rank 0, of model `m` (block size 4).
 pub(crate) async fn register(server: &Server, instance: &str, player: &Player) {
-    let r = engine::registration(
-        instance,
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        "vLLM",
-        MODEL,
-        BS,
-        0,
-        vllm_cbor_profile(),
-    );
+    let r = Registration::vllm(instance, &player.endpoint)
+        .replay(player.replay_endpoint.as_deref())
+        .model(MODEL)
+        .block_size(BS)
+        .json();
     server.register_ok(&r).await;
 }
 
@@ -239,15 +235,11 @@ async fn a_wrong_seed_shows_a_hash_check_mismatch_and_a_right_one_ok() {
     register(&server, "right", &right).await;
     let mut profile = vllm_cbor_profile();
     profile["python_hash_seed"] = json!("1");
-    let r = engine::registration(
-        "wrong",
-        (&wrong.endpoint, None),
-        "vLLM",
-        "other-model",
-        BS,
-        0,
-        profile,
-    );
+    let r = Registration::vllm("wrong", &wrong.endpoint)
+        .model("other-model")
+        .block_size(BS)
+        .profile(profile)
+        .json();
     assert_eq!(server.register(&r).await.ret, 0);
     // Both engines really use seed "0".
     handshake(&server, &mut right, "right|default|0", store(0)).await;

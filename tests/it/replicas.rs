@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::e2e_query::grpc_query;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::etcd::Etcd;
 use crate::support::player::Player;
 use crate::support::server::Server;
@@ -40,15 +40,7 @@ pub(crate) async fn endpoints(server: &Server) -> Vec<(String, String)> {
 }
 
 pub(crate) fn registration(instance: &str, endpoint: &str) -> Value {
-    engine::http_registration(&engine::registration(
-        instance,
-        (endpoint, None),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    ))
+    Registration::vllm(instance, endpoint).http()
 }
 
 /// Publish `payload` and re-send it until every replica has applied it (a PUB drops messages
@@ -101,15 +93,7 @@ async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_rem
     let etcd = Etcd::start().await;
     let (a, b) = (replica(&etcd, "/t1/").await, replica(&etcd, "/t1/").await);
     let mut player = Player::start(false, 0).await;
-    let reg = engine::registration(
-        "v0",
-        (&player.endpoint, None),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let reg = Registration::vllm("v0", &player.endpoint).json();
     a.register_ok(&reg).await;
     let expected = vec![("v0|default|0".to_owned(), player.endpoint.clone())];
     eventually("B runs A's registration", WAIT, || async {
@@ -277,8 +261,7 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
     assert!(r.text().contains("etcd"), "{}", r.text());
     let r = b.http_unregister("v0").await;
     assert_eq!(r.status, 503, "{}", r.text());
-    let grpc_reg =
-        engine::registration("v1", (&other, None), "vLLM", "m", 4, 0, vllm_cbor_profile());
+    let grpc_reg = Registration::vllm("v1", &other).json();
     let reply = b.register(&grpc_reg).await;
     assert_eq!(reply.ret, -2000, "{:?}", reply.error);
     assert!(format!("{:?}", reply.error).contains("etcd"));

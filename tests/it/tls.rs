@@ -12,7 +12,7 @@ use mooncake_conductor::gateway::pb;
 use mooncake_conductor::gateway::pb::conductor_client::ConductorClient;
 use serde_json::json;
 
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::Registration;
 use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::server::Server;
@@ -62,15 +62,7 @@ async fn both_ports_speak_tls_only_and_refuse_plain_clients() {
     let certs = make_certs(certs_dir.path());
     let server = start_tls(&certs, json!({})).await;
     let player = Player::start(false, 0).await;
-    let registration = engine::registration(
-        "tls-0",
-        (&player.endpoint, None),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let registration = Registration::vllm("tls-0", &player.endpoint).json();
 
     // gRPC over TLS: register and query.
     let channel = grpc_channel(&certs.ca, server.rpc_port)
@@ -184,15 +176,7 @@ async fn a_replica_bootstraps_from_a_tls_peer_over_https() {
     // No token here: the peer's snapshot export is opened explicitly.
     let a = start_tls(&certs, json!({"snapshot_export": "open"})).await;
     let player = Player::start(false, 0).await;
-    let registration = engine::registration(
-        "boot-0",
-        (&player.endpoint, None),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let registration = Registration::vllm("boot-0", &player.endpoint).json();
     let channel = grpc_channel(&certs.ca, a.rpc_port)
         .await
         .expect("TLS channel");
