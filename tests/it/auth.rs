@@ -6,7 +6,7 @@ use mooncake_conductor::gateway::pb;
 use serde_json::{Value, json};
 use tonic::metadata::MetadataValue;
 
-use crate::http_api::reg;
+use crate::support::api::reg;
 use crate::support::engine::Registration;
 use crate::support::grpc::register_request;
 use crate::support::server::Server;

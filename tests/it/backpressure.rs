@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 use mooncake_conductor::index::actor::MAILBOX_CAPACITY;
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake};
-use crate::ingest::{BS, MODEL, register};
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL, register};
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
 use crate::support::{WAIT, http};
 

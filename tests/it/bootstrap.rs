@@ -11,11 +11,11 @@ use mooncake_conductor::gateway::pb;
 use mooncake_conductor::gateway::pb_server::replica_server::{Replica, ReplicaServer};
 use serde_json::json;
 
-use crate::e2e_query::grpc_query;
-use crate::replicas::{endpoints, etcd_up, publish_to_all};
+use crate::support::deliver::publish_to_all;
 use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::etcd::Etcd;
 use crate::support::player::Player;
+use crate::support::query::{endpoints, etcd_up, grpc_query};
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, free_port, http};
 

@@ -10,6 +10,7 @@ use mooncake_conductor::gateway::pb_server::replica_server::{Replica, ReplicaSer
 use serde_json::json;
 
 use crate::support::http;
+use crate::support::query::endpoints;
 use crate::support::server::Server;
 
 /// A peer announcing many pairs, then sending one every `every`, never its end mark.
@@ -136,5 +137,5 @@ async fn a_trickling_peer_is_abandoned_at_the_deadline_and_the_replica_is_not_re
             .as_deref(),
         Some("conductor_bootstrap_failures_total 2")
     );
-    assert!(crate::replicas::endpoints(&server).await.is_empty());
+    assert!(endpoints(&server).await.is_empty());
 }

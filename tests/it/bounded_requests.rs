@@ -7,33 +7,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::e2e_query::grpc_query;
 use crate::support::http;
+use crate::support::memory::{MIB, memory, reset_peak};
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
-
-const MIB: u64 = 1 << 20;
-
-/// The service's peak resident set (`VmHWM`) and current one (`VmRSS`), in bytes.
-pub fn memory(server: &Server) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
-    let kib = |name: &str| {
-        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
-        let n: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-        n * 1024
-    };
-    (kib("VmHWM:"), kib("VmRSS:"))
-}
-
-/// Reset the service's `VmHWM` to its current RSS; returns that RSS.
-pub fn reset_peak(server: &Server) -> u64 {
-    std::fs::write(format!("/proc/{}/clear_refs", server.pid()), "5").unwrap();
-    let (peak, rss) = memory(server);
-    assert!(
-        peak <= rss + 4 * MIB,
-        "VmHWM was not reset: {peak} vs {rss}"
-    );
-    rss
-}
 
 /// A msgpack map of `head` pairs, then `key` holding an array of `n` fixints.
 fn msgpack_body(head: &[(&str, rmpv::Value)], key: &str, n: usize) -> Vec<u8> {

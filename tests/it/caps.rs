@@ -5,8 +5,8 @@
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::handshake;
-use crate::http_api::{expect_error, reg};
+use crate::support::api::{expect_error, reg};
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, Registration};
 use crate::support::grpc::register_request;
 use crate::support::player::Player;

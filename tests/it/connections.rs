@@ -9,8 +9,8 @@ use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::bounded_requests::{memory, reset_peak};
 use crate::support::http;
+use crate::support::memory::{memory, reset_peak};
 use crate::support::server::Server;
 
 const MIB: u64 = 1 << 20;

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::durability::{PROMPTS, adapter_hits, adapter_store, next, prompt, random_batch, store};
-use crate::e2e_query::{grpc_query, handshake};
-use crate::ingest::{BS, MODEL};
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL, PROMPTS, adapter_store, next, prompt, random_batch, store};
 use crate::support::player::Player;
+use crate::support::query::{adapter_hits, grpc_query};
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 

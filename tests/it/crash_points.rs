@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::durability::{PROMPTS, adapter_store, next, prompt};
-use crate::ingest::{BS, MODEL};
 use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL, PROMPTS, adapter_store, next, prompt};
 use crate::support::http::{HttpResponse, try_request};
 use crate::support::player::Player;
 use crate::support::server::Server;

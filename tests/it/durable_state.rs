@@ -6,11 +6,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::durability::{adapter_hits, adapter_store, answers, deliver, store};
-use crate::e2e_query::grpc_query;
-use crate::e2e_query::handshake;
-use crate::ingest::{BS, MODEL, register};
+use crate::support::deliver::{deliver, handshake};
+use crate::support::fleet::{BS, MODEL, adapter_store, prompt, register, store};
 use crate::support::player::Player;
+use crate::support::query::{adapter_hits, answers, grpc_query};
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 
@@ -41,7 +40,7 @@ async fn a_context_idle_past_the_replay_buffer_keeps_its_source_across_a_crash()
     for p in 2..10 {
         player.publish(store(p, "GPU")).await;
     }
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     eventually("base prompts indexed", WAIT, || async {
         let a = answers(&server).await;
         (2..10).all(|p| a[p].0 == 8).then_some(())
@@ -53,7 +52,7 @@ async fn a_context_idle_past_the_replay_buffer_keeps_its_source_across_a_crash()
     checkpoints_pass().await;
     let server = Server::start_in(server.into_dir(), fast()).await;
     player.publish(store(10, "GPU")).await;
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     eventually("the batch after the restart is indexed", WAIT, || async {
         (answers(&server).await[10].0 == 8).then_some(())
     })
@@ -112,7 +111,7 @@ async fn holders_of_instances_gone_are_reclaimed_and_an_idle_server_writes_nothi
         )
         .await;
         eventually("the instance's blocks are indexed", WAIT, || async {
-            let r = grpc_query(&server, MODEL, crate::durability::prompt(2), BS as i64).await;
+            let r = grpc_query(&server, MODEL, prompt(2), BS as i64).await;
             (r.hits.get(&name).map(|h| h.device) == Some(8)).then_some(())
         })
         .await;
@@ -137,7 +136,7 @@ async fn holders_of_instances_gone_are_reclaimed_and_an_idle_server_writes_nothi
     let server = Server::start_in(server.into_dir(), fast()).await;
     assert_eq!(answers(&server).await, answered);
     assert_eq!(holders(&server).await, 1);
-    let r = grpc_query(&server, MODEL, crate::durability::prompt(2), BS as i64).await;
+    let r = grpc_query(&server, MODEL, prompt(2), BS as i64).await;
     assert_eq!(
         r.hits.keys().collect::<Vec<_>>(),
         ["e"],

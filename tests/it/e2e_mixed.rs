@@ -6,9 +6,10 @@
 use rmpv::Value;
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake};
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, Registration, sglang_profile, vllm_cbor_profile};
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 

@@ -7,7 +7,7 @@ use mooncake_conductor::gateway::pb;
 use rmpv::Value;
 use serde_json::json;
 
-use crate::e2e_query::handshake;
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::handshake;
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;

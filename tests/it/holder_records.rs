@@ -6,7 +6,7 @@ use mooncake_conductor::storage::rocks::RocksStore;
 use mooncake_conductor::storage::{Cf, KvOp, KvStore};
 use serde_json::json;
 
-use crate::e2e_query::handshake;
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, Registration};
 use crate::support::grpc::register_request;
 use crate::support::player::Player;

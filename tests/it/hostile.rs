@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake};
-use crate::ingest::{BS, MODEL, register};
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL, register};
 use crate::support::grpc::register_request;
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::raw_zmtp::{HostilePub, long_frame_header};
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};

@@ -4,40 +4,14 @@
 use mooncake_conductor::gateway::pb;
 use serde_json::{Value, json};
 
-use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::api::reg;
+use crate::support::engine::{Registration, vllm_cbor_profile};
 use crate::support::server::Server;
 use crate::support::{free_port, http};
-
-pub(crate) fn reg(instance: &str, port: u16) -> Value {
-    let python = Registration::vllm(instance, &format!("tcp://127.0.0.1:{port}"))
-        .block_size(16)
-        .json();
-    engine::http_registration(&python)
-}
 
 fn to_msgpack(v: &Value) -> rmpv::Value {
     let bytes = rmp_serde::to_vec_named(v).unwrap();
     rmpv::decode::read_value(&mut bytes.as_slice()).unwrap()
-}
-
-pub(crate) async fn expect_error(
-    server: &Server,
-    path: &str,
-    body: Value,
-    status: u16,
-    reason: &str,
-    field: Option<&str>,
-) {
-    let r = http::post_json(server.http_port, path, &body).await;
-    let j = r.json();
-    assert_eq!(r.status, status, "{path} {body}: {j}");
-    assert_eq!(j["reason"], reason, "{path} {body}: {j}");
-    assert_eq!(
-        j.get("field").and_then(Value::as_str),
-        field,
-        "{path} {body}: {j}"
-    );
-    assert!(j["error"].as_str().is_some_and(|e| !e.is_empty()), "{j}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

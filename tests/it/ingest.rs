@@ -4,32 +4,16 @@
 use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake};
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL, prompt, register};
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually};
 
-pub(crate) const MODEL: &str = "m";
-pub(crate) const BS: u32 = 4;
-
-/// Prompt `p` of 8 tokens: two blocks, distinct per `p`.
-fn prompt(p: i32) -> Vec<i32> {
-    (0..8).map(|i| p * 100 + i).collect()
-}
-
 fn store(p: i32) -> Vec<u8> {
     engine::vllm_store_prompt(&vllm_cbor_profile(), &prompt(p), BS, "GPU", 0)
-}
-
-/// Register `player` as vLLM instance `instance`, rank 0, of model `m` (block size 4).
-pub(crate) async fn register(server: &Server, instance: &str, player: &Player) {
-    let r = Registration::vllm(instance, &player.endpoint)
-        .replay(player.replay_endpoint.as_deref())
-        .model(MODEL)
-        .block_size(BS)
-        .json();
-    server.register_ok(&r).await;
 }
 
 async fn device_hits(server: &Server, instance: &str, p: i32) -> i64 {

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::grpc_query;
-use crate::ingest::{BS, MODEL};
 use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL};
 use crate::support::heartbeat_pub::HeartbeatPub;
+use crate::support::query::grpc_query;
 use crate::support::relay::Relay;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};

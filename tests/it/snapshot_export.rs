@@ -10,10 +10,10 @@ use mooncake_conductor::gateway::pb::replica_client::ReplicaClient;
 use serde_json::json;
 use tonic::transport::Channel;
 
-use crate::e2e_query::grpc_query;
-use crate::replicas::publish_to_all;
+use crate::support::deliver::publish_to_all;
 use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
 use crate::support::{eventually, http};
 

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::handshake;
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, Registration};
 use crate::support::player::Player;
 use crate::support::server::Server;

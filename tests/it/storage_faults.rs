@@ -5,6 +5,10 @@ use std::process::{Command, Stdio};
 
 use serde_json::json;
 
+use crate::support::api::reg;
+use crate::support::deliver::handshake;
+use crate::support::fleet::{BS, MODEL, register};
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
 use crate::support::tool::Tool;
 use crate::support::{WAIT, eventually, free_port, http};
@@ -45,12 +49,7 @@ fn entries(dir: &std::path::Path) -> Vec<String> {
 async fn a_held_lock_never_moves_the_data_directory_aside() {
     let config = json!({"on_corrupt_data": "move_aside"});
     let server = Server::start_with(config.clone()).await;
-    let r = http::post_json(
-        server.http_port,
-        "/register",
-        &crate::http_api::reg("held", free_port()),
-    )
-    .await;
+    let r = http::post_json(server.http_port, "/register", &reg("held", free_port())).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let before = entries(server.dir.path());
 
@@ -95,7 +94,6 @@ fn metric(text: &str, name: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_checkpoint_degrades_health_keeps_serving_and_catches_up() {
-    use crate::ingest::{BS, MODEL, register};
     use crate::support::engine::{self, vllm_cbor_profile};
     use crate::support::player::Player;
 
@@ -115,7 +113,7 @@ async fn a_failing_checkpoint_degrades_health_keeps_serving_and_catches_up() {
     std::fs::write(&switch, b"").unwrap();
     let prompt: Vec<i32> = (0..8).collect();
     let store = engine::vllm_store_prompt(&vllm_cbor_profile(), &prompt, BS, "GPU", 0);
-    crate::e2e_query::handshake(&server, &mut player, "e0|default|0", store).await;
+    handshake(&server, &mut player, "e0|default|0", store).await;
     let h = eventually("health degraded", WAIT, || async {
         let h = health(&server).await;
         (h["status"] == "degraded").then_some(h)
@@ -139,16 +137,11 @@ async fn a_failing_checkpoint_degrades_health_keeps_serving_and_catches_up() {
         "{text}"
     );
     // Queries are answered from memory meanwhile.
-    let hits = crate::e2e_query::grpc_query(&server, MODEL, prompt.clone(), BS as i64).await;
+    let hits = grpc_query(&server, MODEL, prompt.clone(), BS as i64).await;
     assert_eq!(hits.hits["e0"].device, 8, "{hits:?}");
 
     // A registration that cannot be written is refused and leaves nothing behind.
-    let r = http::post_json(
-        server.http_port,
-        "/register",
-        &crate::http_api::reg("e1", free_port()),
-    )
-    .await;
+    let r = http::post_json(server.http_port, "/register", &reg("e1", free_port())).await;
     assert_eq!(r.status, 500, "{}", r.text());
     let services = http::get(server.http_port, "/services").await.json();
     assert_eq!(services["count"], 1, "{services}");

@@ -3,13 +3,18 @@
 
 #![allow(dead_code)]
 
+pub mod api;
+pub mod deliver;
 pub mod engine;
 pub mod etcd;
+pub mod fleet;
 pub mod grpc;
 pub mod heartbeat_pub;
 pub mod http;
+pub mod memory;
 pub mod player;
 pub mod proxy;
+pub mod query;
 pub mod raw_zmtp;
 pub mod relay;
 pub mod server;
