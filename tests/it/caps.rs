@@ -11,7 +11,7 @@ use crate::support::engine::{self, Registration};
 use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::server::Server;
-use crate::support::{WAIT, eventually, free_port, http};
+use crate::support::{WAIT, eventually, free_port, http, until};
 
 fn with_endpoint(mut body: Value, key: &str, endpoint: &str) -> Value {
     body[key] = json!(endpoint);
@@ -205,18 +205,14 @@ async fn contexts(server: &Server) -> Vec<(String, u64)> {
 
 async fn contexts_become(server: &Server, expected: &[(&str, u64)]) {
     let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| (n.to_string(), *c)).collect();
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
+    until(WAIT, async || {
         let now = contexts(server).await;
         if now == expected {
-            return;
+            return Ok(());
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "contexts {now:?}, expected {expected:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+        Err(format!("waiting for contexts {expected:?}, have {now:?}"))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

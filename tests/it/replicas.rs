@@ -14,7 +14,7 @@ use crate::support::etcd::Etcd;
 use crate::support::player::Player;
 use crate::support::query::{device_hits, endpoints, etcd_up};
 use crate::support::server::Server;
-use crate::support::{WAIT, eventually, free_port, http};
+use crate::support::{WAIT, eventually, free_port, http, until};
 
 async fn replica(etcd: &Etcd, prefix: &str) -> Server {
     Server::start_with(json!({"registry": etcd.registry(prefix)})).await
@@ -234,16 +234,15 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let deadline = std::time::Instant::now() + WAIT;
-    while endpoints(&b).await.len() != 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "B did not follow after the outage:\n{}\nA:\n{}",
+    until(WAIT, async || match endpoints(&b).await.len() {
+        2 => Ok(()),
+        _ => Err(format!(
+            "waiting for B to follow after the outage:\n{}\nA:\n{}",
             b.log(),
             a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        )),
+    })
+    .await;
     assert_eq!(etcd_up(&b).await, Some(true));
     let r = b.http_unregister("v0").await;
     assert_eq!(r.status, 200, "{}", r.text());

@@ -46,19 +46,27 @@ pub async fn eventually<T>(
 /// so that the message shows the state the check last saw.
 pub async fn until<T, E: std::fmt::Display>(
     timeout: Duration,
-    mut check: impl AsyncFnMut() -> Result<T, E>,
+    check: impl AsyncFnMut() -> Result<T, E>,
 ) -> T {
+    match poll(timeout, check).await {
+        Ok(v) => v,
+        Err(why) => panic!("timed out after {timeout:?} {why}"),
+    }
+}
+
+/// Poll `check` until it returns `Ok` or `timeout` passes, and hand back the last `Err` then: for
+/// a test that asserts on what it saw last, with its own messages.
+pub async fn poll<T, E>(
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> Result<T, E>,
+) -> Result<T, E> {
     let deadline = Instant::now() + timeout;
     loop {
-        let why = match check().await {
-            Ok(v) => return v,
-            Err(why) => why,
-        };
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} {why}"
-        );
-        tokio::time::sleep(POLL).await;
+        match check().await {
+            Ok(v) => return Ok(v),
+            Err(why) if Instant::now() >= deadline => return Err(why),
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
     }
 }
 
@@ -68,16 +76,23 @@ pub fn eventually_blocking<T>(
     timeout: Duration,
     mut check: impl FnMut() -> Option<T>,
 ) -> T {
+    until_blocking(timeout, || {
+        check().ok_or_else(|| format!("waiting for {what}"))
+    })
+}
+
+/// [`until`] for synchronous tests and support code that run outside an async context.
+pub fn until_blocking<T, E: std::fmt::Display>(
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<T, E>,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(v) = check() {
-            return v;
+        match check() {
+            Ok(v) => return v,
+            Err(why) if Instant::now() >= deadline => panic!("timed out after {timeout:?} {why}"),
+            Err(_) => std::thread::sleep(POLL),
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(POLL);
     }
 }
 
