@@ -2,9 +2,9 @@
 //! time: a command still running at its deadline is killed and fails the test.
 
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::eventually_blocking;
+use super::{eventually_blocking, poll};
 
 pub struct Tool {
     child: Option<Child>,
@@ -38,23 +38,21 @@ impl Tool {
 
     /// Wait for the exit, at most `timeout`.
     pub async fn finish(mut self, timeout: Duration) -> Output {
-        let deadline = Instant::now() + timeout;
         let mut child = self.child.take().expect("not finished yet");
-        loop {
-            match child.try_wait().expect("poll child") {
-                Some(_) => return child.wait_with_output().expect("child output"),
-                None if Instant::now() >= deadline => {
-                    let _ = child.kill();
-                    let out = child.wait_with_output().expect("child output");
-                    panic!(
-                        "`{}` still ran after {timeout:?}; stderr:\n{}",
-                        self.what,
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-                None => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
+        let exited = poll(timeout, async || {
+            child.try_wait().expect("poll child").ok_or(())
+        })
+        .await;
+        if exited.is_err() {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("child output");
+            panic!(
+                "`{}` still ran after {timeout:?}; stderr:\n{}",
+                self.what,
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
+        child.wait_with_output().expect("child output")
     }
 }
 
