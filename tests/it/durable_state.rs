@@ -2,7 +2,7 @@
 //! with the source, holders of instances that are gone are reclaimed, and an idle server writes
 //! nothing.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -19,9 +19,21 @@ fn fast() -> serde_json::Value {
     json!({"checkpoint_interval_ms": FAST})
 }
 
-/// Long enough for several checkpoint rounds.
-async fn checkpoints_pass() {
-    tokio::time::sleep(Duration::from_millis(10 * FAST)).await;
+/// Wait until the checkpointer has written what the server holds: the store's files stay the
+/// same size for ten checkpoint rounds. A round that writes only sources' positions logs nothing
+/// and counts nowhere, so the files are the witness; ten rounds are the margin for a round that
+/// is still to come.
+async fn checkpointed(server: &Server) {
+    let settle = Duration::from_millis(10 * FAST);
+    let mut last = (store_bytes(server), Instant::now());
+    eventually("the store to stop changing", WAIT, || {
+        let now = store_bytes(server);
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+        std::future::ready((last.1.elapsed() >= settle).then_some(()))
+    })
+    .await;
 }
 
 async fn sources_dropped(server: &Server) -> serde_json::Value {
@@ -49,7 +61,7 @@ async fn a_context_idle_past_the_replay_buffer_keeps_its_source_across_a_crash()
     assert_eq!(adapter_hits(&server, "ad", 1).await, 8);
     // The publisher's buffer keeps its newest batches only: batch 0 is gone from it.
     player.truncate_replay(3);
-    checkpoints_pass().await;
+    checkpointed(&server).await;
     let server = Server::start_in(server.into_dir(), fast()).await;
     player.publish(store(10, "GPU")).await;
     deliver(&server, &mut player, "e|default|0").await;
@@ -122,8 +134,9 @@ async fn holders_of_instances_gone_are_reclaimed_and_an_idle_server_writes_nothi
         1,
         "only the registered instance's holder is left"
     );
-    checkpoints_pass().await;
+    checkpointed(&server).await;
     let before = store_bytes(&server);
+    // Not synchronisation: the window in which idle rounds must write nothing.
     tokio::time::sleep(Duration::from_millis(20 * FAST)).await;
     assert_eq!(
         store_bytes(&server),
