@@ -127,6 +127,13 @@ async fn record_play_with_faults_and_check_give_the_original_answers() {
     handshake(&server, &mut live, "engine|default|0", batches[0].clone()).await;
     live.publish_lost(batches[1].clone());
     live.publish(batches[2].clone()).await;
+    // The Conductor fills batch 1 through replay first: the next replay answered is the recorder's.
+    eventually("the Conductor filled batch 1", WAIT, || async {
+        let st = status(&server, "engine|default|0").await?;
+        (st["last_seq"] == json!(2)).then_some(())
+    })
+    .await;
+    let replays = live.replays_answered();
 
     let recorder = Tool::spawn(&[
         "record",
@@ -144,12 +151,13 @@ async fn record_play_with_faults_and_check_give_the_original_answers() {
         file_arg,
     ]);
     // The recorder first replays 0..=2; what it then misses live it replays too. Connected: the
-    // Conductor, the recorder's probe and its subscriber.
-    eventually("the recorder subscribed", WAIT, || async {
-        (live.accepted() >= 3).then_some(())
-    })
+    // Conductor, the recorder's probe and its subscriber; and the recorder's replay answered.
+    eventually(
+        "the recorder subscribed and replayed the buffer",
+        WAIT,
+        || async { (live.accepted() >= 3 && live.replays_answered() > replays).then_some(()) },
+    )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     for (seq, payload) in batches.iter().enumerate().skip(3) {
         if seq == 5 {
             live.publish_lost(payload.clone());
