@@ -219,13 +219,14 @@ impl Server {
                 panic!("server exited early with {status}:\n{}", self.log());
             }
             let r = super::http::try_request(self.http_port, "GET", "/health", &[], b"");
-            if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(1), r).await
-                && resp.status == 200
-            {
-                return Ok(());
-            }
+            let health = match tokio::time::timeout(Duration::from_secs(1), r).await {
+                Ok(Ok(resp)) if resp.status == 200 => return Ok(()),
+                Ok(Ok(resp)) => format!("{} {}", resp.status, resp.text()),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "no answer within 1 s".to_owned(),
+            };
             Err(format!(
-                "waiting for the server to be ready:\n{}",
+                "waiting for the server to be ready (/health: {health}):\n{}",
                 self.log()
             ))
         })
