@@ -1,5 +1,7 @@
 //! Test support: the real binary on free loopback ports, a fixture player that publishes over
-//! real PUB/ROUTER sockets, a minimal HTTP client, and builders for engine payloads.
+//! real PUB/ROUTER sockets, a minimal HTTP client, builders for engine payloads and
+//! registrations, the fleet most tests register and its prompts, the queries tests ask,
+//! delivery until a batch is applied, and the one deadline loop every wait runs on ([`poll`]).
 
 #![allow(dead_code)]
 
