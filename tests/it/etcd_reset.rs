@@ -5,10 +5,12 @@
 
 use serde_json::{Value, json};
 
-use crate::replicas::{device_hits, endpoints, etcd_up, publish_to_all, registration};
+use crate::support::deliver::publish_to_all;
+use crate::support::engine::Registration;
 use crate::support::engine::{self, vllm_cbor_profile};
 use crate::support::etcd::Etcd;
 use crate::support::player::Player;
+use crate::support::query::{device_hits, endpoints, etcd_up};
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 
@@ -55,7 +57,7 @@ fn config(etcd: &Etcd, prefix: &str, hold: bool) -> Value {
 /// Register `v0` on `a`, wait until every replica runs it, and publish one batch of 8 tokens
 /// to all of them; the tokens.
 async fn registered_with_blocks(replicas: &[&Server], player: &mut Player) -> Vec<i32> {
-    let body = registration("v0", &player.endpoint);
+    let body = Registration::vllm("v0", &player.endpoint).http();
     let bytes = serde_json::to_vec(&body).expect("encode JSON");
     let auth = format!("Bearer {TOKEN}");
     let headers = [
