@@ -14,7 +14,7 @@ use crate::support::etcd::Etcd;
 use crate::support::player::Player;
 use crate::support::query::{device_hits, endpoints, etcd_up};
 use crate::support::server::Server;
-use crate::support::{WAIT, eventually, http};
+use crate::support::{WAIT, eventually, http, until};
 
 /// How long a replica may take to notice an etcd that came back (wiped or restarted): its next
 /// connection attempt succeeds after the restart, which can take a hanging attempt's request
@@ -172,9 +172,17 @@ async fn with_on_reset_hold_an_empty_etcd_is_reported_until_an_operator_decides(
 
     etcd.wipe().await;
     for r in [&a, &b] {
-        let body = eventually("/health says degraded", RECONNECT_WAIT, || async {
+        let body = until(RECONNECT_WAIT, async || {
             let (status, body) = health(r).await;
-            (body["status"] == "degraded").then_some((status, body))
+            if body["status"] == "degraded" {
+                return Ok((status, body));
+            }
+            // What the replica and etcd did, should it never see the reset.
+            Err(format!(
+                "/health says {body}\nreplica log:\n{}\netcd log:\n{}",
+                r.log(),
+                etcd.log()
+            ))
         })
         .await;
         // Degraded still answers: every replica sees the same reset at once, and a 503 from all
