@@ -6,8 +6,8 @@ use mooncake_conductor::gateway::pb;
 use serde_json::{Value, json};
 use tonic::metadata::MetadataValue;
 
-use crate::http_api::reg;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::api::reg;
+use crate::support::engine::Registration;
 use crate::support::grpc::register_request;
 use crate::support::server::Server;
 use crate::support::{free_port, http};
@@ -94,15 +94,11 @@ fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
 
 fn grpc_registration(instance: &str) -> pb::RegisterRequest {
     let endpoint = format!("tcp://127.0.0.1:{}", free_port());
-    register_request(&engine::registration(
-        instance,
-        (&endpoint, None),
-        "vLLM",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    ))
+    register_request(
+        &Registration::vllm(instance, &endpoint)
+            .block_size(16)
+            .json(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,17 +2,17 @@
 //! queues without bound.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use mooncake_conductor::index::actor::MAILBOX_CAPACITY;
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake};
-use crate::ingest::{BS, MODEL, register};
+use crate::support::deliver::handshake;
 use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL, register};
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
-use crate::support::{WAIT, http};
+use crate::support::{WAIT, http, until};
 
 fn prompt(p: i32) -> Vec<i32> {
     (0..8).map(|i| p * 100 + i).collect()
@@ -40,9 +40,7 @@ async fn a_slow_context_holds_its_mailbox_at_most_and_shows_as_pending() {
     }
     let last = 1 + BATCHES;
     let mut max_pending = 0u64;
-    let mut waits;
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let waits = until(WAIT, async || {
         let status = http::get(server.http_port, "/services/status").await.json();
         let st = status["services"]
             .as_array()
@@ -50,16 +48,16 @@ async fn a_slow_context_holds_its_mailbox_at_most_and_shows_as_pending() {
             .expect("the subscription's status");
         let pending = st["pending_batches"].as_u64().expect("pending_batches");
         max_pending = max_pending.max(pending);
-        waits = st["backpressure_waits"]
+        let waits = st["backpressure_waits"]
             .as_u64()
             .expect("backpressure_waits");
         let hits = grpc_query(&server, MODEL, prompt(last), BS as i64).await;
         if pending == 0 && hits.hits.get("slow").map(|h| h.device) == Some(8) {
-            break;
+            return Ok(waits);
         }
-        assert!(Instant::now() < deadline, "not applied in time: {st}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        Err(format!("waiting for every batch to apply: {st}"))
+    })
+    .await;
     // The mailbox's batches, and the one being applied (and one a waiting sender may place).
     let bound = MAILBOX_CAPACITY as u64 + 2;
     assert!(

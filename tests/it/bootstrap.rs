@@ -11,11 +11,11 @@ use mooncake_conductor::gateway::pb;
 use mooncake_conductor::gateway::pb_server::replica_server::{Replica, ReplicaServer};
 use serde_json::json;
 
-use crate::e2e_query::grpc_query;
-use crate::replicas::{endpoints, etcd_up, publish_to_all};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::publish_to_all;
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::etcd::Etcd;
 use crate::support::player::Player;
+use crate::support::query::{endpoints, etcd_up, grpc_query};
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, free_port, http};
 
@@ -78,15 +78,9 @@ async fn a_replaced_replica_bootstraps_from_a_peer_and_is_exact_when_ready() {
         published: Vec::new(),
     };
     for (p, player) in fleet.players.iter().enumerate() {
-        let reg = engine::registration(
-            &format!("v{p}"),
-            (&player.endpoint, player.replay_endpoint.as_deref()),
-            "vLLM",
-            "m",
-            4,
-            0,
-            vllm_cbor_profile(),
-        );
+        let reg = Registration::vllm(&format!("v{p}"), &player.endpoint)
+            .replay(player.replay_endpoint.as_deref())
+            .json();
         let r = http::post_json(a.http_port, "/register", &engine::http_registration(&reg)).await;
         assert_eq!(r.status, 200, "{}", r.text());
     }

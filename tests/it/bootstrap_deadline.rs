@@ -9,8 +9,9 @@ use mooncake_conductor::gateway::pb;
 use mooncake_conductor::gateway::pb_server::replica_server::{Replica, ReplicaServer};
 use serde_json::json;
 
-use crate::support::http;
+use crate::support::query::endpoints;
 use crate::support::server::Server;
+use crate::support::{http, until};
 
 /// A peer announcing many pairs, then sending one every `every`, never its end mark.
 struct Trickle {
@@ -97,21 +98,23 @@ async fn a_trickling_peer_is_abandoned_at_the_deadline_and_the_replica_is_not_re
     // Not ready while the peer trickles: every answer until the first attempt is abandoned is a
     // 503, and at least one of them shows the trickle arriving.
     let mut seen_progress = false;
-    loop {
-        let log = server.log();
-        if log.contains("bootstrap attempt failed, retrying") {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the first attempt was never abandoned\n{log}"
-        );
-        if let Ok(r) = http::try_request(server.http_port, "GET", "/health", &[], b"").await {
-            assert_eq!(r.status, 503, "ready while the peer trickles: {}", r.text());
-            seen_progress |= r.text().contains("of 1000000 pairs received");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(
+        Duration::from_secs(30).saturating_sub(started.elapsed()),
+        async || {
+            let log = server.log();
+            if log.contains("bootstrap attempt failed, retrying") {
+                return Ok(());
+            }
+            if let Ok(r) = http::try_request(server.http_port, "GET", "/health", &[], b"").await {
+                assert_eq!(r.status, 503, "ready while the peer trickles: {}", r.text());
+                seen_progress |= r.text().contains("of 1000000 pairs received");
+            }
+            Err(format!(
+                "waiting for the first attempt to be abandoned\n{log}"
+            ))
+        },
+    )
+    .await;
     assert!(seen_progress, "{}", server.log());
     server.wait_ready().await;
     let log = server.log();
@@ -137,5 +140,5 @@ async fn a_trickling_peer_is_abandoned_at_the_deadline_and_the_replica_is_not_re
             .as_deref(),
         Some("conductor_bootstrap_failures_total 2")
     );
-    assert!(crate::replicas::endpoints(&server).await.is_empty());
+    assert!(endpoints(&server).await.is_empty());
 }

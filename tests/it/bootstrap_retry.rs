@@ -7,18 +7,18 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
-use crate::e2e_query::grpc_query;
-use crate::replicas::publish_to_all;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::publish_to_all;
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::proxy::Proxy;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
-use crate::support::{eventually, http};
+use crate::support::{eventually, http, until};
 
 /// Batches published, and blocks of 4 tokens in each: about 64 k pairs, a snapshot of two
 /// chunks (about 29 bytes a pair, chunks of 1 MiB).
@@ -101,15 +101,9 @@ async fn a_peer_killed_mid_snapshot_never_leaves_an_empty_ready_replica() {
     let peer_config = json!({"snapshot_export": "open"});
     let a = Server::start_with(peer_config.clone()).await;
     let mut player = Player::start(true, 0).await;
-    let reg = engine::registration(
-        "v0",
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let reg = Registration::vllm("v0", &player.endpoint)
+        .replay(player.replay_endpoint.as_deref())
+        .json();
     let r = http::post_json(a.http_port, "/register", &engine::http_registration(&reg)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     for n in 0..BATCHES {
@@ -136,21 +130,19 @@ async fn a_peer_killed_mid_snapshot_never_leaves_an_empty_ready_replica() {
     let dir_b = tempfile::tempdir().expect("temp dir");
     let b = Server::spawn_in(dir_b, config.clone());
     let watch = ReadyWatch::start(b.http_port);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (status, reason) = loop {
+    let (status, reason) = until(Duration::from_secs(30), async || {
         let health = health_reason(&b).await;
         if let Some((status, reason)) = &health
             && pairs_received(reason).is_some_and(|(k, m)| k > 0 && k < m)
         {
-            break (*status, reason.clone());
+            return Ok((*status, reason.clone()));
         }
-        assert!(
-            Instant::now() < deadline,
-            "B never reported a snapshot half received: {health:?}\n{}",
+        Err(format!(
+            "waiting for B to report a snapshot half received: {health:?}\n{}",
             b.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        ))
+    })
+    .await;
     assert_eq!(status, 503, "{reason}");
 
     // A dies mid-snapshot: B's stream is truncated, and B retries rather than starting empty.

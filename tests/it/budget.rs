@@ -8,11 +8,11 @@ use std::collections::HashMap;
 
 use serde_json::json;
 
-use crate::durability::deliver;
-use crate::e2e_query::{grpc_query, handshake};
-use crate::ingest::{BS, MODEL, register};
+use crate::support::deliver::{deliver, handshake};
 use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL, register};
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 
@@ -133,7 +133,7 @@ async fn a_context_past_its_cap_answers_shorter_true_prefixes_before_and_after_a
         player.publish(engine.store(c, 0, BLOCKS / 2)).await;
         player.publish(engine.store(c, BLOCKS / 2, BLOCKS)).await;
     }
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     // 48 blocks published, a cap of 20: evicted down to 18 at each crossing.
     let blocks = context_blocks(&server).await;
     assert!(
@@ -187,7 +187,7 @@ async fn a_context_past_its_cap_answers_shorter_true_prefixes_before_and_after_a
     // A continuation of conversation 1, whose first blocks were evicted: stored, but the walk
     // from the prompt's first block stops at the missing ones.
     player.publish(engine.store(1, BLOCKS / 2, BLOCKS)).await;
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     let a = answers(&server).await;
     assert_true_prefixes(&a, &engine, "after removals of evicted blocks");
     assert_eq!(a[0], 0, "conversation 0 is held nowhere ({a:?})");
@@ -197,7 +197,7 @@ async fn a_context_past_its_cap_answers_shorter_true_prefixes_before_and_after_a
     // replays what the last checkpoint did not hold.
     let dir = server.into_dir();
     let server = Server::start_in(dir, config).await;
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     eventually("the cap obeyed after the restart", WAIT, || async {
         (context_blocks(&server).await <= CAP).then_some(())
     })
@@ -211,7 +211,7 @@ async fn a_context_past_its_cap_answers_shorter_true_prefixes_before_and_after_a
     for c in 10..14 {
         player.publish(engine.store(c, 0, BLOCKS)).await;
     }
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     assert!(context_blocks(&server).await <= CAP);
     let a = answers(&server).await;
     assert_true_prefixes(&a, &engine, "storing on after the restart");

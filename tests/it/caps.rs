@@ -5,13 +5,13 @@
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::handshake;
-use crate::http_api::{expect_error, reg};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::api::{expect_error, reg};
+use crate::support::deliver::handshake;
+use crate::support::engine::{self, Registration};
 use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::server::Server;
-use crate::support::{WAIT, eventually, free_port, http};
+use crate::support::{WAIT, eventually, free_port, http, until};
 
 fn with_endpoint(mut body: Value, key: &str, endpoint: &str) -> Value {
     body[key] = json!(endpoint);
@@ -100,15 +100,9 @@ async fn registrations_outside_the_policy_are_refused_naming_the_field() {
     .await;
 
     // gRPC applies the same policy (and names fields as the Python API does).
-    let mut r = engine::registration(
-        "g0",
-        (&format!("tcp://127.0.0.3:{port}"), None),
-        "vLLM",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
+    let mut r = Registration::vllm("g0", &format!("tcp://127.0.0.3:{port}"))
+        .block_size(16)
+        .json();
     let reply = server.register(&r).await;
     assert_eq!(reply.ret, -600);
     assert_eq!(
@@ -211,18 +205,14 @@ async fn contexts(server: &Server) -> Vec<(String, u64)> {
 
 async fn contexts_become(server: &Server, expected: &[(&str, u64)]) {
     let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| (n.to_string(), *c)).collect();
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
+    until(WAIT, async || {
         let now = contexts(server).await;
         if now == expected {
-            return;
+            return Ok(());
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "contexts {now:?}, expected {expected:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+        Err(format!("waiting for contexts {expected:?}, have {now:?}"))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,15 +223,9 @@ async fn a_store_naming_too_many_contexts_or_another_tenant_is_refused_event_by_
     }))
     .await;
     let mut store = Player::start(false, 1).await;
-    let mut r = engine::registration(
-        "store",
-        (&store.endpoint, None),
-        "Mooncake",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
+    let mut r = Registration::mooncake("store", &store.endpoint)
+        .block_size(16)
+        .json();
     r["tenant_id"] = json!("t1");
     let reply = server.grpc().await.register(register_request(&r)).await;
     assert_eq!(reply.unwrap().into_inner().ret, 0);
@@ -325,15 +309,9 @@ async fn a_store_naming_200000_backends_makes_only_max_holders_per_context_holde
     // The defaults: `max_holders_per_context` 1024, `max_name_bytes` 256.
     let server = Server::start_with(json!({"warning_interval_ms": 60_000})).await;
     let mut store = Player::start(false, 1).await;
-    let r = engine::registration(
-        "store",
-        (&store.endpoint, None),
-        "Mooncake",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
+    let r = Registration::mooncake("store", &store.endpoint)
+        .block_size(16)
+        .json();
     let reply = server.grpc().await.register(register_request(&r)).await;
     assert_eq!(reply.unwrap().into_inner().ret, 0);
 

@@ -9,9 +9,9 @@ use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::bounded_requests::{memory, reset_peak};
-use crate::support::http;
+use crate::support::memory::{memory, reset_peak};
 use crate::support::server::Server;
+use crate::support::{http, poll};
 
 const MIB: u64 = 1 << 20;
 const UNAUTHORIZED: i32 = -2002;
@@ -102,17 +102,14 @@ fn cpu_ticks(pid: u32) -> u64 {
 /// `/health` answers 200 within 3 s. A connection may be refused at first: at the cap, only a
 /// connection idle for a second makes room, so a flood younger than that turns a probe away.
 async fn health_answers(port: u16) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < deadline {
+    let answered = poll(Duration::from_secs(3), async || {
         let r = http::try_request(port, "GET", "/health", &[], b"");
-        if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(1), r).await
-            && resp.status == 200
-        {
-            return true;
+        match tokio::time::timeout(Duration::from_secs(1), r).await {
+            Ok(Ok(resp)) if resp.status == 200 => Ok(()),
+            _ => Err(()),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+    });
+    answered.await.is_ok()
 }
 
 /// Read until the server closes the socket; `false` if it is still open at `deadline`.

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::durability::{PROMPTS, adapter_hits, adapter_store, next, prompt, random_batch, store};
-use crate::e2e_query::{grpc_query, handshake};
-use crate::ingest::{BS, MODEL};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::{deliver, handshake};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL, PROMPTS, adapter_store, next, prompt, random_batch, store};
 use crate::support::player::Player;
+use crate::support::query::{adapter_hits, grpc_query};
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 
@@ -25,32 +25,12 @@ const MOVED_MODEL: &str = "m-moved";
 const IDLE_MODEL: &str = "m-idle";
 
 async fn register_as(server: &Server, instance: &str, kind: &str, model: &str, player: &Player) {
-    let r = engine::registration(
-        instance,
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        kind,
-        model,
-        BS,
-        0,
-        vllm_cbor_profile(),
-    );
+    let r = Registration::new(kind, instance, &player.endpoint)
+        .replay(player.replay_endpoint.as_deref())
+        .model(model)
+        .block_size(BS)
+        .json();
     server.register_ok(&r).await;
-}
-
-/// Re-send `player`'s newest batch until `server`'s subscription `service` has received it (a
-/// SUB that just (re)joined misses live messages; a re-send is a duplicate or a gap replay fills).
-async fn deliver_to(server: &Server, player: &mut Player, service: &str) {
-    let seq = player.next_seq() - 1;
-    let deadline = std::time::Instant::now() + WAIT;
-    while server.service_status(service).await["last_seq"].as_u64() != Some(seq) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{service}: seq {seq} never received:\n{}",
-            server.log()
-        );
-        player.resend(seq).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// One store event: object `o{p}-{b}` holding block `b` of prompt `p`, stored or removed.
@@ -129,9 +109,9 @@ struct Fleet {
 impl Fleet {
     /// Everything published so far has reached `server`.
     async fn deliver(&mut self, server: &Server) {
-        deliver_to(server, &mut self.engine, "e|default|0").await;
-        deliver_to(server, &mut self.store, "s|default|0").await;
-        deliver_to(server, &mut self.moved, "u|default|0").await;
+        deliver(server, &mut self.engine, "e|default|0").await;
+        deliver(server, &mut self.store, "s|default|0").await;
+        deliver(server, &mut self.moved, "u|default|0").await;
     }
 
     async fn publish(&mut self, rng: &mut u64) {

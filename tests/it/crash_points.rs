@@ -10,16 +10,17 @@
 //! variants add, half-way: a publisher restart (a source drop), an unregister and register
 //! again of one rank, or a publisher restart while the Conductor is down.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::durability::{PROMPTS, adapter_store, next, prompt};
-use crate::ingest::{BS, MODEL};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::{Caught, deliver_streams};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL, PROMPTS, adapter_store, next, prompt};
 use crate::support::http::{HttpResponse, try_request};
 use crate::support::player::Player;
 use crate::support::server::Server;
+use crate::support::{poll, until};
 
 /// Contexts the store creates in one batch (one block each).
 const MANY: usize = 200;
@@ -104,17 +105,15 @@ impl Victim {
 
     /// `method path body` until the server answers, restarting it if it died meanwhile.
     async fn call(&mut self, method: &str, path: &str, body: &Value) -> HttpResponse {
-        let deadline = Instant::now() + WAIT;
-        loop {
+        let body = body.to_string();
+        let headers = [("Content-Type", "application/json")];
+        until(WAIT, async || {
             let port = self.up().await.http_port;
-            let body = body.to_string();
-            let headers = [("Content-Type", "application/json")];
-            if let Ok(r) = try_request(port, method, path, &headers, body.as_bytes()).await {
-                return r;
-            }
-            assert!(Instant::now() < deadline, "{path} never answered");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            try_request(port, method, path, &headers, body.as_bytes())
+                .await
+                .map_err(|e| format!("for {path} to be answered: {e}"))
+        })
+        .await
     }
 }
 
@@ -125,30 +124,20 @@ struct Fleet {
 
 fn engine_registration(fleet: &Fleet, rank: usize) -> Value {
     let player = &fleet.ranks[rank];
-    engine::http_registration(&engine::registration(
-        "e",
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        "vLLM",
-        MODEL,
-        BS,
-        rank as u32,
-        vllm_cbor_profile(),
-    ))
+    Registration::vllm("e", &player.endpoint)
+        .replay(player.replay_endpoint.as_deref())
+        .model(MODEL)
+        .block_size(BS)
+        .rank(rank as u32)
+        .http()
 }
 
 fn store_registration(fleet: &Fleet) -> Value {
-    engine::http_registration(&engine::registration(
-        "s",
-        (
-            &fleet.store.endpoint,
-            fleet.store.replay_endpoint.as_deref(),
-        ),
-        "Mooncake",
-        MODEL,
-        BS,
-        0,
-        vllm_cbor_profile(),
-    ))
+    Registration::mooncake("s", &fleet.store.endpoint)
+        .replay(fleet.store.replay_endpoint.as_deref())
+        .model(MODEL)
+        .block_size(BS)
+        .http()
 }
 
 async fn register(victim: &mut Victim, registration: &Value) {
@@ -220,36 +209,19 @@ fn many_contexts_batch() -> Vec<u8> {
     engine::mooncake_batch(events)
 }
 
-/// Until the service consumed every published batch of each source: re-send the newest one (a
-/// SUB that just joined misses live messages; a re-send is a duplicate, or a gap replay fills).
+/// Until the service consumed every published batch of each source, and follows each live again.
 async fn deliver(victim: &mut Victim, fleet: &mut Fleet) {
-    let services = ["e|default|0", "e|default|1", "s|default|0"];
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let [rank0, rank1] = &mut fleet.ranks;
+    let mut streams = [
+        ("e|default|0", rank0),
+        ("e|default|1", rank1),
+        ("s|default|0", &mut fleet.store),
+    ];
+    deliver_streams(&mut streams, Caught::AppliedAndLive, WAIT, async || {
         let status = victim.call("GET", "/services/status", &Value::Null).await;
-        let status = status.json();
-        let mut behind = Vec::new();
-        let [rank0, rank1] = &mut fleet.ranks;
-        for (service, player) in services.iter().zip([rank0, rank1, &mut fleet.store]) {
-            let newest = player.next_seq() - 1;
-            let row = status["services"]
-                .as_array()
-                .and_then(|a| a.iter().find(|s| s["service"] == *service));
-            let live = row.is_some_and(|s| s["state"] == "live");
-            if !(live && row.is_some_and(|s| s["last_seq"] == json!(newest))) {
-                behind.push(*service);
-                player.resend(newest).await;
-            }
-        }
-        if behind.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never caught up: {behind:?} {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        vec![status.json()]
+    })
+    .await;
 }
 
 /// Everything a client can ask of the scenario's contexts.
@@ -368,13 +340,21 @@ async fn every_crash_point(variant: Variant) {
         loop {
             let mut victim = Victim::start(Some((segment, k))).await;
             // The publishers stay up until the answers are compared.
-            let (mut answers, _fleet) = scenario(variant, &mut victim, false).await;
+            let (answers, _fleet) = scenario(variant, &mut victim, false).await;
             // Settled: a batch consumed may still be on its way to a context.
-            let deadline = Instant::now() + WAIT;
-            while answers != expected && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                answers = everything(&mut victim).await;
-            }
+            let answers = if answers == expected {
+                answers
+            } else {
+                let settled = poll(WAIT, async || {
+                    let answers = everything(&mut victim).await;
+                    if answers == expected {
+                        Ok(answers)
+                    } else {
+                        Err(answers)
+                    }
+                });
+                settled.await.unwrap_or_else(|unsettled| unsettled)
+            };
             if answers != expected {
                 let log = victim.server.as_ref().map(Server::log).unwrap_or_default();
                 eprintln!("--- the restarted service's log:\n{log}");

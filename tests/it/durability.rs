@@ -3,83 +3,20 @@
 //! a schema-version-1 database opens, a newer or unreadable one is refused (or moved aside).
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake};
-use crate::ingest::{BS, MODEL, register};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::deliver;
+use crate::support::deliver::handshake;
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::fleet::adapter_store;
+use crate::support::fleet::{BS, MODEL, register};
+use crate::support::fleet::{prompt, remove, store};
 use crate::support::player::Player;
+use crate::support::query::{adapter_hits, answers};
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
-
-pub(crate) const PROMPTS: i32 = 16;
-
-pub(crate) fn prompt(p: i32) -> Vec<i32> {
-    (0..8).map(|i| p * 100 + i).collect()
-}
-
-pub(crate) fn store(p: i32, medium: &str) -> Vec<u8> {
-    engine::vllm_store_prompt(&vllm_cbor_profile(), &prompt(p), BS, medium, 0)
-}
-
-pub(crate) fn remove(p: i32, block: usize, medium: &str) -> Vec<u8> {
-    let keys = engine::block_keys(&vllm_cbor_profile(), &prompt(p), BS, "");
-    engine::batch(
-        vec![engine::vllm_removed(&keys[block..block + 1], medium)],
-        0,
-    )
-}
-
-pub(crate) async fn last_seq(server: &Server) -> Option<u64> {
-    let s = http::get(server.http_port, "/services/status").await.json();
-    s["services"][0]["last_seq"].as_u64()
-}
-
-/// Every prompt's hits (instance e), as (device, cpu_local, disk).
-pub(crate) async fn answers(server: &Server) -> Vec<(i64, i64, i64)> {
-    let mut out = Vec::new();
-    for p in 0..PROMPTS {
-        let r = grpc_query(server, MODEL, prompt(p), BS as i64).await;
-        out.push(
-            r.hits
-                .get("e")
-                .map_or((-1, -1, -1), |h| (h.device, h.cpu_local, h.disk)),
-        );
-    }
-    out
-}
-
-/// Re-send the newest batch until `server` has applied it: a SUB that (re)joined after the first send
-/// misses live messages, and a re-send is a duplicate for everyone else, or a gap that replay fills.
-pub(crate) async fn deliver(server: &Server, player: &mut Player) {
-    let seq = player.next_seq() - 1;
-    let deadline = std::time::Instant::now() + WAIT;
-    while last_seq(server).await != Some(seq) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "seq {seq} never applied:\n{}",
-            server.log()
-        );
-        player.resend(seq).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// splitmix64 for seeded rounds.
-pub(crate) use mooncake_conductor::test_rng::splitmix64 as next;
-
-pub(crate) fn random_batch(rng: &mut u64) -> Vec<u8> {
-    let p = (next(rng) % PROMPTS as u64) as i32;
-    let medium = ["GPU", "CPU", "DISK"][(next(rng) % 3) as usize];
-    if next(rng).is_multiple_of(3) {
-        remove(p, (next(rng) % 2) as usize, medium)
-    } else {
-        store(p, medium)
-    }
-}
 
 /// A new data directory is created at the current schema: no migration runs, so none is logged;
 /// and a log written to a file carries no colour codes.
@@ -122,7 +59,7 @@ async fn a_publisher_restarted_while_the_conductor_was_down_loses_its_old_blocks
     .await;
     // The new process's stream is then followed from its start.
     player.publish(store(5, "GPU")).await;
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     eventually("new stream indexed", WAIT, || async {
         let a = answers(&server).await;
         (a[4].0 == 8 && a[5].0 == 8).then_some(())
@@ -157,21 +94,18 @@ async fn counts_and_translated_keys_survive_a_restart() {
     let mut player = Player::start(true, 0).await;
     let mut profile = vllm_cbor_profile();
     profile["python_hash_seed"] = json!("7");
-    let reg = engine::registration(
-        "e",
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        "vLLM",
-        MODEL,
-        BS,
-        0,
-        profile,
-    );
+    let reg = Registration::vllm("e", &player.endpoint)
+        .replay(player.replay_endpoint.as_deref())
+        .model(MODEL)
+        .block_size(BS)
+        .profile(profile)
+        .json();
     server.register_ok(&reg).await;
     // Batches apply in order: once a later store of prompt `p` answers, everything before it
     // has been applied (the status's last seq is only what was received).
     async fn applied_through(server: &Server, player: &mut Player, p: i32) {
         player.publish(store(p, "GPU")).await;
-        deliver(server, player).await;
+        deliver(server, player, "e|default|0").await;
         eventually("the marker prompt is indexed", WAIT, || async {
             (answers(server).await[p as usize].0 == 8).then_some(())
         })
@@ -215,40 +149,6 @@ async fn counts_and_translated_keys_survive_a_restart() {
     let _ = server.terminate();
 }
 
-/// Device tokens instance `e` holds of prompt `p` in the adapter context `lora`.
-pub(crate) async fn adapter_hits(server: &Server, lora: &str, p: i32) -> i64 {
-    let request = pb::QueryRequest {
-        model_name: MODEL.into(),
-        lora_name: lora.into(),
-        block_size: BS.into(),
-        token_ids: prompt(p),
-        ..Default::default()
-    };
-    let r = server
-        .grpc()
-        .await
-        .query(request)
-        .await
-        .unwrap()
-        .into_inner();
-    r.hits.get("e").map_or(-1, |h| h.device)
-}
-
-pub(crate) fn adapter_store(p: i32, lora: &str) -> Vec<u8> {
-    let keys = engine::block_keys(&vllm_cbor_profile(), &prompt(p), BS, lora);
-    engine::batch(
-        vec![engine::vllm_stored(
-            &keys,
-            None,
-            &prompt(p),
-            BS,
-            "GPU",
-            Some(lora),
-        )],
-        0,
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removals_reach_a_recovered_adapter_context() {
     // A base registration indexes the adapter blocks its engine reports in the adapter's own
@@ -272,11 +172,11 @@ async fn removals_reach_a_recovered_adapter_context() {
     let keys = engine::block_keys(&vllm_cbor_profile(), &prompt(1), BS, "ad");
     let evict = engine::batch(vec![engine::vllm_removed(&keys[1..], "GPU")], 0);
     player.publish(evict).await;
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     // A later store into the adapter context: once it answers, that context's mailbox is past
     // the removal.
     player.publish(adapter_store(2, "ad")).await;
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     eventually("the later adapter store is indexed", WAIT, || async {
         (adapter_hits(&server, "ad", 2).await == 8).then_some(())
     })
@@ -368,7 +268,7 @@ async fn a_schema_4_database_rebuilds_its_derived_blocks_from_the_publishers_rep
     register(&server, "e", &player).await;
     handshake(&server, &mut player, "e|default|0", store(1, "GPU")).await;
     player.publish(store(2, "GPU")).await;
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     eventually("hits", WAIT, || async {
         let a = answers(&server).await;
         (a[1].0 == 8 && a[2].0 == 8).then_some(())
@@ -401,7 +301,7 @@ async fn a_schema_4_database_rebuilds_its_derived_blocks_from_the_publishers_rep
         server.service_status("e|default|0").await
     );
     player.publish(store(3, "GPU")).await;
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     eventually("rebuilt from the replay buffer", WAIT, || async {
         let a = answers(&server).await;
         (a[1].0 == 8 && a[2].0 == 8 && a[3].0 == 8).then_some(())

@@ -2,15 +2,14 @@
 //! with the source, holders of instances that are gone are reclaimed, and an idle server writes
 //! nothing.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::durability::{adapter_hits, adapter_store, answers, deliver, store};
-use crate::e2e_query::grpc_query;
-use crate::e2e_query::handshake;
-use crate::ingest::{BS, MODEL, register};
+use crate::support::deliver::{deliver, handshake};
+use crate::support::fleet::{BS, MODEL, adapter_store, prompt, register, store};
 use crate::support::player::Player;
+use crate::support::query::{adapter_hits, answers, grpc_query};
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 
@@ -20,9 +19,21 @@ fn fast() -> serde_json::Value {
     json!({"checkpoint_interval_ms": FAST})
 }
 
-/// Long enough for several checkpoint rounds.
-async fn checkpoints_pass() {
-    tokio::time::sleep(Duration::from_millis(10 * FAST)).await;
+/// Wait until the checkpointer has written what the server holds: the store's files stay the
+/// same size for ten checkpoint rounds. A round that writes only sources' positions logs nothing
+/// and counts nowhere, so the files are the witness; ten rounds are the margin for a round that
+/// is still to come.
+async fn checkpointed(server: &Server) {
+    let settle = Duration::from_millis(10 * FAST);
+    let mut last = (store_bytes(server), Instant::now());
+    eventually("the store to stop changing", WAIT, || {
+        let now = store_bytes(server);
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+        std::future::ready((last.1.elapsed() >= settle).then_some(()))
+    })
+    .await;
 }
 
 async fn sources_dropped(server: &Server) -> serde_json::Value {
@@ -41,7 +52,7 @@ async fn a_context_idle_past_the_replay_buffer_keeps_its_source_across_a_crash()
     for p in 2..10 {
         player.publish(store(p, "GPU")).await;
     }
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     eventually("base prompts indexed", WAIT, || async {
         let a = answers(&server).await;
         (2..10).all(|p| a[p].0 == 8).then_some(())
@@ -50,10 +61,10 @@ async fn a_context_idle_past_the_replay_buffer_keeps_its_source_across_a_crash()
     assert_eq!(adapter_hits(&server, "ad", 1).await, 8);
     // The publisher's buffer keeps its newest batches only: batch 0 is gone from it.
     player.truncate_replay(3);
-    checkpoints_pass().await;
+    checkpointed(&server).await;
     let server = Server::start_in(server.into_dir(), fast()).await;
     player.publish(store(10, "GPU")).await;
-    deliver(&server, &mut player).await;
+    deliver(&server, &mut player, "e|default|0").await;
     eventually("the batch after the restart is indexed", WAIT, || async {
         (answers(&server).await[10].0 == 8).then_some(())
     })
@@ -112,7 +123,7 @@ async fn holders_of_instances_gone_are_reclaimed_and_an_idle_server_writes_nothi
         )
         .await;
         eventually("the instance's blocks are indexed", WAIT, || async {
-            let r = grpc_query(&server, MODEL, crate::durability::prompt(2), BS as i64).await;
+            let r = grpc_query(&server, MODEL, prompt(2), BS as i64).await;
             (r.hits.get(&name).map(|h| h.device) == Some(8)).then_some(())
         })
         .await;
@@ -123,8 +134,9 @@ async fn holders_of_instances_gone_are_reclaimed_and_an_idle_server_writes_nothi
         1,
         "only the registered instance's holder is left"
     );
-    checkpoints_pass().await;
+    checkpointed(&server).await;
     let before = store_bytes(&server);
+    // Not synchronisation: the window in which idle rounds must write nothing.
     tokio::time::sleep(Duration::from_millis(20 * FAST)).await;
     assert_eq!(
         store_bytes(&server),
@@ -137,7 +149,7 @@ async fn holders_of_instances_gone_are_reclaimed_and_an_idle_server_writes_nothi
     let server = Server::start_in(server.into_dir(), fast()).await;
     assert_eq!(answers(&server).await, answered);
     assert_eq!(holders(&server).await, 1);
-    let r = grpc_query(&server, MODEL, crate::durability::prompt(2), BS as i64).await;
+    let r = grpc_query(&server, MODEL, prompt(2), BS as i64).await;
     assert_eq!(
         r.hits.keys().collect::<Vec<_>>(),
         ["e"],

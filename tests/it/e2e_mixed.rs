@@ -6,9 +6,10 @@
 use rmpv::Value;
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake};
-use crate::support::engine::{self, sglang_profile, vllm_cbor_profile};
+use crate::support::deliver::handshake;
+use crate::support::engine::{self, Registration, sglang_profile, vllm_cbor_profile};
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
 
@@ -54,25 +55,12 @@ async fn every_publisher_kind_every_rank_and_tier() {
     let mut rank0 = Player::start(false, 0).await;
     let mut rank1 = Player::start(false, 0).await;
     let mut store = Player::start(false, 1).await;
-    let r0 = engine::registration(
-        "v",
-        (&rank0.endpoint, None),
-        "vLLM",
-        "mix",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let r0 = Registration::vllm("v", &rank0.endpoint).model("mix").json();
     assert_eq!(server.register(&r0).await.ret, 0);
-    let r1 = engine::registration(
-        "v",
-        (&rank1.endpoint, None),
-        "vLLM",
-        "mix",
-        4,
-        1,
-        vllm_cbor_profile(),
-    );
+    let r1 = Registration::vllm("v", &rank1.endpoint)
+        .model("mix")
+        .rank(1)
+        .json();
     assert_eq!(
         http::post_json(
             server.http_port,
@@ -83,15 +71,9 @@ async fn every_publisher_kind_every_rank_and_tier() {
         .status,
         200
     );
-    let rs = engine::registration(
-        "store",
-        (&store.endpoint, None),
-        "Mooncake",
-        "mix",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let rs = Registration::mooncake("store", &store.endpoint)
+        .model("mix")
+        .json();
     let r = http::post_msgpack(
         server.http_port,
         "/register",
@@ -205,15 +187,9 @@ async fn every_publisher_kind_every_rank_and_tier() {
 async fn sglang_signed_hashes_and_a_partial_final_page() {
     let server = Server::start().await;
     let mut player = Player::start(false, 0).await;
-    let reg = engine::registration(
-        "s",
-        (&player.endpoint, None),
-        "SGLang",
-        "sg",
-        4,
-        0,
-        sglang_profile(),
-    );
+    let reg = Registration::sglang("s", &player.endpoint)
+        .model("sg")
+        .json();
     assert_eq!(server.register(&reg).await.ret, 0);
     let prompt = tokens(10);
     let keys = engine::block_keys(&sglang_profile(), &prompt, 4, "");

@@ -4,67 +4,20 @@
 use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::handshake;
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
-
-/// Publish `payload` as seq 0 again and again until the subscription has applied it: the PUB
-/// socket drops messages until the SUB's subscription arrived, and duplicates are ignored.
-pub async fn handshake(server: &Server, player: &mut Player, service: &str, payload: Vec<u8>) {
-    let seq = player.publish(payload).await;
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let status = http::get(server.http_port, "/services/status").await.json();
-        let services = status["services"].as_array().cloned().unwrap_or_default();
-        if services
-            .iter()
-            .any(|s| s["service"] == service && s["last_seq"] == json!(seq))
-        {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "first batch of {service} never applied: {status}"
-        );
-        player.resend(seq).await;
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
-pub async fn grpc_query(
-    server: &Server,
-    model: &str,
-    tokens: Vec<i32>,
-    block_size: i64,
-) -> pb::QueryResponse {
-    let mut client = server.grpc().await;
-    let request = pb::QueryRequest {
-        model_name: model.into(),
-        block_size,
-        token_ids: tokens,
-        ..Default::default()
-    };
-    client
-        .query(request)
-        .await
-        .expect("gRPC query")
-        .into_inner()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_blocks_become_hits_over_every_transport() {
     let server = Server::start().await;
     let mut player = Player::start(false, 0).await;
-    let registration = engine::registration(
-        "vllm-0",
-        (&player.endpoint, None),
-        "vLLM",
-        "my-model",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let registration = Registration::vllm("vllm-0", &player.endpoint)
+        .model("my-model")
+        .json();
     server.register_ok(&registration).await;
 
     // 10 tokens, block size 4: two complete blocks on GPU; the tail is never a block for vLLM.
@@ -143,15 +96,9 @@ async fn vllm_blocks_become_hits_over_every_transport() {
 async fn adapter_blocks_from_a_base_registration_get_their_own_context() {
     let server = Server::start().await;
     let mut player = Player::start(false, 0).await;
-    let registration = engine::registration(
-        "v",
-        (&player.endpoint, None),
-        "vLLM",
-        "base-model",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let registration = Registration::vllm("v", &player.endpoint)
+        .model("base-model")
+        .json();
     assert_eq!(server.register(&registration).await.ret, 0);
     let tokens: Vec<i32> = (1..=8).collect();
     let keys = engine::block_keys(&vllm_cbor_profile(), &tokens, 4, "ad");

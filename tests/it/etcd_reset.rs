@@ -3,14 +3,24 @@
 //! and `/services/status`, and either writes its registrations back (the default) or waits for
 //! an operator (`on_reset: "hold"`), who writes them back or confirms the removal.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
-use crate::replicas::{device_hits, endpoints, etcd_up, publish_to_all, registration};
+use crate::support::deliver::publish_to_all;
+use crate::support::engine::Registration;
 use crate::support::engine::{self, vllm_cbor_profile};
 use crate::support::etcd::Etcd;
 use crate::support::player::Player;
+use crate::support::query::{device_hits, endpoints, etcd_up};
 use crate::support::server::Server;
-use crate::support::{WAIT, eventually, http};
+use crate::support::{WAIT, eventually, http, until};
+
+/// How long a replica may take to notice an etcd that came back (wiped or restarted): its next
+/// connection attempt succeeds after the restart, which can take a hanging attempt's request
+/// timeout (5 s here) plus the follower's back-off (at most 2 s), and longer on a loaded 2-core
+/// machine running the whole suite. The condition waited for is the same; only the bound is.
+const RECONNECT_WAIT: Duration = Duration::from_secs(30);
 
 const TOKEN: &str = "reset-token";
 const SERVICE: &str = "v0|default|0";
@@ -55,7 +65,7 @@ fn config(etcd: &Etcd, prefix: &str, hold: bool) -> Value {
 /// Register `v0` on `a`, wait until every replica runs it, and publish one batch of 8 tokens
 /// to all of them; the tokens.
 async fn registered_with_blocks(replicas: &[&Server], player: &mut Player) -> Vec<i32> {
-    let body = registration("v0", &player.endpoint);
+    let body = Registration::vllm("v0", &player.endpoint).http();
     let bytes = serde_json::to_vec(&body).expect("encode JSON");
     let auth = format!("Bearer {TOKEN}");
     let headers = [
@@ -91,9 +101,11 @@ async fn an_etcd_that_comes_back_empty_keeps_every_replica_serving_and_gets_its_
 
     etcd.wipe().await;
     for r in [&a, &b] {
-        eventually("the replica follows the new etcd", WAIT, || async {
-            (etcd_up(r).await == Some(true)).then_some(())
-        })
+        eventually(
+            "the replica follows the new etcd",
+            RECONNECT_WAIT,
+            || async { (etcd_up(r).await == Some(true)).then_some(()) },
+        )
         .await;
         assert_eq!(endpoints(r).await, expected, "{}", r.log());
         assert_eq!(device_hits(r, "v0", &tokens).await, 8);
@@ -160,9 +172,17 @@ async fn with_on_reset_hold_an_empty_etcd_is_reported_until_an_operator_decides(
 
     etcd.wipe().await;
     for r in [&a, &b] {
-        let body = eventually("/health says degraded", WAIT, || async {
+        let body = until(RECONNECT_WAIT, async || {
             let (status, body) = health(r).await;
-            (body["status"] == "degraded").then_some((status, body))
+            if body["status"] == "degraded" {
+                return Ok((status, body));
+            }
+            // What the replica and etcd did, should it never see the reset.
+            Err(format!(
+                "/health says {body}\nreplica log:\n{}\netcd log:\n{}",
+                r.log(),
+                etcd.log()
+            ))
         })
         .await;
         // Degraded still answers: every replica sees the same reset at once, and a 503 from all
@@ -210,9 +230,11 @@ async fn with_on_reset_hold_an_empty_etcd_is_reported_until_an_operator_decides(
         .await;
     }
     etcd.restart().await;
-    eventually("the restarted replica holds v0 again", WAIT, || async {
-        (health(&a).await.1["status"] == "degraded").then_some(())
-    })
+    eventually(
+        "the restarted replica holds v0 again",
+        RECONNECT_WAIT,
+        || async { (health(&a).await.1["status"] == "degraded").then_some(()) },
+    )
     .await;
 
     // The operator writes them back: the change needs the token, and both replicas converge.
@@ -238,9 +260,11 @@ async fn with_on_reset_hold_an_empty_etcd_is_reported_until_an_operator_decides(
     // registration removed, with its blocks, and a restart does not bring it back.
     etcd.wipe().await;
     for r in [&a, &b] {
-        eventually("held again after the second wipe", WAIT, || async {
-            (health(r).await.1["status"] == "degraded").then_some(())
-        })
+        eventually(
+            "held again after the second wipe",
+            RECONNECT_WAIT,
+            || async { (health(r).await.1["status"] == "degraded").then_some(()) },
+        )
         .await;
         let r2 = admin(r, "/registry/accept", Some(TOKEN)).await;
         assert_eq!(r2.status, 200, "{}", r2.text());
@@ -253,9 +277,11 @@ async fn with_on_reset_hold_an_empty_etcd_is_reported_until_an_operator_decides(
         assert_eq!(health(r).await.1["status"], "ready");
     }
     let a = Server::start_in(a.into_dir(), config(&etcd, "/r2/", true)).await;
-    eventually("the restarted replica follows etcd", WAIT, || async {
-        (etcd_up(&a).await == Some(true)).then_some(())
-    })
+    eventually(
+        "the restarted replica follows etcd",
+        RECONNECT_WAIT,
+        || async { (etcd_up(&a).await == Some(true)).then_some(()) },
+    )
     .await;
     assert!(endpoints(&a).await.is_empty());
     assert_eq!(health(&a).await.1["status"], "ready");

@@ -7,8 +7,8 @@ use mooncake_conductor::gateway::pb;
 use rmpv::Value;
 use serde_json::json;
 
-use crate::e2e_query::handshake;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::handshake;
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually};
@@ -56,15 +56,9 @@ fn stored_without_extras(tokens: &[i32], lora: &str, salt: &str) -> Vec<Value> {
 async fn start(instance: &str) -> (Server, Player, String) {
     let server = Server::start().await;
     let player = Player::start(false, 0).await;
-    let registration = engine::registration(
-        instance,
-        (&player.endpoint, None),
-        "vLLM",
-        "m",
-        BLOCK,
-        0,
-        vllm_cbor_profile(),
-    );
+    let registration = Registration::vllm(instance, &player.endpoint)
+        .block_size(BLOCK)
+        .json();
     server.register_ok(&registration).await;
     (server, player, format!("{instance}|default|0"))
 }

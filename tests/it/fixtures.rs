@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::handshake;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::handshake;
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::tool::{self, Tool};
@@ -103,15 +103,11 @@ async fn status(server: &Server, service: &str) -> Option<Value> {
 }
 
 async fn register(server: &Server, instance: &str, endpoint: &str, replay: &str, model: &str) {
-    let reg = engine::registration(
-        instance,
-        (endpoint, Some(replay)),
-        "vLLM",
-        model,
-        BLOCK,
-        0,
-        vllm_cbor_profile(),
-    );
+    let reg = Registration::vllm(instance, endpoint)
+        .replay(Some(replay))
+        .model(model)
+        .block_size(BLOCK)
+        .json();
     server.register_ok(&reg).await;
 }
 
@@ -131,6 +127,13 @@ async fn record_play_with_faults_and_check_give_the_original_answers() {
     handshake(&server, &mut live, "engine|default|0", batches[0].clone()).await;
     live.publish_lost(batches[1].clone());
     live.publish(batches[2].clone()).await;
+    // The Conductor fills batch 1 through replay first: the next replay answered is the recorder's.
+    eventually("the Conductor filled batch 1", WAIT, || async {
+        let st = status(&server, "engine|default|0").await?;
+        (st["last_seq"] == json!(2)).then_some(())
+    })
+    .await;
+    let replays = live.replays_answered();
 
     let recorder = Tool::spawn(&[
         "record",
@@ -148,12 +151,13 @@ async fn record_play_with_faults_and_check_give_the_original_answers() {
         file_arg,
     ]);
     // The recorder first replays 0..=2; what it then misses live it replays too. Connected: the
-    // Conductor, the recorder's probe and its subscriber.
-    eventually("the recorder subscribed", WAIT, || async {
-        (live.accepted() >= 3).then_some(())
-    })
+    // Conductor, the recorder's probe and its subscriber; and the recorder's replay answered.
+    eventually(
+        "the recorder subscribed and replayed the buffer",
+        WAIT,
+        || async { (live.accepted() >= 3 && live.replays_answered() > replays).then_some(()) },
+    )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     for (seq, payload) in batches.iter().enumerate().skip(3) {
         if seq == 5 {
             live.publish_lost(payload.clone());

@@ -6,8 +6,8 @@ use mooncake_conductor::storage::rocks::RocksStore;
 use mooncake_conductor::storage::{Cf, KvOp, KvStore};
 use serde_json::json;
 
-use crate::e2e_query::handshake;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::handshake;
+use crate::support::engine::{self, Registration};
 use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::server::Server;
@@ -61,15 +61,9 @@ async fn a_holder_record_of_id_2_27_is_refused_as_corrupt_and_the_service_starts
     // A store's holder, checkpointed on a clean stop.
     let server = Server::start().await;
     let mut store = Player::start(false, 1).await;
-    let r = engine::registration(
-        "store",
-        (&store.endpoint, None),
-        "Mooncake",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
+    let r = Registration::mooncake("store", &store.endpoint)
+        .block_size(16)
+        .json();
     let reply = server.grpc().await.register(register_request(&r)).await;
     assert_eq!(reply.unwrap().into_inner().ret, 0);
     let batch = engine::mooncake_batch(vec![engine::mooncake_event(

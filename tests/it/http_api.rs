@@ -4,46 +4,14 @@
 use mooncake_conductor::gateway::pb;
 use serde_json::{Value, json};
 
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::api::reg;
+use crate::support::engine::{Registration, vllm_cbor_profile};
 use crate::support::server::Server;
 use crate::support::{free_port, http};
-
-pub(crate) fn reg(instance: &str, port: u16) -> Value {
-    let python = engine::registration(
-        instance,
-        (&format!("tcp://127.0.0.1:{port}"), None),
-        "vLLM",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
-    engine::http_registration(&python)
-}
 
 fn to_msgpack(v: &Value) -> rmpv::Value {
     let bytes = rmp_serde::to_vec_named(v).unwrap();
     rmpv::decode::read_value(&mut bytes.as_slice()).unwrap()
-}
-
-pub(crate) async fn expect_error(
-    server: &Server,
-    path: &str,
-    body: Value,
-    status: u16,
-    reason: &str,
-    field: Option<&str>,
-) {
-    let r = http::post_json(server.http_port, path, &body).await;
-    let j = r.json();
-    assert_eq!(r.status, status, "{path} {body}: {j}");
-    assert_eq!(j["reason"], reason, "{path} {body}: {j}");
-    assert_eq!(
-        j.get("field").and_then(Value::as_str),
-        field,
-        "{path} {body}: {j}"
-    );
-    assert!(j["error"].as_str().is_some_and(|e| !e.is_empty()), "{j}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,15 +127,9 @@ async fn register_list_and_view_over_json_and_msgpack() {
 async fn grpc_reports_seed_codes() {
     let server = Server::start().await;
     let mut client = server.grpc().await;
-    let good = engine::registration(
-        "g",
-        (&format!("tcp://127.0.0.1:{}", free_port()), None),
-        "vLLM",
-        "m",
-        16,
-        0,
-        vllm_cbor_profile(),
-    );
+    let good = Registration::vllm("g", &format!("tcp://127.0.0.1:{}", free_port()))
+        .block_size(16)
+        .json();
     let mut bad = good.clone();
     bad["endpoint"] = json!("127.0.0.1:5557");
     let r = server.register(&bad).await;

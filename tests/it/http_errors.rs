@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::http_api::{expect_error, reg};
+use crate::support::api::{expect_error, reg};
 use crate::support::engine::vllm_cbor_profile;
 use crate::support::server::Server;
 use crate::support::{free_port, http};

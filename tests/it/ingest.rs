@@ -4,36 +4,16 @@
 use mooncake_conductor::gateway::pb;
 use serde_json::json;
 
-use crate::e2e_query::{grpc_query, handshake};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::handshake;
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL, prompt, register};
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually};
 
-pub(crate) const MODEL: &str = "m";
-pub(crate) const BS: u32 = 4;
-
-/// Prompt `p` of 8 tokens: two blocks, distinct per `p`.
-fn prompt(p: i32) -> Vec<i32> {
-    (0..8).map(|i| p * 100 + i).collect()
-}
-
 fn store(p: i32) -> Vec<u8> {
     engine::vllm_store_prompt(&vllm_cbor_profile(), &prompt(p), BS, "GPU", 0)
-}
-
-/// Register `player` as vLLM instance `instance`, rank 0, of model `m` (block size 4).
-pub(crate) async fn register(server: &Server, instance: &str, player: &Player) {
-    let r = engine::registration(
-        instance,
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        "vLLM",
-        MODEL,
-        BS,
-        0,
-        vllm_cbor_profile(),
-    );
-    server.register_ok(&r).await;
 }
 
 async fn device_hits(server: &Server, instance: &str, p: i32) -> i64 {
@@ -239,15 +219,11 @@ async fn a_wrong_seed_shows_a_hash_check_mismatch_and_a_right_one_ok() {
     register(&server, "right", &right).await;
     let mut profile = vllm_cbor_profile();
     profile["python_hash_seed"] = json!("1");
-    let r = engine::registration(
-        "wrong",
-        (&wrong.endpoint, None),
-        "vLLM",
-        "other-model",
-        BS,
-        0,
-        profile,
-    );
+    let r = Registration::vllm("wrong", &wrong.endpoint)
+        .model("other-model")
+        .block_size(BS)
+        .profile(profile)
+        .json();
     assert_eq!(server.register(&r).await.ret, 0);
     // Both engines really use seed "0".
     handshake(&server, &mut right, "right|default|0", store(0)).await;

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::grpc_query;
-use crate::ingest::{BS, MODEL};
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
+use crate::support::fleet::{BS, MODEL};
 use crate::support::heartbeat_pub::HeartbeatPub;
+use crate::support::query::grpc_query;
 use crate::support::relay::Relay;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
@@ -40,15 +40,11 @@ async fn start_server(grace_ms: u64) -> Server {
 /// Register instance `instance` whose live stream goes through `live` and whose replay socket
 /// is reached directly.
 async fn register(server: &Server, instance: &str, live: &str, replay: &str) {
-    let r = engine::registration(
-        instance,
-        (live, Some(replay)),
-        "vLLM",
-        MODEL,
-        BS,
-        0,
-        vllm_cbor_profile(),
-    );
+    let r = Registration::vllm(instance, live)
+        .replay(Some(replay))
+        .model(MODEL)
+        .block_size(BS)
+        .json();
     server.register_ok(&r).await;
 }
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::support::engine::{self, sglang_profile, vllm_cbor_profile};
+use crate::support::engine::{Registration, sglang_profile, vllm_cbor_profile};
 use crate::support::server::Server;
 use crate::support::tool::{self, Tool};
 use crate::support::{WAIT, eventually, free_port, http};
@@ -100,15 +100,12 @@ async fn recorded_engine_payloads_index_what_they_say() {
             "--repeat-last",
             "0.05",
         ]);
-        let reg = engine::registration(
-            &instance,
-            (&endpoint, None),
-            kind,
-            &model_name,
-            block_size as u32,
-            rank,
-            profile,
-        );
+        let reg = Registration::new(kind, &instance, &endpoint)
+            .model(&model_name)
+            .block_size(block_size as u32)
+            .rank(rank)
+            .profile(profile)
+            .json();
         let reply = server.register(&reg).await;
         assert_eq!(reply.ret, 0, "{name}: {:?}", reply.error);
         let service = format!("{instance}|default|{rank}");

@@ -8,92 +8,16 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::grpc_query;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::publish_to_all;
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::etcd::Etcd;
 use crate::support::player::Player;
+use crate::support::query::{device_hits, endpoints, etcd_up};
 use crate::support::server::Server;
-use crate::support::{WAIT, eventually, free_port, http};
+use crate::support::{WAIT, eventually, free_port, http, until};
 
 async fn replica(etcd: &Etcd, prefix: &str) -> Server {
     Server::start_with(json!({"registry": etcd.registry(prefix)})).await
-}
-
-/// Endpoint of every service the replica runs, by service key.
-pub(crate) async fn endpoints(server: &Server) -> Vec<(String, String)> {
-    let listing = http::get(server.http_port, "/services").await.json();
-    let rows = listing["services"].as_array().cloned().unwrap_or_default();
-    let mut out: Vec<(String, String)> = rows
-        .iter()
-        .map(|r| {
-            let key = format!(
-                "{}|{}|{}",
-                r["InstanceID"].as_str().unwrap_or_default(),
-                r["TenantID"].as_str().unwrap_or_default(),
-                r["DPRank"]
-            );
-            (key, r["Endpoint"].as_str().unwrap_or_default().to_owned())
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-pub(crate) fn registration(instance: &str, endpoint: &str) -> Value {
-    engine::http_registration(&engine::registration(
-        instance,
-        (endpoint, None),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    ))
-}
-
-/// Publish `payload` and re-send it until every replica has applied it (a PUB drops messages
-/// until a SUB's subscription has arrived; duplicates are ignored).
-pub(crate) async fn publish_to_all(
-    replicas: &[&Server],
-    player: &mut Player,
-    service: &str,
-    payload: Vec<u8>,
-) {
-    let seq = player.publish(payload).await;
-    let deadline = std::time::Instant::now() + WAIT;
-    'poll: loop {
-        for r in replicas {
-            let status = http::get(r.http_port, "/services/status").await.json();
-            let rows = status["services"].as_array().cloned().unwrap_or_default();
-            if !rows
-                .iter()
-                .any(|s| s["service"] == service && s["last_seq"] == json!(seq))
-            {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "batch {seq} of {service} never applied: {status}"
-                );
-                player.resend(seq).await;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue 'poll;
-            }
-        }
-        return;
-    }
-}
-
-/// `conductor_registry_etcd_up` from `/metrics`.
-pub(crate) async fn etcd_up(server: &Server) -> Option<bool> {
-    let text = http::get(server.http_port, "/metrics").await.text();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("conductor_registry_etcd_up "))?;
-    Some(line.ends_with(" 1"))
-}
-
-pub(crate) async fn device_hits(server: &Server, instance: &str, tokens: &[i32]) -> i64 {
-    let r = grpc_query(server, "m", tokens.to_vec(), 4).await;
-    r.hits.get(instance).map_or(0, |h| h.device)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,15 +25,7 @@ async fn a_registration_on_one_replica_is_served_by_the_other_and_either_can_rem
     let etcd = Etcd::start().await;
     let (a, b) = (replica(&etcd, "/t1/").await, replica(&etcd, "/t1/").await);
     let mut player = Player::start(false, 0).await;
-    let reg = engine::registration(
-        "v0",
-        (&player.endpoint, None),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let reg = Registration::vllm("v0", &player.endpoint).json();
     a.register_ok(&reg).await;
     let expected = vec![("v0|default|0".to_owned(), player.endpoint.clone())];
     eventually("B runs A's registration", WAIT, || async {
@@ -178,8 +94,8 @@ async fn two_replicas_racing_one_key_with_different_configs_get_exactly_one_winn
         };
         let (ea, eb) = (fresh(), fresh());
         let (a_won, error) = race(
-            (&a, registration(&instance, &ea)),
-            (&b, registration(&instance, &eb)),
+            (&a, Registration::vllm(&instance, &ea).http()),
+            (&b, Registration::vllm(&instance, &eb).http()),
         )
         .await;
         let winner = if a_won { ea } else { eb };
@@ -209,8 +125,8 @@ async fn two_replicas_racing_two_keys_onto_one_endpoint_get_exactly_one_winner()
         let endpoint = format!("tcp://127.0.0.1:{}", free_port());
         let (ka, kb) = (format!("left{round}"), format!("right{round}"));
         let (a_won, error) = race(
-            (&a, registration(&ka, &endpoint)),
-            (&b, registration(&kb, &endpoint)),
+            (&a, Registration::vllm(&ka, &endpoint).http()),
+            (&b, Registration::vllm(&kb, &endpoint).http()),
         )
         .await;
         let winner = if a_won { ka } else { kb };
@@ -237,7 +153,12 @@ async fn two_replicas_racing_two_keys_onto_one_endpoint_get_exactly_one_winner()
         (!endpoints(&b).await.iter().any(|(k, _)| *k == key)).then_some(())
     })
     .await;
-    let again = http::post_json(b.http_port, "/register", &registration("late", &endpoint)).await;
+    let again = http::post_json(
+        b.http_port,
+        "/register",
+        &Registration::vllm("late", &endpoint).http(),
+    )
+    .await;
     assert_eq!(again.status, 200, "{}", again.text());
 }
 
@@ -249,7 +170,7 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
     let r = http::post_json(
         a.http_port,
         "/register",
-        &registration("v0", &player.endpoint),
+        &Registration::vllm("v0", &player.endpoint).http(),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -272,13 +193,17 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
     }
     // Changes are refused with an error that names etcd: HTTP 503 and CONDUCTOR_UNAVAILABLE.
     let other = format!("tcp://127.0.0.1:{}", free_port());
-    let r = http::post_json(a.http_port, "/register", &registration("v1", &other)).await;
+    let r = http::post_json(
+        a.http_port,
+        "/register",
+        &Registration::vllm("v1", &other).http(),
+    )
+    .await;
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("etcd"), "{}", r.text());
     let r = b.http_unregister("v0").await;
     assert_eq!(r.status, 503, "{}", r.text());
-    let grpc_reg =
-        engine::registration("v1", (&other, None), "vLLM", "m", 4, 0, vllm_cbor_profile());
+    let grpc_reg = Registration::vllm("v1", &other).json();
     let reply = b.register(&grpc_reg).await;
     assert_eq!(reply.ret, -2000, "{:?}", reply.error);
     assert!(format!("{:?}", reply.error).contains("etcd"));
@@ -298,22 +223,26 @@ async fn an_etcd_outage_keeps_answers_refuses_changes_and_resynchronises() {
         "register accepted again",
         Duration::from_secs(20),
         || async {
-            let r = http::post_json(a.http_port, "/register", &registration("v1", &other)).await;
+            let r = http::post_json(
+                a.http_port,
+                "/register",
+                &Registration::vllm("v1", &other).http(),
+            )
+            .await;
             (r.status != 503).then_some(r)
         },
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let deadline = std::time::Instant::now() + WAIT;
-    while endpoints(&b).await.len() != 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "B did not follow after the outage:\n{}\nA:\n{}",
+    until(WAIT, async || match endpoints(&b).await.len() {
+        2 => Ok(()),
+        _ => Err(format!(
+            "waiting for B to follow after the outage:\n{}\nA:\n{}",
             b.log(),
             a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        )),
+    })
+    .await;
     assert_eq!(etcd_up(&b).await, Some(true));
     let r = b.http_unregister("v0").await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -336,7 +265,12 @@ async fn a_replica_restarted_after_changes_elsewhere_converges_to_etcd() {
         format!("tcp://127.0.0.1:{}", free_port()),
         format!("tcp://127.0.0.1:{}", free_port()),
     );
-    let r = http::post_json(a.http_port, "/register", &registration("v0", &e0)).await;
+    let r = http::post_json(
+        a.http_port,
+        "/register",
+        &Registration::vllm("v0", &e0).http(),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     eventually("B runs v0", WAIT, || async {
         (endpoints(&b).await.len() == 1).then_some(())
@@ -345,7 +279,12 @@ async fn a_replica_restarted_after_changes_elsewhere_converges_to_etcd() {
     let dir = b.into_dir();
     let r = a.http_unregister("v0").await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let r = http::post_json(a.http_port, "/register", &registration("v1", &e1)).await;
+    let r = http::post_json(
+        a.http_port,
+        "/register",
+        &Registration::vllm("v1", &e1).http(),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let b = Server::start_in(dir, json!({"registry": etcd.registry("/t4/")})).await;
     let expected = vec![("v1|default|0".to_owned(), e1.clone())];
@@ -364,7 +303,12 @@ async fn a_replica_switched_to_etcd_uploads_its_own_registrations_once() {
     let etcd = Etcd::start().await;
     let solo = Server::start().await;
     let e0 = format!("tcp://127.0.0.1:{}", free_port());
-    let r = http::post_json(solo.http_port, "/register", &registration("v0", &e0)).await;
+    let r = http::post_json(
+        solo.http_port,
+        "/register",
+        &Registration::vllm("v0", &e0).http(),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let dir = solo.into_dir();
     let a = Server::start_in(dir, json!({"registry": etcd.registry("/t5/")})).await;

@@ -10,10 +10,10 @@ use mooncake_conductor::gateway::pb::replica_client::ReplicaClient;
 use serde_json::json;
 use tonic::transport::Channel;
 
-use crate::e2e_query::grpc_query;
-use crate::replicas::publish_to_all;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::publish_to_all;
+use crate::support::engine::{self, Registration, vllm_cbor_profile};
 use crate::support::player::Player;
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
 use crate::support::{eventually, http};
 
@@ -116,15 +116,9 @@ const BLOCKS: usize = 20_000;
 async fn a_second_export_while_one_runs_is_refused_and_counted() {
     let server = Server::start_with(json!({"snapshot_export": "open"})).await;
     let mut player = Player::start(true, 0).await;
-    let reg = engine::registration(
-        "v0",
-        (&player.endpoint, player.replay_endpoint.as_deref()),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let reg = Registration::vllm("v0", &player.endpoint)
+        .replay(player.replay_endpoint.as_deref())
+        .json();
     let r = http::post_json(
         server.http_port,
         "/register",

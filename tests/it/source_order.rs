@@ -4,8 +4,8 @@
 
 use serde_json::{Value, json};
 
-use crate::e2e_query::handshake;
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::deliver::handshake;
+use crate::support::engine::{self, Registration};
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::{WAIT, eventually, http};
@@ -87,15 +87,11 @@ async fn run(engine_first: bool, restart: bool) -> (Option<u64>, Value) {
     let mut vllm = Player::start(true, 0).await;
     let mut store = Player::start(true, 1).await;
     for (instance, player, kind) in [("v", &vllm, "vLLM"), ("store", &store, "Mooncake")] {
-        let registration = engine::registration(
-            instance,
-            (&player.endpoint, player.replay_endpoint.as_deref()),
-            kind,
-            MODEL,
-            BS,
-            0,
-            vllm_cbor_profile(),
-        );
+        let registration = Registration::new(kind, instance, &player.endpoint)
+            .replay(player.replay_endpoint.as_deref())
+            .model(MODEL)
+            .block_size(BS)
+            .json();
         server.register_ok(&registration).await;
     }
     // What the first source alone leaves: the engine's two blocks, or the store's four.

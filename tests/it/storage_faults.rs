@@ -5,7 +5,12 @@ use std::process::{Command, Stdio};
 
 use serde_json::json;
 
+use crate::support::api::reg;
+use crate::support::deliver::handshake;
+use crate::support::fleet::{BS, MODEL, register};
+use crate::support::query::grpc_query;
 use crate::support::server::Server;
+use crate::support::tool::Tool;
 use crate::support::{WAIT, eventually, free_port, http};
 
 /// Start a second service on `dir`'s data directory (while `dir`'s own service runs); it must
@@ -20,21 +25,13 @@ fn second_service_refuses(dir: &std::path::Path, extra: serde_json::Value) -> St
     }
     let path = dir.join("second.json");
     std::fs::write(&path, config.to_string()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+    let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
         .env("CONDUCTOR_CONFIG_PATH", &path)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + WAIT;
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the second service did not stop");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = Tool::from_child(child, "the second service").finish_blocking(WAIT);
     assert_ne!(out.status.code(), Some(0));
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -52,12 +49,7 @@ fn entries(dir: &std::path::Path) -> Vec<String> {
 async fn a_held_lock_never_moves_the_data_directory_aside() {
     let config = json!({"on_corrupt_data": "move_aside"});
     let server = Server::start_with(config.clone()).await;
-    let r = http::post_json(
-        server.http_port,
-        "/register",
-        &crate::http_api::reg("held", free_port()),
-    )
-    .await;
+    let r = http::post_json(server.http_port, "/register", &reg("held", free_port())).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let before = entries(server.dir.path());
 
@@ -102,7 +94,6 @@ fn metric(text: &str, name: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_checkpoint_degrades_health_keeps_serving_and_catches_up() {
-    use crate::ingest::{BS, MODEL, register};
     use crate::support::engine::{self, vllm_cbor_profile};
     use crate::support::player::Player;
 
@@ -122,7 +113,7 @@ async fn a_failing_checkpoint_degrades_health_keeps_serving_and_catches_up() {
     std::fs::write(&switch, b"").unwrap();
     let prompt: Vec<i32> = (0..8).collect();
     let store = engine::vllm_store_prompt(&vllm_cbor_profile(), &prompt, BS, "GPU", 0);
-    crate::e2e_query::handshake(&server, &mut player, "e0|default|0", store).await;
+    handshake(&server, &mut player, "e0|default|0", store).await;
     let h = eventually("health degraded", WAIT, || async {
         let h = health(&server).await;
         (h["status"] == "degraded").then_some(h)
@@ -146,16 +137,11 @@ async fn a_failing_checkpoint_degrades_health_keeps_serving_and_catches_up() {
         "{text}"
     );
     // Queries are answered from memory meanwhile.
-    let hits = crate::e2e_query::grpc_query(&server, MODEL, prompt.clone(), BS as i64).await;
+    let hits = grpc_query(&server, MODEL, prompt.clone(), BS as i64).await;
     assert_eq!(hits.hits["e0"].device, 8, "{hits:?}");
 
     // A registration that cannot be written is refused and leaves nothing behind.
-    let r = http::post_json(
-        server.http_port,
-        "/register",
-        &crate::http_api::reg("e1", free_port()),
-    )
-    .await;
+    let r = http::post_json(server.http_port, "/register", &reg("e1", free_port())).await;
     assert_eq!(r.status, 500, "{}", r.text());
     let services = http::get(server.http_port, "/services").await.json();
     assert_eq!(services["count"], 1, "{services}");

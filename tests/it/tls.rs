@@ -6,17 +6,18 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mooncake_conductor::gateway::pb;
 use mooncake_conductor::gateway::pb::conductor_client::ConductorClient;
 use serde_json::json;
 
-use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine::Registration;
 use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::server::Server;
 use crate::support::tls::{Certs, grpc_channel, https_request, make_certs};
+use crate::support::tool::Tool;
 use crate::support::{WAIT, eventually, http};
 
 /// Start a TLS server (with `extra` config keys) and wait until `/health` answers 200 over HTTPS.
@@ -61,15 +62,7 @@ async fn both_ports_speak_tls_only_and_refuse_plain_clients() {
     let certs = make_certs(certs_dir.path());
     let server = start_tls(&certs, json!({})).await;
     let player = Player::start(false, 0).await;
-    let registration = engine::registration(
-        "tls-0",
-        (&player.endpoint, None),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let registration = Registration::vllm("tls-0", &player.endpoint).json();
 
     // gRPC over TLS: register and query.
     let channel = grpc_channel(&certs.ca, server.rpc_port)
@@ -137,27 +130,18 @@ fn start_fails(extra: serde_json::Value) -> String {
     }
     let path = dir.path().join("conductor.json");
     std::fs::write(&path, config.to_string()).expect("write config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
+    let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
         .env("CONDUCTOR_CONFIG_PATH", &path)
         .env_remove("CONDUCTOR_AUTH_TOKEN")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            let out = child.wait_with_output().expect("output");
-            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            assert!(!status.success(), "started anyway:\n{stderr}");
-            return stderr;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the service started with {config}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let what = format!("the service started with {config}");
+    let out = Tool::from_child(child, &what).finish_blocking(Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "started anyway:\n{stderr}");
+    stderr
 }
 
 #[test]
@@ -192,15 +176,7 @@ async fn a_replica_bootstraps_from_a_tls_peer_over_https() {
     // No token here: the peer's snapshot export is opened explicitly.
     let a = start_tls(&certs, json!({"snapshot_export": "open"})).await;
     let player = Player::start(false, 0).await;
-    let registration = engine::registration(
-        "boot-0",
-        (&player.endpoint, None),
-        "vLLM",
-        "m",
-        4,
-        0,
-        vllm_cbor_profile(),
-    );
+    let registration = Registration::vllm("boot-0", &player.endpoint).json();
     let channel = grpc_channel(&certs.ca, a.rpc_port)
         .await
         .expect("TLS channel");

@@ -212,21 +212,87 @@ pub fn mooncake_batch(events: Vec<Value>) -> Vec<u8> {
     ]))
 }
 
-/// A registration in Python field names (gRPC), as JSON for convenience.
-pub fn registration(
-    instance: &str,
-    (endpoint, replay): (&str, Option<&str>),
-    kind: &str,
-    model: &str,
+/// A registration, built from the common case: a vLLM publisher of model `m`, block size 4,
+/// DP rank 0, the vLLM CBOR hash profile, no replay endpoint.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    instance: String,
+    endpoint: String,
+    replay: Option<String>,
+    kind: String,
+    model: String,
     block_size: u32,
     rank: u32,
     profile: serde_json::Value,
-) -> serde_json::Value {
-    serde_json::json!({
-        "instance_id": instance, "endpoint": endpoint, "replay_endpoint": replay.unwrap_or(""),
-        "publisher_type": kind, "model_name": model, "block_size": block_size, "dp_rank": rank,
-        "hash_profile": profile,
-    })
+}
+
+impl Registration {
+    /// A publisher of type `kind` (`vLLM`, `SGLang`, `Mooncake`) with the defaults.
+    pub fn new(kind: &str, instance: &str, endpoint: &str) -> Registration {
+        Registration {
+            instance: instance.to_owned(),
+            endpoint: endpoint.to_owned(),
+            replay: None,
+            kind: kind.to_owned(),
+            model: "m".to_owned(),
+            block_size: 4,
+            rank: 0,
+            profile: vllm_cbor_profile(),
+        }
+    }
+
+    pub fn vllm(instance: &str, endpoint: &str) -> Registration {
+        Registration::new("vLLM", instance, endpoint)
+    }
+
+    /// An SGLang publisher, with SGLang's hash profile.
+    pub fn sglang(instance: &str, endpoint: &str) -> Registration {
+        Registration::new("SGLang", instance, endpoint).profile(sglang_profile())
+    }
+
+    pub fn mooncake(instance: &str, endpoint: &str) -> Registration {
+        Registration::new("Mooncake", instance, endpoint)
+    }
+
+    pub fn replay(mut self, replay: Option<&str>) -> Registration {
+        self.replay = replay.map(str::to_owned);
+        self
+    }
+
+    pub fn model(mut self, model: &str) -> Registration {
+        self.model = model.to_owned();
+        self
+    }
+
+    pub fn block_size(mut self, block_size: u32) -> Registration {
+        self.block_size = block_size;
+        self
+    }
+
+    pub fn rank(mut self, rank: u32) -> Registration {
+        self.rank = rank;
+        self
+    }
+
+    pub fn profile(mut self, profile: serde_json::Value) -> Registration {
+        self.profile = profile;
+        self
+    }
+
+    /// In Python field names (gRPC), as JSON for convenience.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "instance_id": self.instance, "endpoint": self.endpoint,
+            "replay_endpoint": self.replay.as_deref().unwrap_or(""),
+            "publisher_type": self.kind, "model_name": self.model,
+            "block_size": self.block_size, "dp_rank": self.rank, "hash_profile": self.profile,
+        })
+    }
+
+    /// With the HTTP names (`modelname`, `type`).
+    pub fn http(&self) -> serde_json::Value {
+        http_registration(&self.json())
+    }
 }
 
 /// The same registration with the HTTP names (`modelname`, `type`).

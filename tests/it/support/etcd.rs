@@ -3,9 +3,9 @@
 //! (default `etcd` on `PATH`; the test command installs Debian's `etcd-server`).
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::free_port;
+use super::{free_port, until};
 
 pub struct Etcd {
     pub client_port: u16,
@@ -67,8 +67,7 @@ impl Etcd {
                 )
             });
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        until(Duration::from_secs(20), async || {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 panic!("etcd exited with {status}:\n{}", self.log());
             }
@@ -77,15 +76,11 @@ impl Etcd {
                 && r.status == 200
                 && r.text().contains("true")
             {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "etcd not healthy:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            Err(format!("waiting for etcd to be healthy:\n{}", self.log()))
+        })
+        .await;
     }
 
     /// Stop it (SIGKILL: an outage, not a goodbye); the data stays for [`Etcd::restart`].

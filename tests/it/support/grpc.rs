@@ -5,7 +5,7 @@ use mooncake_conductor::gateway::pb;
 
 use super::server::Server;
 
-/// The JSON registration (as `engine::registration` builds it) as the gRPC request: absent keys
+/// The JSON registration (as `engine::Registration::json` builds it) as the gRPC request: absent keys
 /// stay absent, so a test can leave out a field to see it rejected.
 pub fn register_request(v: &serde_json::Value) -> pb::RegisterRequest {
     let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);

@@ -29,6 +29,11 @@ impl Player {
         self.publisher.accepted()
     }
 
+    /// Replay requests the ROUTER answered in full so far.
+    pub fn replays_answered(&self) -> usize {
+        self.publisher.replays_answered()
+    }
+
     pub fn next_seq(&self) -> u64 {
         self.publisher.next_seq()
     }

@@ -138,8 +138,7 @@ pub async fn send_after_handshake(
     timeout: std::time::Duration,
 ) -> bool {
     let address = endpoint.strip_prefix("tcp://").expect("tcp endpoint");
-    let deadline = std::time::Instant::now() + timeout;
-    let mut stream = loop {
+    let mut stream = super::until(timeout, async || {
         let handshake = async {
             let mut stream = TcpStream::connect(address).await?;
             stream.write_all(&greeting()).await?;
@@ -149,14 +148,9 @@ pub async fn send_after_handshake(
             skip_frame(&mut stream).await?;
             std::io::Result::Ok(stream)
         };
-        match handshake.await {
-            Ok(stream) => break stream,
-            Err(e) if std::time::Instant::now() >= deadline => {
-                panic!("no handshake with {endpoint}: {e}")
-            }
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
-        }
-    };
+        (handshake.await).map_err(|e| format!("waiting for a handshake with {endpoint}: {e}"))
+    })
+    .await;
     stream.write_all(bytes).await.expect("hostile bytes");
     let mut sink = [0u8; 256];
     let closed = async {

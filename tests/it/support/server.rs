@@ -7,23 +7,23 @@ use std::time::{Duration, Instant};
 use mooncake_conductor::gateway::pb::conductor_client::ConductorClient;
 use tonic::transport::Channel;
 
+use super::{until, until_blocking};
+
 /// The ports a service started with port 0 bound, from its log line "sockets bound: http ADDR
 /// grpc ADDR" (logged before recovery); panics with the log if it exits first or takes 30 s.
 fn bound_ports(log: &std::path::Path, child: &mut Child) -> (u16, u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    until_blocking(Duration::from_secs(30), || {
         let text = std::fs::read_to_string(log).unwrap_or_default();
         // Whole lines only: the last one may still be being written.
         let whole = text.split_inclusive('\n').filter(|l| l.ends_with('\n'));
         if let Some(ports) = whole.map(str::trim_end).find_map(parse_bound) {
-            return ports;
+            return Ok(ports);
         }
         if let Ok(Some(status)) = child.try_wait() {
             panic!("server exited before binding its ports, with {status}:\n{text}");
         }
-        assert!(Instant::now() < deadline, "server bound no ports:\n{text}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        Err(format!("waiting for the server to bind its ports:\n{text}"))
+    })
 }
 
 fn parse_bound(line: &str) -> Option<(u16, u16)> {
@@ -120,24 +120,22 @@ impl Server {
 
     /// Wait until `/health` answers 200 (`true`) or the process exits (`false`), at most 30 s.
     pub async fn ready_or_exited(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        until(Duration::from_secs(30), async || {
             if self.exited() {
-                return false;
+                return Ok(false);
             }
             let r = super::http::try_request(self.http_port, "GET", "/health", &[], b"");
             if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(1), r).await
                 && resp.status == 200
             {
-                return true;
+                return Ok(true);
             }
-            assert!(
-                Instant::now() < deadline,
-                "server neither ready nor exited:\n{}",
+            Err(format!(
+                "waiting for the server to be ready or exit:\n{}",
                 self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            ))
+        })
+        .await
     }
 
     fn spawn_in_env<V: AsRef<std::ffi::OsStr> + Copy>(
@@ -214,26 +212,25 @@ impl Server {
 
     /// Wait until `/health` answers 200, at most 30 s.
     pub async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        until(Duration::from_secs(30), async || {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
                 panic!("server exited early with {status}:\n{}", self.log());
             }
             let r = super::http::try_request(self.http_port, "GET", "/health", &[], b"");
-            if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(1), r).await
-                && resp.status == 200
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "server not ready:\n{}",
+            let health = match tokio::time::timeout(Duration::from_secs(1), r).await {
+                Ok(Ok(resp)) if resp.status == 200 => return Ok(()),
+                Ok(Ok(resp)) => format!("{} {}", resp.status, resp.text()),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "no answer within 1 s".to_owned(),
+            };
+            Err(format!(
+                "waiting for the server to be ready (/health: {health}):\n{}",
                 self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            ))
+        })
+        .await;
     }
 
     /// The running service's process id (for `/proc/<pid>/…`).

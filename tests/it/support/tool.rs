@@ -2,7 +2,9 @@
 //! time: a command still running at its deadline is killed and fails the test.
 
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::{eventually_blocking, poll};
 
 pub struct Tool {
     child: Option<Child>,
@@ -10,6 +12,14 @@ pub struct Tool {
 }
 
 impl Tool {
+    /// A child started elsewhere, killed if the test ends before it exits.
+    pub fn from_child(child: Child, what: &str) -> Tool {
+        Tool {
+            child: Some(child),
+            what: what.to_owned(),
+        }
+    }
+
     pub fn spawn(args: &[&str]) -> Tool {
         let child = Command::new(env!("CARGO_BIN_EXE_mooncake_conductor"))
             .args(args)
@@ -28,23 +38,33 @@ impl Tool {
 
     /// Wait for the exit, at most `timeout`.
     pub async fn finish(mut self, timeout: Duration) -> Output {
-        let deadline = Instant::now() + timeout;
         let mut child = self.child.take().expect("not finished yet");
-        loop {
-            match child.try_wait().expect("poll child") {
-                Some(_) => return child.wait_with_output().expect("child output"),
-                None if Instant::now() >= deadline => {
-                    let _ = child.kill();
-                    let out = child.wait_with_output().expect("child output");
-                    panic!(
-                        "`{}` still ran after {timeout:?}; stderr:\n{}",
-                        self.what,
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-                None => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
+        let exited = poll(timeout, async || {
+            child.try_wait().expect("poll child").ok_or(())
+        })
+        .await;
+        if exited.is_err() {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("child output");
+            panic!(
+                "`{}` still ran after {timeout:?}; stderr:\n{}",
+                self.what,
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
+        child.wait_with_output().expect("child output")
+    }
+}
+
+impl Tool {
+    /// [`Tool::finish`] for synchronous tests: a command still running at `timeout` fails the
+    /// test (and is killed on the way out).
+    pub fn finish_blocking(mut self, timeout: Duration) -> Output {
+        let what = format!("`{}` to exit", self.what);
+        let child = self.child.as_mut().expect("not finished yet");
+        eventually_blocking(&what, timeout, || child.try_wait().expect("poll child"));
+        let child = self.child.take().expect("not finished yet");
+        child.wait_with_output().expect("child output")
     }
 }
 
