@@ -9,7 +9,12 @@ import pytest
 
 pytestmark = pytest.mark.server
 
-TEST_HOOKS = (b"CONDUCTOR_FAILPOINT", b"CONDUCTOR_TEST_FAIL_WRITES_WHILE", b"CONDUCTOR_TEST_APPLY_DELAY_MS")
+TEST_HOOKS = (
+    b"CONDUCTOR_FAILPOINT",
+    b"CONDUCTOR_TEST_FAIL_WRITES_WHILE",
+    b"CONDUCTOR_TEST_APPLY_DELAY_MS",
+    b"CONDUCTOR_TEST_CHAIN_TUNING",
+)
 
 
 def test_the_executable_reads_no_test_hook(conductor_bin):

@@ -71,6 +71,11 @@ fn open_and_recover(dir: &Path) -> Result<Loaded, StorageError> {
         contexts = recovered.contexts.len(),
         registrations = recovered.registrations.len(),
         pairs = recovered.pairs,
+        chain_tuning = %format_args!(
+            "{},{}",
+            recovered.tuning.shard_bits(),
+            recovered.tuning.segment_bits()
+        ),
         scan_ms = recovered.phases.scan.as_millis() as u64,
         build_ms = recovered.phases.build.as_millis() as u64,
         "recovered state"

@@ -514,7 +514,11 @@ fn a_store_written_under_one_chain_tuning_restarts_exactly_under_another() {
     assert_ne!(tuned, ChainTuning::DEFAULT);
     let store = MemoryStore::new();
     migrations::migrate(&store, "mem").unwrap();
-    assert_eq!(migrations::read_tuning(&store).unwrap(), ChainTuning::DEFAULT, "a new store");
+    assert_eq!(
+        migrations::read_tuning(&store).unwrap(),
+        ChainTuning::DEFAULT,
+        "a new store"
+    );
     // As a store created under `tuned` (another binary's default).
     store.write(vec![migrations::tuning_op(tuned)]).unwrap();
     put_registration(&store, &registration(0)).unwrap();
@@ -533,12 +537,23 @@ fn a_store_written_under_one_chain_tuning_restarts_exactly_under_another() {
     let recovered = recover(&store).unwrap();
     assert_eq!(recovered.tuning, tuned);
     let back = recovered.contexts.into_iter().next().expect("context");
-    assert_eq!(device_blocks(&back, &tokens), 40, "every block, from tokens");
+    assert_eq!(
+        device_blocks(&back, &tokens),
+        40,
+        "every block, from tokens"
+    );
     assert_eq!(state(&back), state(&index));
 
     // Without the record the keys would be read as the default's: a short prefix at most.
-    store.write(vec![migrations::tuning_op(ChainTuning::DEFAULT)]).unwrap();
-    let misread = recover(&store).unwrap().contexts.into_iter().next().expect("context");
+    store
+        .write(vec![migrations::tuning_op(ChainTuning::DEFAULT)])
+        .unwrap();
+    let misread = recover(&store)
+        .unwrap()
+        .contexts
+        .into_iter()
+        .next()
+        .expect("context");
     assert!(device_blocks(&misread, &tokens) < 40);
 }
 
@@ -564,6 +579,11 @@ fn migration_8_records_the_tuning_older_stores_were_made_with() {
         migrations::read_tuning(&store).unwrap(),
         ChainTuning::UNRECORDED
     );
-    let back = recover(&store).unwrap().contexts.into_iter().next().expect("context");
+    let back = recover(&store)
+        .unwrap()
+        .contexts
+        .into_iter()
+        .next()
+        .expect("context");
     assert_eq!(device_blocks(&back, &tokens), 40);
 }

@@ -19,10 +19,10 @@ use std::collections::VecDeque;
 use crate::durability::checkpoint::context_ops;
 use crate::durability::codec::context_id;
 use crate::gateway::pb;
+use crate::hashing::derived::ChainTuning;
 use crate::index::ContextChanges;
 use crate::index::actor::ExportState;
 use crate::registry::{ContextDirectory, SubscriptionDirectory};
-use crate::hashing::derived::ChainTuning;
 use crate::storage::{Cf, KvStore, StorageError};
 
 use super::format::{self, FORMAT};

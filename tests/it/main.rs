@@ -11,6 +11,7 @@ mod bootstrap_retry;
 mod bounded_requests;
 mod budget;
 mod caps;
+mod chain_tuning;
 mod connections;
 mod convergence;
 mod crash_points;
