@@ -68,3 +68,39 @@ fn growth_keeps_every_block_readable() {
     }
     assert!(keys.iter().all(|&k| value_of(&table, k) != 0));
 }
+
+#[test]
+fn readers_never_take_the_sets_writer_mutex() {
+    let table = Table::new();
+    let key = mix64(21);
+    add(&table, key, 1);
+    add(&table, key, 2);
+    let (value, _) = {
+        let reading = table.reading();
+        let mut at = table.locate(key);
+        table.lookup(&reading, &mut at, |_, _| false, &mut Vec::new())
+    };
+    assert!(!is_inline(value), "two holders: a set value");
+    // The writer's mutex held for the whole read: a reader that took it would never finish.
+    let writer = table.sets.writer();
+    let entries = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let reading = table.reading();
+            let mut at = table.locate(key);
+            let mut out = Vec::new();
+            table.lookup(&reading, &mut at, |_, _| true, &mut out);
+            out
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !reader.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a reader waits for the writer's mutex"
+            );
+            std::thread::yield_now();
+        }
+        reader.join().expect("reader")
+    });
+    drop(writer);
+    assert_eq!(entries.len(), 2);
+}
