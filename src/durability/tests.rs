@@ -498,6 +498,19 @@ fn chained_prompt() -> (Vec<i32>, IndexOp) {
     (tokens, op)
 }
 
+/// A context of `tuning` holding the chained prompt on `e0`'s device, and the prompt's tokens.
+fn context_with_prompt(tuning: crate::hashing::derived::ChainTuning) -> (ContextIndex, Vec<i32>) {
+    let mut index = ContextIndex::tuned(key(), profile(), tuning);
+    index.attach_rank(&source(0), "e0", 0);
+    let (tokens, op) = chained_prompt();
+    let batch = IndexBatch {
+        source: source(0),
+        ops: vec![op],
+    };
+    index.apply_sequenced(&batch, Watermark { seq: 1, digest: 9 });
+    (index, tokens)
+}
+
 fn device_blocks(index: &ContextIndex, tokens: &[i32]) -> u64 {
     let hits = index.reader().query_tokens(tokens, "", None);
     hits.hits.get("e0").map_or(0, |h| h.rank_matches[&0].device) / key().block_size as u64
@@ -523,14 +536,7 @@ fn a_store_written_under_one_chain_tuning_restarts_exactly_under_another() {
     store.write(vec![migrations::tuning_op(tuned)]).unwrap();
     put_registration(&store, &registration(0)).unwrap();
 
-    let mut index = ContextIndex::tuned(key(), profile(), tuned);
-    index.attach_rank(&source(0), "e0", 0);
-    let (tokens, op) = chained_prompt();
-    let batch = IndexBatch {
-        source: source(0),
-        ops: vec![op],
-    };
-    index.apply_sequenced(&batch, Watermark { seq: 1, digest: 9 });
+    let (mut index, tokens) = context_with_prompt(tuned);
     assert_eq!(device_blocks(&index, &tokens), 40);
     checkpoint(&mut index, &store).unwrap();
 
@@ -565,14 +571,7 @@ fn migration_8_records_the_tuning_older_stores_were_made_with() {
     let store = MemoryStore::new();
     put_registration(&store, &registration(0)).unwrap();
     store.write(vec![migrations::version_op(7)]).unwrap();
-    let mut index = ContextIndex::tuned(key(), profile(), ChainTuning::UNRECORDED);
-    index.attach_rank(&source(0), "e0", 0);
-    let (tokens, op) = chained_prompt();
-    let batch = IndexBatch {
-        source: source(0),
-        ops: vec![op],
-    };
-    index.apply_sequenced(&batch, Watermark { seq: 1, digest: 9 });
+    let (mut index, tokens) = context_with_prompt(ChainTuning::UNRECORDED);
     checkpoint(&mut index, &store).unwrap();
     assert_eq!(migrations::migrate(&store, "mem").unwrap(), 7);
     assert_eq!(
