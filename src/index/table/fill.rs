@@ -162,7 +162,7 @@ impl Table {
     pub fn for_each_entry(&self, mut f: impl FnMut(u32, BlockRef)) {
         for (s, shard) in self.shards.iter().enumerate() {
             // The shard first, then the set lists: the table's lock order.
-            let shard = super::read_lock(shard);
+            let shard = super::write::shard_read(shard);
             let lists = self.sets.lists();
             shard.blocks.for_each_record(|idx, val| {
                 let r = (s as u32) << IDX_BITS | idx;

@@ -43,6 +43,7 @@ mod entry;
 mod fill;
 #[cfg(test)]
 mod hint_tests;
+mod lock_order;
 mod prefetch;
 #[cfg(test)]
 mod ref_tests;

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use super::arena::Arena;
+use super::lock_order::Innermost;
 use super::set_index::SetIndex;
 use super::{ALL_TIERS, Added, Removed, entry_bits, entry_id, mix64, read_lock, write_lock};
 
@@ -146,8 +147,8 @@ impl Sets {
         }
     }
 
-    pub(super) fn lists(&self) -> std::sync::RwLockReadGuard<'_, SetLists> {
-        read_lock(&self.lists)
+    pub(super) fn lists(&self) -> Innermost<std::sync::RwLockReadGuard<'_, SetLists>> {
+        Innermost::new(read_lock(&self.lists))
     }
 
     /// How many times a freed set id was given to new contents. Read with a block value (in the
@@ -159,6 +160,7 @@ impl Sets {
     }
 
     pub(super) fn writer(&self) -> MutexGuard<'_, SetWriter> {
+        super::lock_order::outer("the sets' writer mutex");
         self.writer.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -329,7 +331,7 @@ impl Sets {
                 return Some(set_value(id));
             }
         }
-        let mut lists = write_lock(&self.lists);
+        let mut lists = Innermost::new(write_lock(&self.lists));
         let off = lists.arena.alloc(items)?;
         let id = match w.free.pop() {
             Some(id) => {
@@ -368,7 +370,7 @@ impl Sets {
             return;
         }
         w.index.remove(id, &w.hashes);
-        let mut lists = write_lock(&self.lists);
+        let mut lists = Innermost::new(write_lock(&self.lists));
         let off = lists.offs[id as usize];
         lists.arena.release(off);
         drop(lists);

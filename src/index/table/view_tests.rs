@@ -104,3 +104,31 @@ fn readers_never_take_the_sets_writer_mutex() {
     drop(writer);
     assert_eq!(entries.len(), 2);
 }
+
+/// The lock order's check (`lock_order`) fires: a shard lock taken under the set lists' lock.
+#[test]
+#[should_panic(expected = "keeps that lock innermost")]
+fn a_shard_lock_under_the_lists_lock_breaks_the_lock_order() {
+    let table = Table::new();
+    let _lists = table.sets.lists();
+    let _ = table.read(mix64(3)).value(mix64(3));
+}
+
+/// A key's shard (I8): an odd key names it in its top bits, an even key takes it from its slot
+/// hash; either way the table finds the key where it put it.
+#[test]
+fn an_odd_key_names_its_shard_and_an_even_key_takes_its_slot_hashs() {
+    let table = Table::new();
+    for i in 1..2_000u64 {
+        let key = mix64(i);
+        let hash = blocks::slot_hash(key, table.slot_seed);
+        let shard = table.shard_no(key);
+        if key & 1 == 1 {
+            assert_eq!(shard, (key >> (64 - SHARD_BITS)) as usize);
+        } else {
+            assert_eq!(shard, shard_of_hash(hash));
+        }
+        add(&table, key, 1);
+        assert_ne!(value_of(&table, key), 0);
+    }
+}

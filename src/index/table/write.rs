@@ -211,6 +211,7 @@ impl Table {
     /// other writer), so the section only publishes the new pointer and readers never wait for
     /// a rehash.
     pub(super) fn write(&self, shard: usize, room: usize) -> ShardWrite<'_> {
+        super::lock_order::outer("a shard lock");
         let mut guard = write_lock(&self.shards[shard]);
         if room > 0 {
             guard.blocks.reserve(room);
@@ -228,7 +229,7 @@ impl Table {
     #[inline]
     pub fn read(&self, key: u64) -> ShardRead<'_> {
         ShardRead {
-            shard: read_lock(self.shard_of(key)),
+            shard: shard_read(self.shard_of(key)),
             sets: &self.sets,
         }
     }
@@ -308,7 +309,7 @@ impl Table {
     /// The key of the block behind `r` when holder `id` has an entry there.
     pub fn held_key(&self, r: BlockRef, id: u32) -> Option<u64> {
         let (shard, idx) = self.resolve(r);
-        read_lock(&self.shards[shard]).held_key(&self.sets, idx, id)
+        shard_read(&self.shards[shard]).held_key(&self.sets, idx, id)
     }
 
     /// Remove every tier of holder `id` from the block behind `r`; the block's key and what
@@ -325,7 +326,7 @@ impl Table {
 
     pub fn shards(&self) -> impl Iterator<Item = ShardRead<'_>> {
         self.shards.iter().map(|s| ShardRead {
-            shard: read_lock(s),
+            shard: shard_read(s),
             sets: &self.sets,
         })
     }
@@ -348,4 +349,10 @@ pub(crate) fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 pub(crate) fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A shard under its read lock, taken in the lock order (see `lock_order`).
+pub(super) fn shard_read(lock: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
+    super::lock_order::outer("a shard lock");
+    read_lock(lock)
 }
