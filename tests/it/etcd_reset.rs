@@ -64,7 +64,11 @@ fn config(etcd: &Etcd, prefix: &str, hold: bool) -> Value {
 
 /// Register `v0` on `a`, wait until every replica runs it, and publish one batch of 8 tokens
 /// to all of them; the tokens.
-async fn registered_with_blocks(replicas: &[&Server], player: &mut Player) -> Vec<i32> {
+async fn registered_with_blocks(
+    etcd: &Etcd,
+    replicas: &[&Server],
+    player: &mut Player,
+) -> Vec<i32> {
     let body = Registration::vllm("v0", &player.endpoint).http();
     let bytes = serde_json::to_vec(&body).expect("encode JSON");
     let auth = format!("Bearer {TOKEN}");
@@ -78,6 +82,21 @@ async fn registered_with_blocks(replicas: &[&Server], player: &mut Player) -> Ve
         eventually("every replica runs v0", WAIT, || async {
             (endpoints(r).await.len() == 1).then_some(())
         })
+        .await;
+    }
+    // The scenario is an etcd wiped after the fleet agreed with it: each replica has also applied
+    // etcd's whole history through its watch, which the replica that wrote v0 may not have done
+    // yet when it already runs v0.
+    let revision = etcd.revision().await;
+    for r in replicas {
+        eventually(
+            "every replica has followed etcd's history",
+            WAIT,
+            || async {
+                let status = http::get(r.http_port, "/services/status").await.json();
+                (status["registry"]["revision"].as_i64() == Some(revision)).then_some(())
+            },
+        )
         .await;
     }
     let tokens: Vec<i32> = (1..=8).collect();
@@ -96,7 +115,7 @@ async fn an_etcd_that_comes_back_empty_keeps_every_replica_serving_and_gets_its_
     let a = Server::start_with(config(&etcd, "/r1/", false)).await;
     let b = Server::start_with(config(&etcd, "/r1/", false)).await;
     let mut player = Player::start(false, 0).await;
-    let tokens = registered_with_blocks(&[&a, &b], &mut player).await;
+    let tokens = registered_with_blocks(&etcd, &[&a, &b], &mut player).await;
     let expected = endpoints(&a).await;
 
     etcd.wipe().await;
@@ -167,7 +186,7 @@ async fn with_on_reset_hold_an_empty_etcd_is_reported_until_an_operator_decides(
     let a = Server::start_with(config(&etcd, "/r2/", true)).await;
     let b = Server::start_with(config(&etcd, "/r2/", true)).await;
     let mut player = Player::start(false, 0).await;
-    let tokens = registered_with_blocks(&[&a, &b], &mut player).await;
+    let tokens = registered_with_blocks(&etcd, &[&a, &b], &mut player).await;
     let expected = endpoints(&a).await;
 
     etcd.wipe().await;

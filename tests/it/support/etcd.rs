@@ -100,6 +100,20 @@ impl Etcd {
         self.restart().await;
     }
 
+    /// etcd's current store revision (its JSON gateway's answer to an empty range).
+    pub async fn revision(&self) -> i64 {
+        let body = br#"{"key": "AA=="}"#;
+        let r = super::http::request(self.client_port, "POST", "/v3/kv/range", &[], body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let header = &r.json()["header"]["revision"];
+        // The gateway writes 64-bit numbers as strings.
+        header
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .or_else(|| header.as_i64())
+            .unwrap_or_else(|| panic!("no revision in {}", r.text()))
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
     }
