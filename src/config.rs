@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::config_replica::positive;
+pub use crate::config_replica::{
+    DEFAULT_BOOTSTRAP_ATTEMPTS, DEFAULT_BOOTSTRAP_DEADLINE_MS, DEFAULT_BOOTSTRAP_MAX_BYTES,
+};
 use crate::durability::OnCorruptData;
 use crate::gateway::auth::Tokens;
 use crate::registry::policy::{
@@ -57,22 +61,11 @@ pub const DEFAULT_MAX_CONTEXTS_PER_SOURCE: u64 = 64;
 /// Default of `max_holders_per_context`: a store has one holder (backend) per node or rank, so a
 /// real fleet has hundreds at most (see `docs/engine-events.md`).
 pub const DEFAULT_MAX_HOLDERS_PER_CONTEXT: u64 = 1024;
-/// Snapshot attempts before an empty start: with the back-off between them (1, 2, 4, 8, 16 s),
-/// about half a minute for a peer to come back, or for the first replica of a new fleet to find
-/// there is none (see docs/replicas.md).
-pub const DEFAULT_BOOTSTRAP_ATTEMPTS: u32 = 6;
 /// Smaller memory budgets are a mistake (a few thousand blocks), not a bound.
 const MIN_INDEX_BYTES: u64 = 1 << 20;
 const MAX_INDEX_BYTES: u64 = 1 << 50;
 /// Block ids of a context's table fit 32 bits.
 const MAX_CONTEXT_BLOCKS: u64 = u32::MAX as u64;
-const MAX_BOOTSTRAP_ATTEMPTS: u32 = 1_000_000;
-/// One snapshot pull, connection to end mark: 10 M pairs take about 10 s on a busy two-core
-/// machine, so five minutes is far above any honest peer and bounds a trickling one (see
-/// docs/replicas.md, "Bounds of a bootstrap").
-pub const DEFAULT_BOOTSTRAP_DEADLINE_MS: u64 = 300_000;
-/// Bytes of records one pull takes at most: about a billion pairs at 29 bytes each.
-pub const DEFAULT_BOOTSTRAP_MAX_BYTES: u64 = 32 << 30;
 
 /// The loaded configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -130,26 +123,10 @@ pub struct Config {
     pub max_context_blocks: u64,
     /// Registrations shared with other replicas through etcd; `None`: this replica's own store.
     pub shared_registry: Option<crate::registry::shared::EtcdConfig>,
-    /// A peer replica (`http://host:grpc_port`) to take a snapshot from when the data directory
-    /// holds nothing.
-    pub bootstrap_from: Option<String>,
-    /// Attempts at that snapshot before the replica starts empty; 0: attempt until one succeeds.
-    pub bootstrap_attempts: u32,
-    /// This replica's id in `/metrics` and in the snapshots it serves; `None`: the host name.
-    pub replica_id: Option<String>,
+    /// A replica's id, bootstrap and snapshot export (`config_replica`).
+    pub replica: crate::config_replica::ReplicaConfig,
     /// TLS on both servers (`tls`); `None`: plain TCP.
     pub tls: Option<crate::gateway::tls::ServerTlsFiles>,
-    /// The CA (and name) an `https://` `bootstrap_from` is checked against.
-    pub bootstrap_tls: Option<crate::gateway::tls::PeerTlsFiles>,
-    /// A plain `http://` `bootstrap_from` to a peer off this host is accepted (trusted network).
-    pub bootstrap_allow_plain_http: bool,
-    /// One snapshot pull is abandoned (a failed attempt) past this long.
-    pub bootstrap_deadline_ms: u64,
-    /// Bytes of records one snapshot pull takes at most; a peer sending more is refused.
-    pub bootstrap_max_bytes: u64,
-    /// Without a configured token, whether `Replica.Snapshot` is served to anyone (`"open"`)
-    /// or refused (`"auth"`, the default). With a token it always needs the token.
-    pub snapshot_export_open: bool,
     /// Connection cap, timeouts and gRPC keepalive (`docs/connections.md`).
     pub connections: crate::config_connections::ConnectionConfig,
 }
@@ -298,15 +275,8 @@ impl Config {
             max_index_bytes: None,
             max_context_blocks: 0,
             shared_registry: None,
-            bootstrap_from: None,
-            bootstrap_attempts: DEFAULT_BOOTSTRAP_ATTEMPTS,
-            replica_id: None,
+            replica: Default::default(),
             tls: None,
-            bootstrap_tls: None,
-            bootstrap_allow_plain_http: false,
-            bootstrap_deadline_ms: DEFAULT_BOOTSTRAP_DEADLINE_MS,
-            bootstrap_max_bytes: DEFAULT_BOOTSTRAP_MAX_BYTES,
-            snapshot_export_open: false,
             connections: Default::default(),
         };
         for (key, value) in &root {
@@ -476,76 +446,10 @@ impl Config {
                         .map_err(|(f, m)| err(Some(f.as_str()), m))?;
                     config.shared_registry = Some(etcd);
                 }
-                "bootstrap_from" => {
-                    let text = value
-                        .as_str()
-                        .filter(|s| s.starts_with("http://") || s.starts_with("https://"));
-                    let text = text.ok_or_else(|| {
-                        err(
-                            field,
-                            "must be a peer's gRPC address, https://host:port or http://host:port"
-                                .into(),
-                        )
-                    })?;
-                    config.bootstrap_from = Some(text.to_owned());
-                }
-                "bootstrap_attempts" => {
-                    config.bootstrap_attempts = value
-                        .as_u64()
-                        .and_then(|n| u32::try_from(n).ok())
-                        .filter(|&n| n <= MAX_BOOTSTRAP_ATTEMPTS)
-                        .ok_or_else(|| {
-                            err(
-                                field,
-                                format!(
-                                    "must be an integer in 0..={MAX_BOOTSTRAP_ATTEMPTS} \
-                                     (0: attempt until one succeeds)"
-                                ),
-                            )
-                        })?
-                }
-                "replica_id" => {
-                    let text = value.as_str().filter(|s| !s.is_empty() && s.len() <= 256);
-                    let text = text
-                        .ok_or_else(|| err(field, "must be a string of 1 to 256 bytes".into()))?;
-                    config.replica_id = Some(text.to_owned());
-                }
                 "tls" => {
                     let files = crate::gateway::tls::ServerTlsFiles::parse(value)
                         .map_err(|(f, m)| err(Some(f.as_str()), m))?;
                     config.tls = Some(files);
-                }
-                "bootstrap_tls" => {
-                    let files = crate::gateway::tls::PeerTlsFiles::parse(value)
-                        .map_err(|(f, m)| err(Some(f.as_str()), m))?;
-                    config.bootstrap_tls = Some(files);
-                }
-                "bootstrap_allow_plain_http" => {
-                    config.bootstrap_allow_plain_http = value
-                        .as_bool()
-                        .ok_or_else(|| err(field, "must be true or false".into()))?
-                }
-                "bootstrap_deadline_ms" => {
-                    config.bootstrap_deadline_ms =
-                        positive(value, u32::MAX as u64).map_err(|m| err(field, m))?
-                }
-                "bootstrap_max_bytes" => {
-                    config.bootstrap_max_bytes =
-                        positive(value, 1 << 44).map_err(|m| err(field, m))?
-                }
-                "snapshot_export" => {
-                    config.snapshot_export_open = match value.as_str() {
-                        Some("auth") => false,
-                        Some("open") => true,
-                        _ => {
-                            return Err(err(
-                                field,
-                                "must be \"auth\" (a token is needed) or \"open\" (anyone may \
-                                 take a snapshot when no token is configured)"
-                                    .into(),
-                            ));
-                        }
-                    }
                 }
                 "on_corrupt_data" => {
                     config.move_corrupt_data_aside = match value.as_str() {
@@ -554,9 +458,12 @@ impl Config {
                         _ => return Err(err(field, "must be \"refuse\" or \"move_aside\"".into())),
                     }
                 }
-                other => match config.connections.set(other, value) {
-                    Some(set) => set.map_err(|m| err(field, m))?,
-                    None => return Err(err(field, "unknown configuration key".into())),
+                other => match config.replica.set(other, value) {
+                    Some(set) => set.map_err(|(f, m)| err(Some(f.as_str()), m))?,
+                    None => match config.connections.set(other, value) {
+                        Some(set) => set.map_err(|m| err(field, m))?,
+                        None => return Err(err(field, "unknown configuration key".into())),
+                    },
                 },
             }
         }
@@ -571,9 +478,9 @@ impl Config {
             ));
         }
         crate::gateway::tls::check_bootstrap_transport(
-            config.bootstrap_from.as_deref(),
-            config.bootstrap_tls.is_some(),
-            config.bootstrap_allow_plain_http,
+            config.replica.bootstrap_from.as_deref(),
+            config.replica.bootstrap_tls.is_some(),
+            config.replica.bootstrap_allow_plain_http,
         )
         .map_err(|(f, m)| err(Some(f), m))?;
         Ok(config)
@@ -585,13 +492,6 @@ fn port(value: &Value) -> Result<u16, String> {
         .as_u64()
         .ok_or_else(|| "must be an integer in 0..=65535".to_owned())?;
     u16::try_from(n).map_err(|_| format!("{n} is outside 0..=65535"))
-}
-
-fn positive(value: &Value, max: u64) -> Result<u64, String> {
-    match value.as_u64() {
-        Some(n) if (1..=max).contains(&n) => Ok(n),
-        _ => Err(format!("must be an integer in 1..={max}")),
-    }
 }
 
 /// Log levels accepted by `CONDUCTOR_LOG_LEVEL`.

@@ -89,9 +89,12 @@ fn errors_name_the_file_and_the_field() {
 #[test]
 fn bootstrap_attempts_default_to_a_bound_and_zero_means_no_limit() {
     let c = Config::parse("{}", "c").unwrap();
-    assert_eq!(c.bootstrap_attempts, super::DEFAULT_BOOTSTRAP_ATTEMPTS);
+    assert_eq!(
+        c.replica.bootstrap_attempts,
+        super::DEFAULT_BOOTSTRAP_ATTEMPTS
+    );
     let c = Config::parse(r#"{"bootstrap_attempts": 0}"#, "c").unwrap();
-    assert_eq!(c.bootstrap_attempts, 0);
+    assert_eq!(c.replica.bootstrap_attempts, 0);
     for bad in [r#"-1"#, r#""3""#, "1.5", "4294967296"] {
         let e = Config::parse(&format!(r#"{{"bootstrap_attempts": {bad}}}"#), "c").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("bootstrap_attempts"), "{bad}");
@@ -107,8 +110,11 @@ fn bootstrap_from_needs_an_http_address_and_replica_id_a_short_name() {
         "c",
     )
     .unwrap();
-    assert_eq!(c.bootstrap_from.as_deref(), Some("http://10.0.0.5:50051"));
-    assert_eq!(c.replica_id.as_deref(), Some("r-1"));
+    assert_eq!(
+        c.replica.bootstrap_from.as_deref(),
+        Some("http://10.0.0.5:50051")
+    );
+    assert_eq!(c.replica.replica_id.as_deref(), Some("r-1"));
     let e = Config::parse(r#"{"bootstrap_from": "10.0.0.5:50051"}"#, "c").unwrap_err();
     assert_eq!(e.field.as_deref(), Some("bootstrap_from"));
     let e = Config::parse(r#"{"replica_id": ""}"#, "c").unwrap_err();
@@ -135,7 +141,7 @@ fn plain_http_bootstrap_to_another_host_needs_the_opt_in() {
     }
     for peer in ["http://127.0.0.1:1", "http://localhost:1", "http://[::1]:1"] {
         let c = Config::parse(&format!(r#"{{"bootstrap_from": "{peer}"}}"#), "c").unwrap();
-        assert_eq!(c.bootstrap_from.as_deref(), Some(peer));
+        assert_eq!(c.replica.bootstrap_from.as_deref(), Some(peer));
     }
     let e = Config::parse(r#"{"bootstrap_allow_plain_http": 1}"#, "c").unwrap_err();
     assert_eq!(e.field.as_deref(), Some("bootstrap_allow_plain_http"));
@@ -151,7 +157,7 @@ fn https_bootstrap_needs_a_ca_and_tls_names_its_fields() {
         "c",
     )
     .unwrap();
-    let tls = c.bootstrap_tls.expect("bootstrap_tls");
+    let tls = c.replica.bootstrap_tls.expect("bootstrap_tls");
     assert_eq!(tls.ca_file, std::path::Path::new("ca.pem"));
     assert_eq!(tls.domain.as_deref(), Some("p"));
     let e = Config::parse(
@@ -299,16 +305,25 @@ fn publisher_liveness_keys() {
 fn bootstrap_bounds_default_and_are_positive() {
     let c = Config::parse("{}", "c").unwrap();
     assert_eq!(
-        c.bootstrap_deadline_ms,
+        c.replica.bootstrap_deadline_ms,
         super::DEFAULT_BOOTSTRAP_DEADLINE_MS
     );
-    assert_eq!(c.bootstrap_max_bytes, super::DEFAULT_BOOTSTRAP_MAX_BYTES);
+    assert_eq!(
+        c.replica.bootstrap_max_bytes,
+        super::DEFAULT_BOOTSTRAP_MAX_BYTES
+    );
     let c = Config::parse(
         r#"{"bootstrap_deadline_ms": 500, "bootstrap_max_bytes": 9}"#,
         "c",
     )
     .unwrap();
-    assert_eq!((c.bootstrap_deadline_ms, c.bootstrap_max_bytes), (500, 9));
+    assert_eq!(
+        (
+            c.replica.bootstrap_deadline_ms,
+            c.replica.bootstrap_max_bytes
+        ),
+        (500, 9)
+    );
     for (key, bad) in [
         ("bootstrap_deadline_ms", "0"),
         ("bootstrap_max_bytes", "0"),
@@ -323,17 +338,19 @@ fn bootstrap_bounds_default_and_are_positive() {
 fn snapshot_export_needs_a_token_unless_opened() {
     let c = Config::parse("{}", "c").unwrap();
     assert!(
-        !c.snapshot_export_open,
+        !c.replica.snapshot_export_open,
         "refused without a token by default"
     );
     assert!(
         Config::parse(r#"{"snapshot_export": "open"}"#, "c")
             .unwrap()
+            .replica
             .snapshot_export_open
     );
     assert!(
         !Config::parse(r#"{"snapshot_export": "auth"}"#, "c")
             .unwrap()
+            .replica
             .snapshot_export_open
     );
     for bad in [r#""yes""#, "true", "1"] {

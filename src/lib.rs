@@ -17,8 +17,9 @@
 //! - [`registry`] registrations: policy, lifecycle, sharing through etcd.
 //! - [`metrics`] Prometheus text of the registry's and the indexes' figures.
 //! - [`gateway`] gRPC and HTTP over one operation layer.
-//! - [`config`] the service configuration (it builds the settings of the modules above), and
-//!   [`config_connections`] its keys of the servers' connections.
+//! - [`config`] the service configuration (it builds the settings of the modules above),
+//!   [`config_connections`] its keys of the servers' connections and [`config_replica`] those
+//!   of a replica's bootstrap and snapshot export.
 //! - [`replica`] a new replica's bootstrap from a peer's snapshot (served and pulled).
 //! - [`service`] the running service.
 //! - [`admin`] offline commands on a data directory; [`fixture`] recorded event fixtures
@@ -27,6 +28,7 @@
 pub mod admin;
 pub mod config;
 pub mod config_connections;
+pub mod config_replica;
 pub mod durability;
 pub mod error;
 pub mod events;

@@ -74,7 +74,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         }
         None => None,
     };
-    let peer_tls = match &config.bootstrap_tls {
+    let peer_tls = match &config.replica.bootstrap_tls {
         Some(files) => Some(files.client_config().map_err(ServiceError::Other)?),
         None => None,
     };
@@ -111,7 +111,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let bootstrap_peer =
         crate::replica::plan(&config, loaded.store.as_ref(), &mut loaded.recovered)?;
     let replica = Arc::new(crate::replica::progress::Progress::new(
-        crate::replica::progress::replica_id(config.replica_id.as_deref()),
+        crate::replica::progress::replica_id(config.replica.replica_id.as_deref()),
     ));
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
@@ -199,7 +199,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             subscriptions.clone(),
             replica.replica_id().to_owned(),
         )
-        .guarded(!config.auth_tokens.is_empty(), config.snapshot_export_open)
+        .guarded(
+            !config.auth_tokens.is_empty(),
+            config.replica.snapshot_export_open,
+        )
         .counting(export_counts);
         let snapshots = crate::gateway::pb_server::replica_server::ReplicaServer::new(snapshots)
             .max_encoding_message_size(crate::replica::format::MAX_CHUNK_BYTES);
@@ -250,7 +253,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
             peer,
             token: config.auth_tokens.first(),
             tls: peer_tls.as_ref(),
-            limit: config.bootstrap_attempts,
+            limit: config.replica.bootstrap_attempts,
             bounds: crate::replica::receive::Limits::of(&config),
         };
         match attempts

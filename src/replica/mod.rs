@@ -65,7 +65,7 @@ pub fn plan<'a>(
     store: &dyn KvStore,
     recovered: &mut Recovered,
 ) -> Result<Option<&'a str>, StorageError> {
-    let peer = config.bootstrap_from.as_deref();
+    let peer = config.replica.bootstrap_from.as_deref();
     if let Some(was) = pending::pending(store)? {
         tracing::warn!(
             pending_from = %was,

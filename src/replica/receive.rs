@@ -54,13 +54,13 @@ pub struct Limits {
 impl Limits {
     pub fn of(config: &Config) -> Limits {
         Limits {
-            deadline: Duration::from_millis(config.bootstrap_deadline_ms),
+            deadline: Duration::from_millis(config.replica.bootstrap_deadline_ms),
             max_registrations: config.max_subscriptions,
             max_contexts: config
                 .max_subscriptions
                 .saturating_mul(config.max_contexts_per_source),
             max_name_bytes: config.max_name_bytes as usize,
-            max_bytes: config.bootstrap_max_bytes,
+            max_bytes: config.replica.bootstrap_max_bytes,
         }
     }
 
