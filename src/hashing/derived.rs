@@ -123,6 +123,17 @@ impl ChainTuning {
         [self.shard_bits, self.segment_bits]
     }
 
+    /// The two bytes as one number, shard bits high: what an atomic or a snapshot's begin mark
+    /// holds.
+    pub const fn to_bits(self) -> u16 {
+        u16::from_be_bytes(self.encode())
+    }
+
+    /// The tuning [`Self::to_bits`] made; `None` for anything [`Self::new`] refuses.
+    pub fn from_bits(bits: u16) -> Option<ChainTuning> {
+        ChainTuning::decode(&bits.to_be_bytes())
+    }
+
     /// The tuning two bytes name; `None` for anything [`Self::new`] refuses.
     pub fn decode(bytes: &[u8]) -> Option<ChainTuning> {
         match bytes {

@@ -82,8 +82,8 @@ pub struct ContextDirectory {
     arbiters: ArbiterPool,
     /// The memory budget every context it starts shares.
     budget: Arc<super::Budget>,
-    /// The chain tuning of the store, which every context it starts uses (two bytes, see
-    /// [`ChainTuning::encode`]): set from the store at start and after a bootstrap, before
+    /// The chain tuning of the store, which every context it starts uses
+    /// ([`ChainTuning::to_bits`]): set from the store at start and after a bootstrap, before
     /// any context is started.
     tuning: Arc<AtomicU16>,
 }
@@ -94,22 +94,18 @@ impl ContextDirectory {
             contexts: Arc::default(),
             arbiters,
             budget: super::Budget::unbounded(),
-            tuning: Arc::new(AtomicU16::new(u16::from_be_bytes(
-                ChainTuning::DEFAULT.encode(),
-            ))),
+            tuning: Arc::new(AtomicU16::new(ChainTuning::DEFAULT.to_bits())),
         }
     }
 
     /// Contexts started from now on make their derived keys with `tuning` (the store's).
     pub fn set_tuning(&self, tuning: ChainTuning) {
-        let bytes = u16::from_be_bytes(tuning.encode());
-        self.tuning.store(bytes, Ordering::Release);
+        self.tuning.store(tuning.to_bits(), Ordering::Release);
     }
 
     /// The tuning contexts are started with.
     pub fn tuning(&self) -> ChainTuning {
-        let bytes = self.tuning.load(Ordering::Acquire).to_be_bytes();
-        ChainTuning::decode(&bytes).unwrap_or(ChainTuning::DEFAULT)
+        ChainTuning::from_bits(self.tuning.load(Ordering::Acquire)).unwrap_or(ChainTuning::DEFAULT)
     }
 
     /// Contexts started from now on share `budget` (see [`super::Budget`]).

@@ -147,7 +147,7 @@ impl Listing {
 
 /// A tuning as `SnapshotBegin.chain_tuning` carries it: shard bits << 8 | segment bits.
 pub fn tuning_to_wire(tuning: ChainTuning) -> u32 {
-    u32::from(u16::from_be_bytes(tuning.encode()))
+    u32::from(tuning.to_bits())
 }
 
 /// The tuning `SnapshotBegin.chain_tuning` names: 0 (a peer that sends none, of schema 7 or
@@ -155,9 +155,7 @@ pub fn tuning_to_wire(tuning: ChainTuning) -> u32 {
 pub fn tuning_from_wire(wire: u32) -> Option<ChainTuning> {
     match wire {
         0 => Some(ChainTuning::UNRECORDED),
-        w => u16::try_from(w)
-            .ok()
-            .and_then(|w| ChainTuning::decode(&w.to_be_bytes())),
+        w => u16::try_from(w).ok().and_then(ChainTuning::from_bits),
     }
 }
 
