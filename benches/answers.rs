@@ -11,7 +11,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use mooncake_conductor::gateway::grpc_wire::{QueryReply, QueryRequestIn};
 use mooncake_conductor::gateway::http_body::{HitsBody, hits_msgpack};
 use mooncake_conductor::gateway::pb;
-use mooncake_conductor::index::{InstanceHits, QueryHits, SortedMap, TierCounts};
+use mooncake_conductor::index::{FlatAnswer, InstanceHits, QueryHits, SortedMap, TierCounts};
 use prost::Message;
 
 /// The load tool's answer: instance `i` holds a prefix growing with `i` on rank 0's GPU, half
@@ -73,29 +73,31 @@ fn generated(hits: QueryHits) -> pb::QueryResponse {
 
 fn bench_answers(c: &mut Criterion) {
     let hits = answer();
+    // The walk lends the transports its answer in this layout (`AnswerView`).
+    let flat = FlatAnswer::from_hits(&hits);
     let mut g = c.benchmark_group("answer_32x2");
-    // Each iteration takes its own copy of the index's answer, as the handler owns it.
+    // The generated message takes its own copy of the answer, as a handler owning it would.
     g.bench_function("grpc_generated_message", |b| {
         b.iter(|| generated(black_box(&hits).clone()).encode_to_vec())
     });
     g.bench_function("grpc_query_reply", |b| {
-        b.iter(|| QueryReply::new(Ok(black_box(&hits).clone())).encode_to_vec())
+        b.iter(|| QueryReply::answer(black_box(&flat).view()).encode_to_vec())
     });
     g.bench_function("msgpack_rmp_serde", |b| {
-        b.iter(|| rmp_serde::to_vec_named(&HitsBody(black_box(&hits))).unwrap())
+        b.iter(|| rmp_serde::to_vec_named(&HitsBody(black_box(&flat).view())).unwrap())
     });
     g.bench_function("msgpack_hand_written", |b| {
-        b.iter(|| hits_msgpack(black_box(&hits)))
+        b.iter(|| hits_msgpack(black_box(&flat).view()))
     });
     g.bench_function("json_serde", |b| {
-        b.iter(|| serde_json::to_vec(&HitsBody(black_box(&hits))).unwrap())
+        b.iter(|| serde_json::to_vec(&HitsBody(black_box(&flat).view())).unwrap())
     });
     // What a client then spends on the answer: the generated types, or a msgpack value tree.
-    let grpc_bytes = QueryReply::new(Ok(hits.clone())).encode_to_vec();
+    let grpc_bytes = QueryReply::answer(flat.view()).encode_to_vec();
     g.bench_function("grpc_client_decode_generated", |b| {
         b.iter(|| pb::QueryResponse::decode(black_box(&grpc_bytes[..])).unwrap())
     });
-    let msgpack_bytes = hits_msgpack(&hits);
+    let msgpack_bytes = hits_msgpack(flat.view());
     g.bench_function("msgpack_client_decode_rmpv", |b| {
         b.iter(|| rmpv::decode::read_value(&mut black_box(&msgpack_bytes[..])).unwrap())
     });

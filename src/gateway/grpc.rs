@@ -101,7 +101,7 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
         request: Request<QueryRequestIn>,
     ) -> Result<Response<QueryReply>, Status> {
         if let Err(e) = self.authorize(Access::Read, &request) {
-            return Ok(Response::new(QueryReply::new(Err(e))));
+            return Ok(Response::new(QueryReply::error(&e)));
         }
         let r = request.into_inner().0;
         let input = QueryInput {
@@ -113,9 +113,8 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             cache_salt: r.cache_salt,
             instance_filter: r.instance_filter,
         };
-        Ok(Response::new(QueryReply::new(
-            self.ops.query(&input, Transport::Grpc),
-        )))
+        let reply = (self.ops).query_with(&input, Transport::Grpc, QueryReply::answer);
+        Ok(Response::new(QueryReply::of(reply)))
     }
 
     async fn query_by_hash(
@@ -123,7 +122,7 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
         request: Request<QueryByHashRequestIn>,
     ) -> Result<Response<QueryReply>, Status> {
         if let Err(e) = self.authorize(Access::Read, &request) {
-            return Ok(Response::new(QueryReply::new(Err(e))));
+            return Ok(Response::new(QueryReply::error(&e)));
         }
         let r = request.into_inner().0;
         let input = QueryByHashInput {
@@ -134,9 +133,8 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             block_hashes: r.block_hashes,
             instance_filter: r.instance_filter,
         };
-        Ok(Response::new(QueryReply::new(
-            self.ops.query_by_hash(&input, Transport::Grpc),
-        )))
+        let reply = (self.ops).query_by_hash_with(&input, Transport::Grpc, QueryReply::answer);
+        Ok(Response::new(QueryReply::of(reply)))
     }
 
     async fn get_global_view(

@@ -2,11 +2,13 @@
 //! message tree per answer nor decodes a prompt one varint at a time through `bytes`' layers.
 //! The bytes are the contract's (`proto/conductor.proto`); only the Rust types differ.
 //!
-//! - [`QueryReply`] encodes a `QueryResponse` straight from [`QueryHits`]. The generated
-//!   message holds a `HashMap<String, InstanceHits>` with two more maps per instance: about 200
-//!   allocations and SipHash runs per answer of 32 instances x 2 ranks, all freed right after
-//!   encoding, and prost measures every nested message once per enclosing level. Here each
-//!   row is measured once and written in one pass. Fields follow prost's rules exactly: in tag
+//! - [`QueryReply`] encodes a `QueryResponse` straight from the walk's answer ([`AnswerView`]:
+//!   the plan's instance ids and ranks beside the walk's counts), while the walk still lends it.
+//!   The generated message holds a `HashMap<String, InstanceHits>` with two more maps per
+//!   instance: about 200 allocations and SipHash runs per answer of 32 instances x 2 ranks, all
+//!   freed right after encoding, and prost measures every nested message once per enclosing
+//!   level. Here nothing is built per row: each row is measured once and written in one pass
+//!   into the reply's one buffer. Fields follow prost's rules exactly: in tag
 //!   order, default scalars omitted, a map entry's default key or value omitted; entries in the
 //!   index's order (instances sorted, ranks ascending), which is as valid as a `HashMap`'s.
 //! - [`QueryRequestIn`] and [`QueryByHashRequestIn`] decode the generated requests, except that
@@ -23,7 +25,7 @@ use prost::encoding::{
 
 use crate::error::{Code, OpError};
 use crate::gateway::pb;
-use crate::index::{InstanceHits, QueryHits, TierCounts};
+use crate::index::{AnswerView, FlatAnswer, QueryHits, RowView, TierCounts};
 
 /// `QueryResponse` field tags.
 const RET: u32 = 1;
@@ -49,35 +51,60 @@ const BLOCK_HASHES: u32 = 5;
 pub struct QueryReply {
     ret: i32,
     error: Option<pb::ErrorDetail>,
-    hits: QueryHits,
-    /// Encoded length of each instance's `InstanceHits`, in `hits` order; `None` for a row
-    /// equal to the default message (prost omits it). Computed once for both passes.
-    row_lens: Vec<Option<usize>>,
+    /// The `hits` entries, already encoded from the walk's answer: one buffer per reply, written
+    /// while the answer is borrowed from the walk, then copied once into the frame.
+    hits: Vec<u8>,
 }
 
 impl QueryReply {
-    pub fn new(result: Result<QueryHits, OpError>) -> QueryReply {
-        match result {
-            Ok(hits) => {
-                let row_lens = hits.hits.values().map(row_len).collect();
-                QueryReply {
-                    ret: Code::Ok.value(),
-                    error: None,
-                    hits,
-                    row_lens,
-                }
-            }
-            Err(e) => QueryReply {
-                ret: e.code.value(),
-                error: Some(error_detail(&e)),
-                ..QueryReply::default()
-            },
+    /// The reply of a query's answer, encoded straight from the walk (see [`AnswerView`]).
+    pub fn answer(answer: AnswerView<'_>) -> QueryReply {
+        let mut hits = Vec::with_capacity(answer.len() * 48 + answer.rank_total() * 40);
+        encode_hits(answer, &mut hits);
+        QueryReply {
+            ret: Code::Ok.value(),
+            error: None,
+            hits,
         }
     }
 
-    /// Length of one `hits` entry's body, given its row's length.
-    fn entry_len(id: &str, row_len: Option<usize>) -> usize {
-        string_field_len(id) + row_len.map_or(0, len_field_len)
+    /// The reply of a failed query.
+    pub fn error(e: &OpError) -> QueryReply {
+        QueryReply {
+            ret: e.code.value(),
+            error: Some(error_detail(e)),
+            hits: Vec::new(),
+        }
+    }
+
+    /// The reply of an owned answer or an error.
+    pub fn new(result: Result<QueryHits, OpError>) -> QueryReply {
+        match result {
+            Ok(hits) => QueryReply::answer(FlatAnswer::from_hits(&hits).view()),
+            Err(e) => QueryReply::error(&e),
+        }
+    }
+
+    /// The reply of [`crate::gateway::ops::Ops::query_with`]'s result.
+    pub fn of(result: Result<QueryReply, OpError>) -> QueryReply {
+        result.unwrap_or_else(|e| QueryReply::error(&e))
+    }
+}
+
+/// The `hits` map's entries of `answer`, in the index's order.
+fn encode_hits(answer: AnswerView<'_>, buf: &mut Vec<u8>) {
+    for row in answer.rows() {
+        let tiers = row.tiers();
+        let row_len = row_len(&row, &tiers);
+        let entry_len = string_field_len(row.id) + row_len.map_or(0, len_field_len);
+        encode_key(HITS, WireType::LengthDelimited, buf);
+        encode_varint(entry_len as u64, buf);
+        encode_string_field(row.id, buf);
+        if let Some(n) = row_len {
+            encode_key(MAP_VALUE, WireType::LengthDelimited, buf);
+            encode_varint(n as u64, buf);
+            encode_row(&row, &tiers, buf);
+        }
     }
 }
 
@@ -89,16 +116,7 @@ impl Message for QueryReply {
         if let Some(error) = &self.error {
             message::encode(ERROR, error, buf);
         }
-        for ((id, row), row_len) in self.hits.hits.iter().zip(&self.row_lens) {
-            encode_key(HITS, WireType::LengthDelimited, buf);
-            encode_varint(QueryReply::entry_len(id, *row_len) as u64, buf);
-            encode_string_field(id, buf);
-            if let Some(n) = *row_len {
-                encode_key(MAP_VALUE, WireType::LengthDelimited, buf);
-                encode_varint(n as u64, buf);
-                encode_row(row, buf);
-            }
-        }
+        buf.put_slice(&self.hits);
     }
 
     fn merge_field(
@@ -121,10 +139,7 @@ impl Message for QueryReply {
             .error
             .as_ref()
             .map_or(0, |e| message::encoded_len(ERROR, e));
-        let hits: usize = (self.hits.hits.keys().zip(&self.row_lens))
-            .map(|(id, row_len)| len_field_len(QueryReply::entry_len(id, *row_len)))
-            .sum();
-        ret + error + hits
+        ret + error + self.hits.len()
     }
 
     fn clear(&mut self) {
@@ -203,45 +218,45 @@ fn dp_entry_len(rank: u32, v: u64) -> usize {
 }
 
 /// A row's per-tier maxima, tags 4 to 7 (after `longest_matched` and the two maps).
-fn row_counts(h: &InstanceHits) -> [u64; 4] {
-    [h.device, h.cpu_local, h.cpu_share, h.disk]
+fn row_counts(t: &TierCounts) -> [u64; 4] {
+    tier_fields(t)
 }
 
-/// The encoded length of a row, or `None` when it equals the default `InstanceHits`.
-fn row_len(h: &InstanceHits) -> Option<usize> {
-    let dp: usize = (h.dp.iter())
-        .map(|(r, v)| len_field_len(dp_entry_len(*r, *v)))
-        .sum();
-    let ranks: usize = (h.rank_matches.iter())
-        .map(|(r, t)| len_field_len(rank_entry_len(*r, t)))
-        .sum();
-    let counts: usize = row_counts(h).into_iter().map(count_len).sum();
-    let n = count_len(h.longest_matched) + dp + ranks + counts;
+/// The encoded length of a row whose maxima are `tiers`, or `None` when it equals the default
+/// `InstanceHits`. `longest_matched` equals `disk`.
+fn row_len(row: &RowView<'_>, tiers: &TierCounts) -> Option<usize> {
+    let (mut dp, mut ranks) = (0, 0);
+    for (r, t) in row.ranks() {
+        dp += len_field_len(dp_entry_len(r, t.device));
+        ranks += len_field_len(rank_entry_len(r, &t));
+    }
+    let counts: usize = row_counts(tiers).into_iter().map(count_len).sum();
+    let n = count_len(tiers.disk) + dp + ranks + counts;
     (n != 0).then_some(n)
 }
 
-fn encode_row(h: &InstanceHits, buf: &mut impl BufMut) {
-    encode_count(LONGEST_MATCHED, h.longest_matched, buf);
-    for (rank, v) in &h.dp {
+fn encode_row(row: &RowView<'_>, tiers: &TierCounts, buf: &mut impl BufMut) {
+    encode_count(LONGEST_MATCHED, tiers.disk, buf);
+    for (rank, t) in row.ranks() {
         encode_key(DP, WireType::LengthDelimited, buf);
-        encode_varint(dp_entry_len(*rank, *v) as u64, buf);
-        encode_rank_key(*rank, buf);
-        encode_count(MAP_VALUE, *v, buf);
+        encode_varint(dp_entry_len(rank, t.device) as u64, buf);
+        encode_rank_key(rank, buf);
+        encode_count(MAP_VALUE, t.device, buf);
     }
-    for (rank, t) in &h.rank_matches {
+    for (rank, t) in row.ranks() {
         encode_key(RANK_MATCHES, WireType::LengthDelimited, buf);
-        encode_varint(rank_entry_len(*rank, t) as u64, buf);
-        encode_rank_key(*rank, buf);
-        let n = tiers_len(t);
+        encode_varint(rank_entry_len(rank, &t) as u64, buf);
+        encode_rank_key(rank, buf);
+        let n = tiers_len(&t);
         if n != 0 {
             encode_key(MAP_VALUE, WireType::LengthDelimited, buf);
             encode_varint(n as u64, buf);
-            for (tag, v) in (TIER_DEVICE..).zip(tier_fields(t)) {
+            for (tag, v) in (TIER_DEVICE..).zip(tier_fields(&t)) {
                 encode_count(tag, v, buf);
             }
         }
     }
-    for (tag, v) in (ROW_DEVICE..).zip(row_counts(h)) {
+    for (tag, v) in (ROW_DEVICE..).zip(row_counts(tiers)) {
         encode_count(tag, v, buf);
     }
 }

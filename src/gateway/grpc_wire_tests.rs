@@ -4,6 +4,7 @@ use prost::Message;
 use prost::bytes::Buf;
 
 use super::*;
+use crate::index::InstanceHits;
 use crate::test_rng::Rng;
 
 /// The answer as the generated message held it before `QueryReply`: the reference.
@@ -59,20 +60,23 @@ fn tiers(rng: &mut Rng) -> TierCounts {
     }
 }
 
+/// A row as a walk answers it: `dp` is each rank's `device` count, the row's counts are the
+/// maxima over its ranks, and `longest_matched` is `disk`.
 fn row(rng: &mut Rng, ranks: usize) -> InstanceHits {
-    let mut h = InstanceHits {
-        longest_matched: count(rng),
-        device: count(rng),
-        cpu_local: count(rng),
-        cpu_share: count(rng),
-        disk: count(rng),
-        ..InstanceHits::default()
-    };
+    let mut h = InstanceHits::default();
     for _ in 0..ranks {
         let rank = *rng.pick(&[0, 1, 2, 9, 10, 11, 99, 100, 12_345, u32::MAX]);
-        h.dp.insert(rank, count(rng));
-        h.rank_matches.insert(rank, tiers(rng));
+        let t = tiers(rng);
+        h.dp.insert(rank, t.device);
+        h.rank_matches.insert(rank, t);
     }
+    for t in h.rank_matches.values() {
+        h.device = h.device.max(t.device);
+        h.cpu_local = h.cpu_local.max(t.cpu_local);
+        h.cpu_share = h.cpu_share.max(t.cpu_share);
+        h.disk = h.disk.max(t.disk);
+    }
+    h.longest_matched = h.disk;
     h
 }
 

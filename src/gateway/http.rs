@@ -92,10 +92,10 @@ pub fn router(ops: Ops, limits: BodyLimits, budget: BodyBudget) -> Router {
 
 /// A query answer: msgpack from the hand-written writer (the common router encoding), JSON
 /// through serde.
-fn hits_response(hits: &crate::index::QueryHits, format: Format) -> Response {
+fn hits_response(answer: crate::index::AnswerView<'_>, format: Format) -> Response {
     match format {
-        Format::Msgpack => with_body(StatusCode::OK, hits_msgpack(hits), format),
-        Format::Json => encode(StatusCode::OK, &HitsBody(hits), format),
+        Format::Msgpack => with_body(StatusCode::OK, hits_msgpack(answer), format),
+        Format::Json => encode(StatusCode::OK, &HitsBody(answer), format),
     }
 }
 
@@ -372,12 +372,10 @@ async fn query(State(state): State<Http>, request: Request) -> Response {
             cache_salt,
             instance_filter: instance_filter(&f)?,
         };
-        state.ops.query(&input, Transport::Http)
+        let reply = d.reply;
+        (state.ops).query_with(&input, Transport::Http, |a| hits_response(a, reply))
     })();
-    match result {
-        Ok(hits) => hits_response(&hits, d.reply),
-        Err(e) => error_response(&e, d.reply),
-    }
+    result.unwrap_or_else(|e| error_response(&e, d.reply))
 }
 
 async fn query_by_hash(State(state): State<Http>, request: Request) -> Response {
@@ -402,12 +400,10 @@ async fn query_by_hash(State(state): State<Http>, request: Request) -> Response 
             block_hashes,
             instance_filter,
         };
-        state.ops.query_by_hash(&input, Transport::Http)
+        let reply = d.reply;
+        (state.ops).query_by_hash_with(&input, Transport::Http, |a| hits_response(a, reply))
     })();
-    match result {
-        Ok(hits) => hits_response(&hits, d.reply),
-        Err(e) => error_response(&e, d.reply),
-    }
+    result.unwrap_or_else(|e| error_response(&e, d.reply))
 }
 
 fn get_format(headers: &HeaderMap) -> Format {

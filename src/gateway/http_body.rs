@@ -1,52 +1,64 @@
-//! Query answers of the HTTP API serialized straight from [`QueryHits`], in the reference's
-//! layout, without a `serde_json::Value` per number. Requests are decoded in
-//! [`super::request`].
+//! Query answers of the HTTP API serialized straight from the walk's answer ([`AnswerView`]), in
+//! the reference's layout, without a `serde_json::Value` per number nor a map per row. Requests
+//! are decoded in [`super::request`].
 
-use crate::index::{InstanceHits, QueryHits, SortedMap, TierCounts};
+use crate::index::{AnswerView, RowView, TierCounts};
 
-/// A query answer serialized straight from [`QueryHits`] (JSON or msgpack), without building a
-/// JSON tree per response. The reference's layout: instances by id, ranks in numeric order
+/// A query answer serialized straight from an [`AnswerView`] (JSON or msgpack), without building
+/// a JSON tree per response. The reference's layout: instances by id, ranks in numeric order
 /// ("2" before "10"), row fields `longest_matched, dp, rank_matches` then the tiers from
-/// `device` to `disk`.
-pub struct HitsBody<'a>(pub &'a QueryHits);
+/// `device` to `disk`; `longest_matched` equals `disk`, and a row's tiers are its ranks' maxima.
+pub struct HitsBody<'a>(pub AnswerView<'a>);
 
 impl serde::Serialize for HitsBody<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        struct Instances<'a>(&'a SortedMap<String, InstanceHits>);
+        struct Instances<'a>(AnswerView<'a>);
         impl serde::Serialize for Instances<'_> {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_map(self.0.iter().map(|(id, h)| (id, Row(h))))
+                s.collect_map(self.0.rows().map(|r| (r.id, Row(r))))
             }
         }
         let mut m = s.serialize_map(Some(1))?;
-        m.serialize_entry("instances", &Instances(&self.0.hits))?;
+        m.serialize_entry("instances", &Instances(self.0))?;
         m.end()
     }
 }
 
-struct Row<'a>(&'a InstanceHits);
+struct Row<'a>(RowView<'a>);
 
 impl serde::Serialize for Row<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let h = self.0;
+        struct Dp<'a>(RowView<'a>);
+        impl serde::Serialize for Dp<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_map(self.0.ranks().map(|(r, t)| (r.to_string(), t.device)))
+            }
+        }
+        struct Ranks<'a>(RowView<'a>);
+        impl serde::Serialize for Ranks<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_map((self.0.ranks()).map(|(r, t)| (r.to_string(), TierCountsBody(t))))
+            }
+        }
+        let t = self.0.tiers();
         let mut m = s.serialize_map(Some(7))?;
-        m.serialize_entry("longest_matched", &h.longest_matched)?;
-        m.serialize_entry("dp", &ByRank(&h.dp, |v| *v))?;
-        m.serialize_entry("rank_matches", &ByRank(&h.rank_matches, TierCountsBody))?;
-        m.serialize_entry("device", &h.device)?;
-        m.serialize_entry("cpu_local", &h.cpu_local)?;
-        m.serialize_entry("cpu_share", &h.cpu_share)?;
-        m.serialize_entry("disk", &h.disk)?;
+        m.serialize_entry("longest_matched", &t.disk)?;
+        m.serialize_entry("dp", &Dp(self.0))?;
+        m.serialize_entry("rank_matches", &Ranks(self.0))?;
+        m.serialize_entry("device", &t.device)?;
+        m.serialize_entry("cpu_local", &t.cpu_local)?;
+        m.serialize_entry("cpu_share", &t.cpu_share)?;
+        m.serialize_entry("disk", &t.disk)?;
         m.end()
     }
 }
 
-impl serde::Serialize for TierCountsBody<'_> {
+impl serde::Serialize for TierCountsBody {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let t = self.0;
+        let t = &self.0;
         let mut m = s.serialize_map(Some(4))?;
         m.serialize_entry("device", &t.device)?;
         m.serialize_entry("cpu_local", &t.cpu_local)?;
@@ -56,39 +68,31 @@ impl serde::Serialize for TierCountsBody<'_> {
     }
 }
 
-struct TierCountsBody<'a>(&'a TierCounts);
-
-/// A rank-keyed map with decimal string keys in numeric order, values mapped by `.1`.
-struct ByRank<'a, V, W>(&'a SortedMap<u32, V>, fn(&'a V) -> W);
-
-impl<'a, V, W: serde::Serialize> serde::Serialize for ByRank<'a, V, W> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(self.0.iter().map(|(r, v)| (r.to_string(), (self.1)(v))))
-    }
-}
+struct TierCountsBody(TierCounts);
 
 /// The msgpack bytes of [`HitsBody`], written by hand: the same bytes `rmp_serde` gives (the
 /// smallest marker for every length and integer, keys in [`HitsBody`]'s order), without going
 /// through `std::io::Write` for every marker and key. Field names are written pre-encoded.
-pub fn hits_msgpack(hits: &QueryHits) -> Vec<u8> {
+pub fn hits_msgpack(answer: AnswerView<'_>) -> Vec<u8> {
     // About 150 bytes per row of two ranks; a little spare saves a reallocation.
-    let mut out = Vec::with_capacity(16 + hits.hits.len() * 192);
+    let mut out = Vec::with_capacity(16 + answer.len() * 64 + answer.rank_total() * 72);
     map_len(&mut out, 1);
     out.extend_from_slice(b"\xa9instances");
-    map_len(&mut out, hits.hits.len());
-    for (id, h) in &hits.hits {
-        str(&mut out, id.as_bytes());
+    map_len(&mut out, answer.len());
+    for row in answer.rows() {
+        let tiers = row.tiers();
+        str(&mut out, row.id.as_bytes());
         map_len(&mut out, 7);
         out.extend_from_slice(b"\xaflongest_matched");
-        uint(&mut out, h.longest_matched);
+        uint(&mut out, tiers.disk);
         out.extend_from_slice(b"\xa2dp");
-        by_rank(&mut out, &h.dp, |out, v| uint(out, *v));
+        by_rank(&mut out, &row, |out, t| uint(out, t.device));
         out.extend_from_slice(b"\xacrank_matches");
-        by_rank(&mut out, &h.rank_matches, |out, t| {
+        by_rank(&mut out, &row, |out, t| {
             map_len(out, 4);
             tier_fields(out, t);
         });
-        tier_fields(&mut out, &h.tiers());
+        tier_fields(&mut out, &tiers);
     }
     out
 }
@@ -105,13 +109,13 @@ fn tier_fields(out: &mut Vec<u8>, t: &TierCounts) {
     uint(out, t.disk);
 }
 
-/// A rank-keyed map in [`ByRank`]'s order: decimal keys in numeric order.
-fn by_rank<V>(out: &mut Vec<u8>, ranks: &SortedMap<u32, V>, value: impl Fn(&mut Vec<u8>, &V)) {
-    map_len(out, ranks.len());
+/// A row's ranks as a map with decimal keys in numeric order, as [`Row`] writes them.
+fn by_rank(out: &mut Vec<u8>, row: &RowView<'_>, value: impl Fn(&mut Vec<u8>, &TierCounts)) {
+    map_len(out, row.rank_count());
     let mut digits = [0; 10];
-    for (rank, v) in ranks {
-        str(out, super::rank_key(*rank, &mut digits));
-        value(out, v);
+    for (rank, t) in row.ranks() {
+        str(out, super::rank_key(rank, &mut digits));
+        value(out, &t);
     }
 }
 
@@ -168,6 +172,7 @@ fn uint(out: &mut Vec<u8>, v: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::{FlatAnswer, InstanceHits, QueryHits};
 
     /// One instance with ranks 0, 2 and 10: ranks in numeric order, row fields in the
     /// reference's order.
@@ -199,19 +204,20 @@ mod tests {
             tiers(16)
         );
         let expected = format!(r#"{{"instances":{{"a":{one},"b":{one}}}}}"#);
-        let json = serde_json::to_string(&HitsBody(&hits)).unwrap();
+        let flat = FlatAnswer::from_hits(&hits);
+        let json = serde_json::to_string(&HitsBody(flat.view())).unwrap();
         assert_eq!(json, expected);
-        let msgpack = hits_msgpack(&hits);
-        assert_eq!(msgpack, rmp_serde::to_vec_named(&HitsBody(&hits)).unwrap());
+        let msgpack = hits_msgpack(flat.view());
+        assert_eq!(
+            msgpack,
+            rmp_serde::to_vec_named(&HitsBody(flat.view())).unwrap()
+        );
         // The same document, in the same order, in both encodings.
         let back = rmpv::decode::read_value(&mut msgpack.as_slice()).unwrap();
         let mut text = Vec::new();
         write_json(&back, &mut text);
         assert_eq!(String::from_utf8(text).unwrap(), expected);
-        assert_eq!(
-            hits_msgpack(&QueryHits::default()),
-            b"\x81\xa9instances\x80"
-        );
+        assert_eq!(hits_msgpack(AnswerView::empty()), b"\x81\xa9instances\x80");
     }
 
     /// A decoded msgpack value as compact JSON text, keys in their msgpack order.
@@ -283,8 +289,9 @@ mod tests {
                 }
                 hits.hits.insert(id, row);
             }
-            let expected = rmp_serde::to_vec_named(&HitsBody(&hits)).unwrap();
-            assert_eq!(hits_msgpack(&hits), expected, "case {case}");
+            let flat = FlatAnswer::from_hits(&hits);
+            let expected = rmp_serde::to_vec_named(&HitsBody(flat.view())).unwrap();
+            assert_eq!(hits_msgpack(flat.view()), expected, "case {case}");
         }
     }
 }

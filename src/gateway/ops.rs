@@ -10,7 +10,7 @@ use crate::error::OpError;
 use crate::gateway::auth::{Access, Auth};
 use crate::gateway::readiness::Readiness;
 use crate::gateway::registration::{FieldNames, MAX_BLOCK_SIZE, RegistrationInput};
-use crate::index::{ContextView, IndexStats, QueryHits};
+use crate::index::{AnswerView, ContextView, IndexStats, QueryHits};
 use crate::metrics::{QueryMetrics, Scrape, Transport};
 use crate::model::{ContextKey, PublisherConfig, SubscriptionKey};
 use crate::registry::shared::command::Reuploaded;
@@ -274,14 +274,29 @@ impl Ops {
 
     /// Hash the prompt with the context's profile (lazily, no lock held) and walk the index.
     pub fn query(&self, q: &QueryInput, transport: Transport) -> Result<QueryHits, OpError> {
+        self.query_with(q, transport, |answer| answer.to_hits())
+    }
+
+    /// [`Self::query`] with the answer handed to `answer` while the walk lends it: the
+    /// transports encode it there, and nothing is built per instance (see [`AnswerView`]).
+    pub fn query_with<R>(
+        &self,
+        q: &QueryInput,
+        transport: Transport,
+        answer: impl FnOnce(AnswerView<'_>) -> R,
+    ) -> Result<R, OpError> {
         let started = Instant::now();
-        let result = self.query_inner(q);
+        let result = self.query_inner(q, answer);
         self.queries
             .observe(transport, started.elapsed(), result.is_ok());
         result
     }
 
-    fn query_inner(&self, q: &QueryInput) -> Result<QueryHits, OpError> {
+    fn query_inner<R>(
+        &self,
+        q: &QueryInput,
+        answer: impl FnOnce(AnswerView<'_>) -> R,
+    ) -> Result<R, OpError> {
         if q.token_ids.len() > self.max_query_tokens {
             let (n, max) = (q.token_ids.len(), self.max_query_tokens);
             return Err(crate::gateway::request::too_many("token_ids", n, max));
@@ -289,13 +304,11 @@ impl Ops {
         let key = context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id)?;
         // An unknown context is a successful query with no hits, and creates nothing.
         let Some(handle) = key.and_then(|key| self.contexts.get(&key)) else {
-            return Ok(QueryHits::default());
+            return Ok(answer(AnswerView::empty()));
         };
-        Ok(handle.reader().query_tokens(
-            &q.token_ids,
-            &q.cache_salt,
-            Some(q.instance_filter.as_str()),
-        ))
+        let filter = Some(q.instance_filter.as_str());
+        let reader = handle.reader();
+        Ok(reader.query_tokens_with(&q.token_ids, &q.cache_salt, filter, answer))
     }
 
     pub fn query_by_hash(
@@ -303,6 +316,16 @@ impl Ops {
         q: &QueryByHashInput,
         transport: Transport,
     ) -> Result<QueryHits, OpError> {
+        self.query_by_hash_with(q, transport, |answer| answer.to_hits())
+    }
+
+    /// [`Self::query_by_hash`] with the answer handed to `answer` (see [`Self::query_with`]).
+    pub fn query_by_hash_with<R>(
+        &self,
+        q: &QueryByHashInput,
+        transport: Transport,
+        answer: impl FnOnce(AnswerView<'_>) -> R,
+    ) -> Result<R, OpError> {
         let started = Instant::now();
         let (n, max) = (q.block_hashes.len(), self.max_query_tokens);
         let result = if n > max {
@@ -312,11 +335,10 @@ impl Ops {
         };
         let result = result.map(|key| {
             let Some(handle) = key.and_then(|key| self.contexts.get(&key)) else {
-                return QueryHits::default();
+                return answer(AnswerView::empty());
             };
-            handle
-                .reader()
-                .query_hashes(&q.block_hashes, Some(q.instance_filter.as_str()))
+            let filter = Some(q.instance_filter.as_str());
+            (handle.reader()).query_hashes_with(&q.block_hashes, filter, answer)
         });
         self.queries
             .observe(transport, started.elapsed(), result.is_ok());

@@ -84,3 +84,161 @@ impl PartialEq for QueryHits {
 }
 
 impl Eq for QueryHits {}
+
+/// A query's answer as the walk leaves it, borrowed from the plan that shaped it and the walk's
+/// counts: the selected rows (instance ids in answer order), each row's listed ranks and one
+/// count array per rank. Nothing is copied or allocated to read it, so the transports encode
+/// an answer straight from the walk (see "Answers" in `src/index/README.md`).
+#[derive(Clone, Copy)]
+pub struct AnswerView<'a> {
+    /// The selected rows: instance id and its first cursor.
+    rows: &'a [(String, u32)],
+    /// Cursor → its rank, for every cursor of the plan.
+    ranks: &'a [u32],
+    /// Cursor → its cumulative counts by tier, for every cursor of the plan.
+    counts: &'a [[u64; 4]],
+    /// One past the last selected row's last cursor.
+    end: u32,
+}
+
+impl<'a> AnswerView<'a> {
+    pub(crate) fn new(
+        rows: &'a [(String, u32)],
+        ranks: &'a [u32],
+        counts: &'a [[u64; 4]],
+        end: u32,
+    ) -> Self {
+        AnswerView {
+            rows,
+            ranks,
+            counts,
+            end,
+        }
+    }
+
+    /// The answer of an unknown context or instance: no rows.
+    pub fn empty() -> AnswerView<'static> {
+        AnswerView {
+            rows: &[],
+            ranks: &[],
+            counts: &[],
+            end: 0,
+        }
+    }
+
+    /// Ranks over all rows of the answer.
+    pub fn rank_total(&self) -> usize {
+        let first = self.rows.first().map_or(self.end, |(_, c)| *c);
+        self.end.saturating_sub(first) as usize
+    }
+
+    /// Rows (instances) in the answer.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The rows in answer order (instances sorted by id).
+    pub fn rows(&self) -> impl ExactSizeIterator<Item = RowView<'a>> + 'a {
+        let (rows, ranks, counts, end) = (self.rows, self.ranks, self.counts, self.end);
+        rows.iter().enumerate().map(move |(i, (id, first))| {
+            let last = rows.get(i + 1).map_or(end, |(_, next)| *next);
+            let cursors = *first as usize..last as usize;
+            RowView {
+                id,
+                ranks: ranks.get(cursors.clone()).unwrap_or(&[]),
+                counts: counts.get(cursors).unwrap_or(&[]),
+            }
+        })
+    }
+
+    /// The answer as owned maps.
+    pub fn to_hits(&self) -> QueryHits {
+        QueryHits::new(self.rows().map(|r| (r.id.to_owned(), r.hits())).collect())
+    }
+}
+
+/// One instance's row of an [`AnswerView`].
+#[derive(Clone, Copy)]
+pub struct RowView<'a> {
+    pub id: &'a str,
+    /// Listed ranks in ascending order.
+    ranks: &'a [u32],
+    /// Per rank, its counts by tier.
+    counts: &'a [[u64; 4]],
+}
+
+impl<'a> RowView<'a> {
+    /// Listed ranks with their counts, in rank order (zero-hit ranks included).
+    pub fn ranks(&self) -> impl ExactSizeIterator<Item = (u32, TierCounts)> + 'a {
+        let counts = self.counts;
+        (self.ranks.iter().zip(counts)).map(|(&r, c)| (r, TierCounts::from_array(*c)))
+    }
+
+    pub fn rank_count(&self) -> usize {
+        self.ranks.len().min(self.counts.len())
+    }
+
+    /// The row's counts: the maximum over its ranks, per tier.
+    pub fn tiers(&self) -> TierCounts {
+        let mut best = [0u64; 4];
+        for c in self.counts.iter().take(self.ranks.len()) {
+            for (b, &v) in best.iter_mut().zip(c) {
+                *b = (*b).max(v);
+            }
+        }
+        TierCounts::from_array(best)
+    }
+
+    /// The row as an owned [`InstanceHits`].
+    pub fn hits(&self) -> InstanceHits {
+        let t = self.tiers();
+        InstanceHits {
+            longest_matched: t.disk,
+            dp: self.ranks().map(|(r, c)| (r, c.device)).collect(),
+            rank_matches: self.ranks().collect(),
+            device: t.device,
+            cpu_local: t.cpu_local,
+            cpu_share: t.cpu_share,
+            disk: t.disk,
+        }
+    }
+}
+
+/// An owned answer in [`AnswerView`]'s layout, for answers that are not a walk's: an answer
+/// built by hand (tests, tools) encodes through the same writers as the walk's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlatAnswer {
+    rows: Vec<(String, u32)>,
+    ranks: Vec<u32>,
+    counts: Vec<[u64; 4]>,
+}
+
+impl FlatAnswer {
+    /// The rows of `hits` with their ranks' counts. A row's own maxima are not kept: a view
+    /// derives them from its ranks, as every walk's answer has them.
+    pub fn from_hits(hits: &QueryHits) -> Self {
+        let mut flat = FlatAnswer::default();
+        for (id, row) in &hits.hits {
+            flat.rows.push((id.clone(), flat.ranks.len() as u32));
+            for (&rank, t) in &row.rank_matches {
+                flat.ranks.push(rank);
+                flat.counts
+                    .push([t.device, t.cpu_local, t.cpu_share, t.disk]);
+            }
+        }
+        flat
+    }
+
+    pub fn view(&self) -> AnswerView<'_> {
+        AnswerView::new(
+            &self.rows,
+            &self.ranks,
+            &self.counts,
+            self.ranks.len() as u32,
+        )
+    }
+}

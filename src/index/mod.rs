@@ -56,7 +56,7 @@ pub use actor::{
     ApplyBatch, AttachRank, ContextActor, ContextHandle, DetachOutcome, DetachSource, DropSource,
     GetStats, Snapshot,
 };
-pub use answer::{InstanceHits, QueryHits, TierCounts};
+pub use answer::{AnswerView, FlatAnswer, InstanceHits, QueryHits, RowView, TierCounts};
 pub use budget::Budget;
 pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};
 pub use read::handle::{ContextView, IndexReader, IndexStats};

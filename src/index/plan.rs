@@ -4,12 +4,11 @@
 //! next change. The two live in one file because each names the other: the lock caches the plan,
 //! and the plan is built from what the lock guards.
 //!
-//! Why cached: planning walks the instance → rank → holders maps and copies every instance id,
-//! and building the answer inserts every instance and rank into fresh maps; for 64 instances x 2
-//! ranks that cost more than the walk itself. With a plan, a query clones the prebuilt zero
-//! answer (one pass, no searching or rebalancing) and writes the counts into it in order, or,
-//! through [`crate::index::IndexReader::query_into`], writes them into the caller's previous answer
-//! without allocating at all.
+//! Why cached: planning walks the instance → rank → holders maps and copies every instance id;
+//! for 64 instances x 2 ranks that costs more than the walk itself. With a plan, a query's
+//! answer is the plan's rows and ranks beside the walk's counts ([`AnswerView`]), which the
+//! transports encode without building anything per row, or, through
+//! [`crate::index::IndexReader::query_into`], counts written into the caller's previous answer.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard,
 
 use crate::model::SubscriptionKey;
 
-use crate::index::answer::{InstanceHits, QueryHits, Shape, TierCounts};
+use crate::index::answer::{AnswerView, InstanceHits, QueryHits, Shape, TierCounts};
 use crate::index::table::{read_lock, write_lock};
 
 /// The metadata lock. Its only way to change [`Meta`] is [`MetaLock::write`], which drops the
@@ -139,14 +138,14 @@ pub(crate) struct Plan {
     /// Listed instances in answer order (sorted by id) and, per instance, its first cursor;
     /// cursors of one instance are consecutive, one per listed rank in rank order.
     rows: Vec<(String, u32)>,
+    /// Cursor → the rank it counts for.
+    ranks: Vec<u32>,
     /// Holder id → the cursor its entries feed, [`SHARED_HOLDER`] or [`NOT_SELECTED`].
     pub(crate) route: Vec<u32>,
     pub(crate) cursors: usize,
     /// No store backend and at most one holder per cursor: the walk keeps its cursors the
     /// direct way (see `cursors`).
     pub(crate) direct: bool,
-    /// The whole answer with zero counts, in the same order.
-    template: QueryHits,
 }
 
 impl Plan {
@@ -156,12 +155,11 @@ impl Plan {
             .iter()
             .map(|&s| if s { SHARED_HOLDER } else { NOT_SELECTED })
             .collect();
-        let (mut rows, mut template) = (Vec::new(), Vec::new());
+        let (mut rows, mut ranks_of) = (Vec::new(), Vec::new());
         let mut cursor = 0u32;
         let mut direct = !meta.shared.iter().any(|&s| s);
         for (instance, ranks) in &meta.ranks {
             let first = cursor;
-            let mut row = InstanceHits::default();
             for (&rank, entry) in ranks.iter().filter(|(_, e)| e.listed()) {
                 direct &= entry.holders.len() <= 1;
                 for &id in &entry.holders {
@@ -169,23 +167,21 @@ impl Plan {
                         *r = cursor;
                     }
                 }
-                row.dp.insert(rank, 0);
-                row.rank_matches.insert(rank, TierCounts::default());
+                ranks_of.push(rank);
                 cursor += 1;
             }
             if cursor > first {
                 rows.push((instance.clone(), first));
-                template.push((instance.clone(), row));
             }
         }
         Plan {
             id: NEXT_PLAN.fetch_add(1, Ordering::Relaxed),
+            // `meta.ranks` iterates in instance order, so the rows are sorted by id.
             rows,
+            ranks: ranks_of,
             route,
             cursors: cursor as usize,
             direct,
-            // `meta.ranks` iterates in instance order, so this is already sorted.
-            template: QueryHits::new(template.into_iter().collect()),
         }
     }
 
@@ -206,23 +202,28 @@ impl Plan {
             .map_or(self.cursors as u32, |(_, first)| *first)
     }
 
-    /// The answer for `counts` (indexed by cursor), for the instances `filter` selects.
-    pub(crate) fn answer(&self, filter: Option<&str>, counts: &[[u64; 4]]) -> QueryHits {
-        let mut out = match filter {
-            None => self.template.clone(),
-            Some(f) => QueryHits::new(
-                self.template
-                    .hits
-                    .get_key_value(f)
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .into_iter()
-                    .collect(),
-            ),
+    /// The answer for `counts` (indexed by cursor), for the instances `filter` selects,
+    /// borrowed from this plan and `counts`.
+    pub(crate) fn view<'a>(
+        &'a self,
+        filter: Option<&str>,
+        counts: &'a [[u64; 4]],
+    ) -> AnswerView<'a> {
+        let sel = self.selected(filter);
+        let rows = match filter {
+            None => &self.rows[..],
+            Some(f) => match self.rows.binary_search_by(|(i, _)| i.as_str().cmp(f)) {
+                Ok(row) => &self.rows[row..=row],
+                Err(_) => &[],
+            },
         };
+        AnswerView::new(rows, &self.ranks, counts, sel.end)
+    }
+
+    /// The answer for `counts` as owned maps.
+    pub(crate) fn answer(&self, filter: Option<&str>, counts: &[[u64; 4]]) -> QueryHits {
+        let mut out = self.view(filter, counts).to_hits();
         out.shape = self.shape(filter);
-        // The template is this plan's shape, so the checks cannot fail here.
-        let filled = self.fill_checked(filter, counts, &mut out);
-        debug_assert!(filled, "a plan's own template has its shape");
         out
     }
 

@@ -11,7 +11,7 @@ use crate::model::{BlockHash, ContextKey, SubscriptionKey};
 
 use super::prompt_keys::{AliasedHashes, TokenKeys};
 use super::query;
-use crate::index::answer::QueryHits;
+use crate::index::answer::{AnswerView, QueryHits};
 use crate::index::shared::Shared;
 
 /// One context as the global view reports it (`docs/python-api.md`, get_global_view()).
@@ -42,6 +42,31 @@ pub struct IndexStats {
     pub unlinked: u64,
     /// Blocks the memory budget evicted.
     pub evicted: u64,
+}
+
+/// Evaluate `$walk` with `$keys` bound to the keys of `$tokens`: the index's derived keys, and
+/// while it holds blocks by published hash, the registered profile's hash chain beside them. A
+/// macro rather than a function taking a closure, because the two key types differ and the walk
+/// is compiled for each (a `dyn` key source would cost a call per block in the hot loop).
+macro_rules! with_token_keys {
+    ($reader:expr, $tokens:expr, $salt:expr, |$keys:ident| $walk:expr) => {{
+        let shared = &$reader.shared;
+        let (profile, block_size) = (&shared.profile, shared.key.block_size);
+        if shared.raw_pairs.load(Ordering::Relaxed) == 0 {
+            // Nothing is held by published hash: the registered chain would never be asked
+            // for, so its per-request set-up is skipped too.
+            let rule = BlockRule::of(profile.strategy());
+            let mut chain = DerivedChain::tuned(rule, block_size, $tokens, $salt, shared.tuning);
+            let $keys = &mut chain;
+            $walk
+        } else {
+            let hasher = profile.hasher(&shared.key.lora_name, $salt);
+            let tuning = (profile.strategy(), shared.tuning);
+            let mut chain = TokenKeys::new(&hasher, tuning, block_size, $tokens, $salt);
+            let $keys = &mut chain;
+            $walk
+        }
+    }};
 }
 
 /// A cheap, cloneable, `Send + Sync` read handle on one context. Queries through it never wait
@@ -95,40 +120,52 @@ impl IndexReader {
         instance_filter: Option<&str>,
         out: &mut QueryHits,
     ) {
-        let profile = &self.shared.profile;
-        let block_size = self.shared.key.block_size;
-        if self.shared.raw_pairs.load(Ordering::Relaxed) == 0 {
-            // Nothing is held by published hash: the registered chain would never be asked for,
-            // so its per-request set-up is skipped too.
-            let mut keys = DerivedChain::tuned(
-                BlockRule::of(profile.strategy()),
-                block_size,
-                tokens,
-                cache_salt,
-                self.shared.tuning,
-            );
-            return query::walk_into(&self.shared, &mut keys, instance_filter, out);
-        }
-        let hasher = profile.hasher(&self.shared.key.lora_name, cache_salt);
-        let mut keys = TokenKeys::new(
-            &hasher,
-            (profile.strategy(), self.shared.tuning),
-            block_size,
-            tokens,
-            cache_salt,
-        );
-        query::walk_into(&self.shared, &mut keys, instance_filter, out)
+        with_token_keys!(self, tokens, cache_salt, |keys| query::walk_into(
+            &self.shared,
+            keys,
+            instance_filter,
+            out
+        ))
+    }
+
+    /// [`Self::query_tokens`] handed to `answer` as an [`AnswerView`]: the path the service's
+    /// transports take, which encode the answer straight from the walk's counts and build
+    /// nothing per instance.
+    pub fn query_tokens_with<T: Token, R>(
+        &self,
+        tokens: &[T],
+        cache_salt: &str,
+        instance_filter: Option<&str>,
+        answer: impl FnOnce(AnswerView<'_>) -> R,
+    ) -> R {
+        with_token_keys!(self, tokens, cache_salt, |keys| query::walk_view(
+            &self.shared,
+            keys,
+            instance_filter,
+            answer
+        ))
     }
 
     /// Prefix hits for a prompt named by its blocks' published hashes (query by hash), each
     /// translated through the context's aliases.
     pub fn query_hashes(&self, hashes: &[u64], instance_filter: Option<&str>) -> QueryHits {
+        self.query_hashes_with(hashes, instance_filter, |answer| answer.to_hits())
+    }
+
+    /// [`Self::query_hashes`] handed to `answer` as an [`AnswerView`] (see
+    /// [`Self::query_tokens_with`]).
+    pub fn query_hashes_with<R>(
+        &self,
+        hashes: &[u64],
+        instance_filter: Option<&str>,
+        answer: impl FnOnce(AnswerView<'_>) -> R,
+    ) -> R {
         let mut keys = AliasedHashes {
             hashes: hashes.iter().map(|&h| BlockHash(h)).collect(),
             aliases: self.shared.aliases.resolve(hashes.iter().copied()),
             block_size: self.shared.key.block_size,
         };
-        query::walk(&self.shared, &mut keys, instance_filter)
+        query::walk_view(&self.shared, &mut keys, instance_filter, answer)
     }
 
     /// [`Self::query`] written into `out`. When `out` holds an earlier answer with the same

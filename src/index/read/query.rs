@@ -9,7 +9,7 @@ use crate::model::BlockHash;
 
 use super::cursors::Cursors;
 use super::lookahead::Lookahead;
-use crate::index::answer::QueryHits;
+use crate::index::answer::{AnswerView, QueryHits};
 use crate::index::plan::Plan;
 use crate::index::shared::Shared;
 use crate::index::table::{entry_id, is_inline};
@@ -76,7 +76,7 @@ pub(crate) fn keys_hashed(looked_up: usize, n: usize) -> usize {
 /// entries go to the cursors (`cursors`: bit sets per phase in direct walks, a merge with the
 /// previous block's entries in counted ones), so the cost is the entries' length plus the
 /// cursors whose phase ends, not every live cursor.
-fn walk_counts<K: PrefixKeys + ?Sized, R>(
+pub(crate) fn walk_counts<K: PrefixKeys + ?Sized, R>(
     shared: &Shared,
     keys: &mut K,
     filter: Option<&str>,
@@ -235,6 +235,20 @@ pub(crate) fn walk<K: PrefixKeys + ?Sized>(
     let filter = filter.filter(|f| !f.is_empty());
     walk_counts(shared, keys, filter, |plan, counts| {
         plan.answer(filter, counts)
+    })
+}
+
+/// The walk's answer handed to `answer` as borrowed from the plan and the walk's counts, with
+/// nothing built for it (see [`AnswerView`]).
+pub(crate) fn walk_view<K: PrefixKeys + ?Sized, R>(
+    shared: &Shared,
+    keys: &mut K,
+    filter: Option<&str>,
+    answer: impl FnOnce(AnswerView<'_>) -> R,
+) -> R {
+    let filter = filter.filter(|f| !f.is_empty());
+    walk_counts(shared, keys, filter, |plan, counts| {
+        answer(plan.view(filter, counts))
     })
 }
 

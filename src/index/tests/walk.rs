@@ -328,3 +328,35 @@ fn the_walk_hashes_only_what_it_needs_and_never_under_a_lock() {
     ix.query(&mut keys, None);
     assert_eq!(keys.first_asks(), (0..11).collect::<Vec<_>>());
 }
+
+/// The borrowed answer the transports encode: the selected rows in id order, each with its
+/// listed ranks in order and their counts, the row's counts being the maxima over its ranks.
+#[test]
+fn a_walks_answer_view_holds_the_selected_rows_ranks_and_counts() {
+    let (ix, keys) = two_instances();
+    let reader = ix.reader();
+    type Rows = Vec<(String, Vec<(u32, TierCounts)>, TierCounts)>;
+    let view = |filter: Option<&str>| -> (Rows, usize) {
+        crate::index::query::walk_view(&reader.shared, &mut TestKeys::full(&keys), filter, |a| {
+            let rows = (a.rows())
+                .map(|r| (r.id.to_owned(), r.ranks().collect(), r.tiers()))
+                .collect();
+            (rows, a.rank_total())
+        })
+    };
+    let a = (
+        "a".to_owned(),
+        vec![(0, counts(3, 3, 3, 3)), (1, counts(0, 6, 6, 6))],
+        counts(3, 6, 6, 6),
+    );
+    let b = (
+        "b".to_owned(),
+        vec![(0, counts(6, 6, 6, 6))],
+        counts(6, 6, 6, 6),
+    );
+    assert_eq!(view(None), (vec![a.clone(), b.clone()], 3));
+    assert_eq!(view(Some("")), (vec![a.clone(), b.clone()], 3));
+    assert_eq!(view(Some("a")), (vec![a], 2));
+    assert_eq!(view(Some("b")), (vec![b], 1));
+    assert_eq!(view(Some("nope")), (vec![], 0));
+}
