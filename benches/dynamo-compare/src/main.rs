@@ -3,12 +3,14 @@
 //!
 //! Layout: `workload` generates prompts, engine events and queries; `ours`, `dynamo` and
 //! `indexers` adapt them to each index; `build` applies them; `check` compares the answers;
-//! `latency` times the queries; `report` prints and writes the figures. `memory` is the RSS
-//! measurement run in a fresh process, `profile` runs one way of asking alone for a profiler.
+//! `latency` times the queries; `report` prints and writes the figures. The modes: this file
+//! (the default) and `fleet` (`--fleet N`); `memory` is the RSS measurement run in a fresh
+//! process, `profile` runs one way of asking alone for a profiler.
 
 mod build;
 mod check;
 mod dynamo;
+mod fleet;
 mod indexers;
 mod latency;
 mod long;
@@ -46,6 +48,14 @@ fn main() -> ExitCode {
     let arg = |i: usize| args.get(i).map(String::as_str);
     let result = match (arg(0), arg(1), arg(2)) {
         (None, _, _) => run_default(),
+        (Some("--fleet"), Some(n), None) => match n.parse() {
+            Ok(n) if n > 0 => fleet::run(n),
+            _ => return usage(),
+        },
+        (Some("--fleet-child"), Some(n), Some(side)) => match n.parse() {
+            Ok(n) => return exit(fleet::child(n, side)),
+            _ => return usage(),
+        },
         (Some("--rss-child"), Some(side), n) => {
             let shape = match n.map(str::parse) {
                 None => Shape::DEFAULT,
@@ -90,7 +100,7 @@ fn exit(r: Result<(), String>) -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: dynamo-compare [--json <path>]\n       \
+        "usage: dynamo-compare [--fleet <instances>] [--json <path>]\n       \
          dynamo-compare --profile {}\n       \
          dynamo-compare --rss-child ours|crtc|pool4|positional [<instances>]",
         profile::WAYS.join("|")
