@@ -4,8 +4,8 @@
 //! Layout: `workload` generates prompts, engine events and queries; `ours`, `dynamo` and
 //! `indexers` adapt them to each index; `build` applies them; `check` compares the answers;
 //! `latency` times the queries; `report` prints and writes the figures. The modes: this file
-//! (the default) and `fleet` (`--fleet N`); `memory` is the RSS measurement run in a fresh
-//! process, `profile` runs one way of asking alone for a profiler.
+//! (the default), `fleet` (`--fleet N`), `mixed` (`--mixed`); `memory` is the RSS measurement
+//! run in a fresh process, `profile` runs one way of asking alone for a profiler.
 
 mod build;
 mod check;
@@ -16,6 +16,7 @@ mod latency;
 mod long;
 mod measure;
 mod memory;
+mod mixed;
 mod ours;
 mod profile;
 mod report;
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
             Ok(n) if n > 0 => fleet::run(n),
             _ => return usage(),
         },
+        (Some("--mixed"), None, _) => mixed::run(),
         (Some("--fleet-child"), Some(n), Some(side)) => match n.parse() {
             Ok(n) => return exit(fleet::child(n, side)),
             _ => return usage(),
@@ -100,7 +102,7 @@ fn exit(r: Result<(), String>) -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: dynamo-compare [--fleet <instances>] [--json <path>]\n       \
+        "usage: dynamo-compare [--fleet <instances> | --mixed] [--json <path>]\n       \
          dynamo-compare --profile {}\n       \
          dynamo-compare --rss-child ours|crtc|pool4|positional [<instances>]",
         profile::WAYS.join("|")

@@ -198,6 +198,11 @@ impl Ours {
     pub fn service_query(&self, tokens: &[u32]) -> Vec<u8> {
         service_call(&self.reader, tokens)
     }
+
+    /// A reader for another thread, which queries while this one applies.
+    pub fn reader(&self) -> OursReader {
+        OursReader(self.reader.clone())
+    }
 }
 
 /// What the service's gRPC `Query` handler does for one request once it is decoded: the
@@ -206,6 +211,16 @@ impl Ours {
 fn service_call(reader: &IndexReader, tokens: &[u32]) -> Vec<u8> {
     let hits = reader.query_tokens(tokens, "", Some(""));
     QueryReply::new(Ok(hits)).encode_to_vec()
+}
+
+/// Our index's read side, shareable with a thread other than the writer's.
+pub struct OursReader(IndexReader);
+
+impl OursReader {
+    /// See [`service_call`].
+    pub fn service_query(&self, tokens: &[u32]) -> Vec<u8> {
+        service_call(&self.0, tokens)
+    }
 }
 
 /// Matched device blocks per holder, from an encoded `QueryResponse` (the service call's
