@@ -173,6 +173,12 @@ impl DynamoIndex {
         }
     }
 
+    /// How many event-applying threads the constructor started (1 for `crtc`, the lanes
+    /// otherwise).
+    pub fn event_threads(&self) -> usize {
+        self.workers.len()
+    }
+
     /// CPU seconds the event-applying threads ran so far.
     pub fn worker_cpu_secs(&self) -> f64 {
         self.workers.iter().map(|&t| task_cpu_secs(t)).sum()

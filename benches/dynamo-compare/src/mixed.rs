@@ -330,6 +330,15 @@ pub fn run() -> Result<Report, String> {
             &w.queries,
             durations,
         ));
+        let threads = index.event_threads();
+        let expected = if kind == Kind::Crtc {
+            1
+        } else {
+            crate::indexers::LANES
+        };
+        if threads != expected {
+            return Err(format!("{}: found {threads} event threads", kind.name()));
+        }
         if check(&w, None, &[&index])?.digests != reference.digests {
             return Err(format!(
                 "{}: answers differ from ours after the churn",
@@ -337,8 +346,10 @@ pub fn run() -> Result<Report, String> {
             ));
         }
     }
+    let lanes = crate::indexers::LANES;
     println!(
-        "check: after each run every index answers the {} queries as ours did before the churn",
+        "check: after each run every index answers the {} queries as ours did before the churn \
+         (Dynamo's writer CPU counts its sender and 1 / {lanes} / {lanes} event threads)",
         w.queries.len()
     );
 
