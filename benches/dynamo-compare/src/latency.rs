@@ -1,4 +1,4 @@
-//! Query latency: every query asked four ways (each index by keys and from tokens) in
+//! Query latency: every query asked every way (ours three ways, each Dynamo indexer two) in
 //! alternating passes, and the figures drawn from the samples.
 
 use std::hint::black_box;
@@ -6,56 +6,104 @@ use std::time::{Duration, Instant};
 
 use mooncake_conductor::index::QueryHits;
 
+use crate::indexers::DynamoIndex;
 use crate::measure::{micros, percentiles};
 use crate::workload::Workload;
-use crate::{QUERY_ROUNDS, dynamo, ours};
+use crate::{dynamo, ours};
 
-/// Query latency figures in microseconds, per way of asking: `[by keys, from tokens]` of
-/// `[ours, dynamo]`.
-pub struct Latencies {
+/// One way of asking a query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    /// Ours over precomputed keys, into one reused answer (`query_into`).
+    OursKeys,
+    /// Ours from token ids into one reused answer (`query_tokens_into`).
+    OursTokens,
+    /// Ours from token ids through the service's call: a fresh answer, gRPC-encoded.
+    OursService,
+    /// Dynamo indexer `i` (of the sides given) over precomputed local hashes.
+    DynamoKeys(usize),
+    /// Dynamo indexer `i` from token ids (`find_matches_for_request` or its equivalent).
+    DynamoTokens(usize),
+}
+
+impl Way {
+    pub fn label(self, dynamo: &[&DynamoIndex]) -> String {
+        match self {
+            Way::OursKeys => "ours-keys".into(),
+            Way::OursTokens => "ours-tokens".into(),
+            Way::OursService => "ours-service".into(),
+            Way::DynamoKeys(i) => format!("{}-keys", dynamo[i].kind.name()),
+            Way::DynamoTokens(i) => format!("{}-tokens", dynamo[i].kind.name()),
+        }
+    }
+}
+
+/// Latency figures of one way, in microseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WayStats {
     /// p50 and p99 over every timed sample.
-    pub all: [[(f64, f64); 2]; 2],
+    pub all: (f64, f64),
     /// p50 and p99 over queries of each query's fastest round: scheduler preemptions on a
     /// loaded machine hit longer queries more often and dominate a plain p99; the best of
     /// several rounds keeps the spread between queries and drops most of that noise.
-    pub best: [[(f64, f64); 2]; 2],
-    /// From tokens, p50 over the queries some holder matches to block [`DEEP`] or further:
-    /// the long walks, which make most of the p99 that is not machine noise.
-    pub deep_tokens: [f64; 2],
+    pub best: (f64, f64),
+    /// p50 over the queries some holder matches to block [`DEEP`] or further: the long
+    /// walks, which make most of the p99 that is not machine noise.
+    pub deep: f64,
 }
 
 /// Matched blocks from which a query counts as a long walk (of 128).
 pub const DEEP: u32 = 96;
 
+/// The ways of the sides given, ours first.
+pub fn ways(ours: bool, dynamo: usize) -> Vec<Way> {
+    let mut v = Vec::new();
+    if ours {
+        v.extend([Way::OursKeys, Way::OursTokens, Way::OursService]);
+    }
+    for i in 0..dynamo {
+        v.extend([Way::DynamoKeys(i), Way::DynamoTokens(i)]);
+    }
+    v
+}
+
+/// Times every query every way of the sides given: one untimed warm-up round, then `rounds`
+/// timed ones. Returns the figures per way, in [`ways`] order.
 pub fn latencies(
     w: &Workload,
-    ours: &ours::Ours,
-    dynamo: &dynamo::Dynamo,
+    ours: Option<&ours::Ours>,
+    dynamo: &[&DynamoIndex],
     depths: &[u32],
-) -> Latencies {
-    let mut ours_keys: Vec<ours::QueryKeys> =
-        w.queries.iter().map(|t| ours.query_keys(t)).collect();
+    rounds: usize,
+) -> Vec<(Way, WayStats)> {
+    let ways = ways(ours.is_some(), dynamo.len());
+    let mut ours_keys: Vec<ours::QueryKeys> = match ours {
+        Some(o) => w.queries.iter().map(|t| o.query_keys(t)).collect(),
+        None => Vec::new(),
+    };
     let dyn_keys: Vec<_> = w.queries.iter().map(|t| dynamo::local_hashes(t)).collect();
     let nq = w.queries.len();
-    // Per way (ours keys, dynamo keys, ours tokens, dynamo tokens): sample of round r, query q
-    // at `r * nq + q`.
-    let mut s: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(nq * QUERY_ROUNDS));
-    // Ours writes into one reused answer (`query_into`); Dynamo's `find_matches` has no such
-    // form and returns a new map per query.
+    // Per way: sample of round r, query q at `r * nq + q`.
+    let mut s: Vec<Vec<Duration>> = ways
+        .iter()
+        .map(|_| Vec::with_capacity(nq * rounds))
+        .collect();
     let mut answer = QueryHits::default();
-    for round in 0..=QUERY_ROUNDS {
+    for round in 0..=rounds {
         // One pass over every query per way of asking, never the same query twice in a row:
         // a query right after another on the same prompt would find its blocks in the CPU
         // caches and look faster than it is. The passes alternate within a round, so machine
-        // noise hits both indexes alike.
-        for (way, samples) in s.iter_mut().enumerate() {
+        // noise hits every index alike.
+        for (&way, samples) in ways.iter().zip(s.iter_mut()) {
             for (q, tokens) in w.queries.iter().enumerate() {
                 // Time until the answer exists; freeing it is left out of the sample.
+                let o = || ours.expect("ours ways only with ours");
                 let d = match way {
-                    0 => timed(|| ours.query_into(&mut ours_keys[q], &mut answer)),
-                    1 => timed(|| dynamo.find_matches(&dyn_keys[q])),
-                    2 => timed(|| ours.query_tokens_into(tokens, &mut answer)),
-                    _ => timed(|| dynamo.query_tokens(tokens)),
+                    Way::OursKeys => timed(|| o().query_into(&mut ours_keys[q], &mut answer)),
+                    Way::OursTokens => timed(|| o().query_tokens_into(tokens, &mut answer)),
+                    Way::OursService => timed(|| o().service_query(tokens)),
+                    Way::DynamoKeys(i) => timed(|| dynamo[i].find_matches(&dyn_keys[q])),
+                    Way::DynamoTokens(i) => timed(|| dynamo[i].query_tokens(tokens)),
                 };
                 if round > 0 {
                     samples.push(d);
@@ -64,49 +112,47 @@ pub fn latencies(
         }
     }
     if let Some(path) = std::env::var_os("DUMP_SAMPLES") {
-        dump_samples(&path, &s, depths);
+        let labels: Vec<String> = ways.iter().map(|w| w.label(dynamo)).collect();
+        dump_samples(&path, &labels, &s, depths);
     }
-    let deep = |v: &[Duration]| {
-        let mut m: Vec<Duration> = v
+    let us = |(a, b): (Duration, Duration)| (micros(a), micros(b));
+    let stats = |v: &mut Vec<Duration>| {
+        let mut deep: Vec<Duration> = v
             .iter()
             .enumerate()
             .filter(|&(i, _)| depths.get(i % nq).is_some_and(|&d| d >= DEEP))
             .map(|(_, &d)| d)
             .collect();
-        micros(percentiles(&mut m).0)
-    };
-    let deep_tokens = [deep(&s[2]), deep(&s[3])];
-    let us = |(a, b): (Duration, Duration)| (micros(a), micros(b));
-    let best = |v: &[Duration]| {
-        let mut m: Vec<Duration> = (0..nq)
-            .map(|q| {
-                (0..QUERY_ROUNDS)
-                    .map(|r| v[r * nq + q])
-                    .min()
-                    .unwrap_or_default()
-            })
+        let mut best: Vec<Duration> = (0..nq)
+            .map(|q| (0..rounds).map(|r| v[r * nq + q]).min().unwrap_or_default())
             .collect();
-        us(percentiles(&mut m))
+        WayStats {
+            deep: if deep.is_empty() {
+                f64::NAN
+            } else {
+                micros(percentiles(&mut deep).0)
+            },
+            best: us(percentiles(&mut best)),
+            all: us(percentiles(v)),
+        }
     };
-    let bests = s.each_ref().map(|v| best(v));
-    let alls = s.map(|mut v| us(percentiles(&mut v)));
-    Latencies {
-        all: [[alls[0], alls[1]], [alls[2], alls[3]]],
-        best: [[bests[0], bests[1]], [bests[2], bests[3]]],
-        deep_tokens,
-    }
+    ways.into_iter().zip(s.iter_mut().map(stats)).collect()
 }
 
-/// Every latency sample as `way,round,query,nanoseconds` lines (ways: 0 ours by keys, 1
-/// Dynamo by keys, 2 ours from tokens, 3 Dynamo from tokens), and beside them, in
+/// Every latency sample as `way,round,query,nanoseconds` lines, and beside them, in
 /// `<path>.depth`, `query,matched blocks` lines: for studying the tail (see README,
 /// "Profiling").
-fn dump_samples(path: &std::ffi::OsStr, samples: &[Vec<Duration>; 4], depths: &[u32]) {
+fn dump_samples(
+    path: &std::ffi::OsStr,
+    labels: &[String],
+    samples: &[Vec<Duration>],
+    depths: &[u32],
+) {
     let nq = depths.len().max(1);
     let mut out = String::new();
-    for (way, v) in samples.iter().enumerate() {
+    for (label, v) in labels.iter().zip(samples) {
         for (i, d) in v.iter().enumerate() {
-            out += &format!("{way},{},{},{}\n", i / nq, i % nq, d.as_nanos());
+            out += &format!("{label},{},{},{}\n", i / nq, i % nq, d.as_nanos());
         }
     }
     let depth: String = depths

@@ -9,13 +9,17 @@
 //! the derived keys computed ahead of time.
 
 use mooncake_conductor::events::{BlockContents, Holder, IndexBatch, IndexOp};
+use mooncake_conductor::gateway::grpc_wire::QueryReply;
+use mooncake_conductor::gateway::pb;
 use mooncake_conductor::hashing::chain::BlockHasher;
 use mooncake_conductor::hashing::derived::{self, BlockRule, DerivedChain};
 use mooncake_conductor::hashing::{HashProfile, PrefixKeys};
 use mooncake_conductor::index::{ContextIndex, HashList, IndexReader, QueryHits};
 use mooncake_conductor::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
 
-use crate::workload::{BLOCK_SIZE, Event, HOLDERS, PublisherBatch, instance_of, rank_of};
+use prost::Message;
+
+use crate::workload::{BLOCK_SIZE, Event, PublisherBatch, instance_of, rank_of};
 
 /// One prompt's blocks as an engine publishes them, computed once from its tokens: the
 /// published hashes and each block's content digest.
@@ -43,7 +47,8 @@ fn instance_id(instance: usize) -> String {
 }
 
 impl Ours {
-    pub fn new() -> Self {
+    /// An index of one context with `holders` ranks registered.
+    pub fn new(holders: usize) -> Self {
         let profile = HashProfile::resolve(
             Some("vllm_v1"),
             Some("sha256_cbor"),
@@ -56,7 +61,7 @@ impl Ours {
             ContextKey::new("", "bench-model", "", BLOCK_SIZE as u32),
             profile,
         );
-        let holders: Vec<(SubscriptionKey, Holder)> = (0..HOLDERS)
+        let holders: Vec<(SubscriptionKey, Holder)> = (0..holders)
             .map(|h| {
                 let id = instance_id(instance_of(h));
                 let rank = rank_of(h) as u32;
@@ -90,8 +95,8 @@ impl Ours {
 
     /// [`Ours::new`] under a memory budget (see "Memory budget" in `docs/durability.md`): the
     /// index keeps its eviction order and charges its estimate on every batch.
-    pub fn with_budget(max_index_bytes: u64, max_context_blocks: u64) -> Self {
-        let mut ours = Ours::new();
+    pub fn with_budget(holders: usize, max_index_bytes: u64, max_context_blocks: u64) -> Self {
+        let mut ours = Ours::new(holders);
         let budget = std::sync::Arc::new(mooncake_conductor::index::Budget::new(
             max_index_bytes,
             max_context_blocks,
@@ -188,11 +193,56 @@ impl Ours {
     pub fn query_tokens(&self, tokens: &[u32]) -> QueryHits {
         self.reader.query_tokens(tokens, "", None)
     }
+
+    /// See [`service_call`].
+    pub fn service_query(&self, tokens: &[u32]) -> Vec<u8> {
+        service_call(&self.reader, tokens)
+    }
+
+    /// A reader for another thread, which queries while this one applies.
+    pub fn reader(&self) -> OursReader {
+        OursReader(self.reader.clone())
+    }
+}
+
+/// What the service's gRPC `Query` handler does for one request once it is decoded: the
+/// query from token ids (no salt, the empty instance filter of a request that sets none) into
+/// a fresh answer, encoded as the `QueryResponse` it sends. Returns the encoded bytes.
+fn service_call(reader: &IndexReader, tokens: &[u32]) -> Vec<u8> {
+    let hits = reader.query_tokens(tokens, "", Some(""));
+    QueryReply::new(Ok(hits)).encode_to_vec()
+}
+
+/// Our index's read side, shareable with a thread other than the writer's.
+pub struct OursReader(IndexReader);
+
+impl OursReader {
+    /// See [`service_call`].
+    pub fn service_query(&self, tokens: &[u32]) -> Vec<u8> {
+        service_call(&self.0, tokens)
+    }
+}
+
+/// Matched device blocks per holder, from an encoded `QueryResponse` (the service call's
+/// answer), decoded with the contract's generated types.
+pub fn overlap_encoded(bytes: &[u8], holders: usize) -> Vec<u32> {
+    let reply = pb::QueryResponse::decode(bytes).expect("the service encodes a valid reply");
+    assert_eq!(reply.ret, 0, "the query failed: {:?}", reply.error);
+    (0..holders)
+        .map(|h| {
+            let tokens = reply
+                .hits
+                .get(&instance_id(instance_of(h)))
+                .and_then(|row| row.rank_matches.get(&rank_of(h).to_string()))
+                .map_or(0, |c| c.device);
+            (tokens / BLOCK_SIZE as i64) as u32
+        })
+        .collect()
 }
 
 /// Matched device blocks per holder, from an answer.
-pub fn overlap(hits: &QueryHits) -> Vec<u32> {
-    let mut out = vec![0u32; HOLDERS];
+pub fn overlap(hits: &QueryHits, holders: usize) -> Vec<u32> {
+    let mut out = vec![0u32; holders];
     for (h, slot) in out.iter_mut().enumerate() {
         let tokens = hits
             .hits

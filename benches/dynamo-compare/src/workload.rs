@@ -9,14 +9,9 @@ use std::collections::HashSet;
 
 /// Tokens per block, for both indexes.
 pub const BLOCK_SIZE: usize = 16;
-pub const INSTANCES: usize = 64;
+/// DP ranks per instance.
 pub const RANKS: usize = 2;
-pub const HOLDERS: usize = INSTANCES * RANKS;
 const SYSTEM_PROMPTS: usize = 32;
-const STORED_PROMPTS: usize = 4_000;
-/// Prompts that only queries use, so that some queries match nothing beyond a system prompt.
-const UNSTORED_PROMPTS: usize = 400;
-const PROMPTS_PER_HOLDER: usize = 350;
 /// Largest store event, in blocks (engines publish a prompt as several events).
 const MAX_EVENT_BLOCKS: usize = 16;
 /// Share of stored prompts whose tail a later event evicts.
@@ -24,6 +19,44 @@ const EVICT_PERCENT: u64 = 15;
 /// Tokens per query: 128 blocks.
 pub const QUERY_TOKENS: usize = 2_048;
 const QUERIES: usize = 3_000;
+
+/// How large the fleet and its caches are.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub instances: usize,
+    /// Prompts that holders cache (each holder picks from these).
+    pub stored_prompts: usize,
+    /// Prompts that only queries use, so that some queries match nothing beyond a system prompt.
+    pub unstored_prompts: usize,
+    pub prompts_per_holder: usize,
+}
+
+impl Shape {
+    /// 64 instances x 2 ranks, 350 prompts per holder from a pool of 4,000.
+    pub const DEFAULT: Shape = Shape {
+        instances: 64,
+        stored_prompts: 4_000,
+        unstored_prompts: 400,
+        prompts_per_holder: 350,
+    };
+
+    /// `instances` x 2 ranks, each holder caching 128 prompts (about 7,800 blocks, 125 k
+    /// tokens); the prompt pool grows with the fleet so that a prompt is cached by about 11
+    /// holders, as in the default shape. 1,024 instances give about 16 M (block, holder) pairs.
+    pub fn fleet(instances: usize) -> Shape {
+        let stored = instances * RANKS * 12;
+        Shape {
+            instances,
+            stored_prompts: stored,
+            unstored_prompts: stored / 10,
+            prompts_per_holder: 128,
+        }
+    }
+
+    pub fn holders(&self) -> usize {
+        self.instances * RANKS
+    }
+}
 /// Vocabulary of the generated token ids.
 const VOCAB: u64 = 50_000;
 
@@ -71,6 +104,8 @@ pub struct Prompt {
     pub tokens: Vec<u32>,
     /// Leading blocks that are the prompt's system prompt (shared with other prompts).
     pub system_blocks: usize,
+    /// Which system prompt.
+    pub system: usize,
 }
 
 impl Prompt {
@@ -104,7 +139,8 @@ pub struct PublisherBatch {
 }
 
 pub struct Workload {
-    /// `STORED_PROMPTS` prompts that holders cache, then `UNSTORED_PROMPTS` that none does.
+    pub shape: Shape,
+    /// `stored_prompts` prompts that holders cache, then `unstored_prompts` that none does.
     pub prompts: Vec<Prompt>,
     /// Every batch, already interleaved across holders in publication order.
     pub batches: Vec<PublisherBatch>,
@@ -114,9 +150,26 @@ pub struct Workload {
     pub block_ops: u64,
     /// Queries of exactly `QUERY_TOKENS` tokens.
     pub queries: Vec<Vec<u32>>,
+    /// Per holder, once every batch is applied: each cached prompt and the end of its blocks
+    /// still held (blocks `0..end` of it are held, the system ones maybe through another
+    /// prompt), in the order the holder cached them.
+    pub holdings: Vec<Vec<(u32, u32)>>,
 }
 
-pub fn generate(seed: u64) -> Workload {
+impl Workload {
+    pub fn holders(&self) -> usize {
+        self.shape.holders()
+    }
+}
+
+pub fn generate(seed: u64, shape: Shape) -> Workload {
+    let Shape {
+        stored_prompts,
+        unstored_prompts,
+        prompts_per_holder,
+        ..
+    } = shape;
+    let holders = shape.holders();
     let mut rng = Rng::new(seed);
     let systems: Vec<Vec<u32>> = (0..SYSTEM_PROMPTS)
         .map(|_| {
@@ -124,9 +177,8 @@ pub fn generate(seed: u64) -> Workload {
             rng.tokens(blocks * BLOCK_SIZE)
         })
         .collect();
-    let mut prompts = Vec::with_capacity(STORED_PROMPTS + UNSTORED_PROMPTS);
-    let mut system_of = Vec::with_capacity(prompts.capacity());
-    for _ in 0..STORED_PROMPTS + UNSTORED_PROMPTS {
+    let mut prompts = Vec::with_capacity(stored_prompts + unstored_prompts);
+    for _ in 0..stored_prompts + unstored_prompts {
         let s = rng.range(0, SYSTEM_PROMPTS - 1);
         let own = rng.range(8, 120);
         let mut tokens = systems[s].clone();
@@ -134,19 +186,20 @@ pub fn generate(seed: u64) -> Workload {
         prompts.push(Prompt {
             tokens,
             system_blocks: systems[s].len() / BLOCK_SIZE,
+            system: s,
         });
-        system_of.push(s);
     }
 
     // Each holder's own stream of batches: one per prompt it caches, plus delayed evictions.
-    let mut per_holder: Vec<Vec<PublisherBatch>> = Vec::with_capacity(HOLDERS);
+    let mut per_holder: Vec<Vec<PublisherBatch>> = Vec::with_capacity(holders);
+    let mut holdings = Vec::with_capacity(holders);
     let mut live_pairs = 0u64;
     let mut block_ops = 0u64;
     let mut evicted_prompts = HashSet::new();
-    for holder in 0..HOLDERS {
+    for holder in 0..holders {
         let mut chosen = HashSet::new();
-        while chosen.len() < PROMPTS_PER_HOLDER {
-            chosen.insert(rng.range(0, STORED_PROMPTS - 1));
+        while chosen.len() < prompts_per_holder {
+            chosen.insert(rng.range(0, stored_prompts - 1));
         }
         let mut order: Vec<usize> = chosen.into_iter().collect();
         order.sort_unstable();
@@ -158,12 +211,14 @@ pub fn generate(seed: u64) -> Workload {
         // (batches still to wait, event) of scheduled evictions.
         let mut pending: Vec<(usize, Event)> = Vec::new();
         let mut stream = Vec::new();
+        let mut held: Vec<(u32, u32)> = Vec::with_capacity(order.len());
         for p in order {
             let prompt = &prompts[p];
             let n = prompt.blocks();
             // An engine publishes only blocks it computed: a system prompt it already caches
             // is reused, and the store event starts below it.
-            let mut start = if systems_held.insert(system_of[p]) {
+            held.push((p as u32, n as u32));
+            let mut start = if systems_held.insert(prompt.system) {
                 0
             } else {
                 prompt.system_blocks
@@ -196,6 +251,7 @@ pub fn generate(seed: u64) -> Workload {
                 let k = rng.range(1, own);
                 live_pairs -= k as u64;
                 evicted_prompts.insert(p);
+                held.last_mut().expect("pushed above").1 = (n - k) as u32;
                 let ev = Event::Remove {
                     prompt: p as u32,
                     start: (n - k) as u32,
@@ -213,12 +269,13 @@ pub fn generate(seed: u64) -> Workload {
         }
         stream.reverse(); // popped from the back below
         per_holder.push(stream);
+        holdings.push(held);
     }
 
     // Interleave the holders' streams: each step publishes the next batch of a random holder
     // that has one left, keeping every holder's own order.
     let mut batches = Vec::new();
-    let mut active: Vec<usize> = (0..HOLDERS).collect();
+    let mut active: Vec<usize> = (0..holders).collect();
     while !active.is_empty() {
         let i = rng.range(0, active.len() - 1);
         match per_holder[active[i]].pop() {
@@ -234,9 +291,9 @@ pub fn generate(seed: u64) -> Workload {
     let mut queries = Vec::with_capacity(QUERIES);
     for q in 0..QUERIES {
         let p = match q % 3 {
-            0 => rng.range(0, STORED_PROMPTS - 1),
+            0 => rng.range(0, stored_prompts - 1),
             1 => evicted[rng.range(0, evicted.len() - 1)],
-            _ => rng.range(STORED_PROMPTS, STORED_PROMPTS + UNSTORED_PROMPTS - 1),
+            _ => rng.range(stored_prompts, stored_prompts + unstored_prompts - 1),
         };
         let src = &prompts[p].tokens;
         // A prefix of the prompt, cut anywhere (also inside a block), then unseen tokens.
@@ -251,10 +308,12 @@ pub fn generate(seed: u64) -> Workload {
     }
 
     Workload {
+        shape,
         prompts,
         batches,
         live_pairs,
         block_ops,
         queries,
+        holdings,
     }
 }
