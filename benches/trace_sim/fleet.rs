@@ -316,13 +316,14 @@ impl HitRate {
 
 /// Replay `requests` without a service: routed by `policy`, the kv-aware router on the true
 /// prefixes (what an exact, up-to-date index answers). The hit rate and the events published.
+/// `prompts` keeps the keys it hashes for later replays.
 pub fn offline(
     requests: &[Request],
+    prompts: &mut super::Prompts,
     engines: usize,
     capacity: usize,
     policy: Policy,
 ) -> (HitRate, EventCounts) {
-    let mut prompts = super::Prompts::new();
     let mut fleet = Fleet::new(engines, capacity);
     let mut router = Router::new(policy);
     let (mut hits, mut counts) = (HitRate::default(), EventCounts::default());

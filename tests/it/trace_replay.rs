@@ -84,9 +84,22 @@ async fn every_answer_during_a_trace_replay_is_the_fleets_true_prefix() {
     assert!(out.hits.rate() > 0.06, "hit rate {}", out.hits.rate());
     // Exact answers route as the router on the truth does: the same hit rate to the token.
     let requests = Trace::read(&trace_path(), Some(setup.requests));
-    let (truth, _) = offline(&requests, setup.engines, setup.capacity, Policy::KvAware);
+    let mut prompts = Prompts::new();
+    let (truth, _) = offline(
+        &requests,
+        &mut prompts,
+        setup.engines,
+        setup.capacity,
+        Policy::KvAware,
+    );
     assert_eq!(out.hits.cached_tokens, truth.cached_tokens);
-    let (blind, _) = offline(&requests, setup.engines, setup.capacity, Policy::RoundRobin);
+    let (blind, _) = offline(
+        &requests,
+        &mut prompts,
+        setup.engines,
+        setup.capacity,
+        Policy::RoundRobin,
+    );
     assert!(
         out.hits.rate() > blind.rate(),
         "round-robin {}",
