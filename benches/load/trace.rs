@@ -7,7 +7,8 @@
 //! within `--max-lag-ms`, no run was cut short by `--max-run-secs`, and every checked answer
 //! equals the truth.
 //!
-//! Options: `engines` (16), `capacity` (blocks per engine, 16384), `requests` (0: the whole
+//! Options: `engines` (comma-separated fleet sizes, 16; each engine one DP rank), `capacity`
+//! (blocks per engine, 16384), `requests` (0: the whole
 //! trace), `speeds` (comma-separated, 100), `find-max-speed` (`true`: double the first speed
 //! while it keeps up, halve it while it does not, then bisect `bisect` (2) times between the two
 //! speeds that bracket the limit; `max-speed` 10000 caps it), `max-lag-ms` (100), `check-every`
@@ -28,29 +29,61 @@ pub(crate) async fn trace() {
     let path = PathBuf::from(opt("trace", trace_path().display().to_string()));
     let limit = Some(opt("requests", 0usize)).filter(|n| *n > 0);
     let requests = Trace::read(&path, limit);
-    let (engines, capacity): (usize, usize) = (opt("engines", 16), opt("capacity", 16384));
+    let capacity: usize = opt("capacity", 16384);
     let max_lag = Duration::from_millis(opt("max-lag-ms", 100));
-    let config = |speed| RunConfig {
-        speed,
-        engines,
-        capacity,
-        check_every: opt("check-every", 250usize).max(1),
-        poll: Duration::from_millis(opt("poll-ms", 10)),
-        max_run: Duration::from_secs(opt("max-run-secs", 300)),
-    };
     let span_s = requests.last().map_or(0, |r| r.arrival_ms) as f64 / 1e3;
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "trace: {} requests over {span_s:.0} s of trace, {engines} engines x {capacity} blocks, \
-         keeps up: lag and lateness p99 and drain within {} ms; {cpus} CPUs",
+        "trace: {} requests over {span_s:.0} s of trace, engines of {capacity} blocks, keeps up: \
+         lag and lateness p99 and drain within {} ms; {cpus} CPUs",
         requests.len(),
         max_lag.as_millis()
     );
-    // The replays without the service also hash every prompt once, before any timed run.
+    // Every prompt is hashed once, by the first replay without the service, before any timed run.
     let mut prompts = Prompts::new();
+    let mut fleets = Vec::new();
+    for engines in (opt("engines", "16".to_owned()).split(',')).map(|e| {
+        e.trim()
+            .parse::<usize>()
+            .expect("--engines: comma-separated counts")
+    }) {
+        let cfg = |speed| RunConfig {
+            speed,
+            engines,
+            capacity,
+            check_every: opt("check-every", 250usize).max(1),
+            poll: Duration::from_millis(opt("poll-ms", 10)),
+            max_run: Duration::from_secs(opt("max-run-secs", 300)),
+        };
+        fleets.push(fleet(&requests, &mut prompts, engines, &cfg, max_lag).await);
+    }
+    let json_path: String = opt("json", String::new());
+    if !json_path.is_empty() {
+        let report = json!({
+            "trace": {"requests": requests.len(), "span_s": span_s},
+            "capacity_blocks": capacity, "max_lag_ms": max_lag.as_millis() as u64,
+            "fleets": fleets,
+        });
+        let text = serde_json::to_string_pretty(&report).expect("JSON");
+        std::fs::write(&json_path, text).unwrap_or_else(|e| panic!("write {json_path}: {e}"));
+        println!("report written to {json_path}");
+    }
+}
+
+/// The runs of one fleet size: the hit rates without the service, then each speed asked for and
+/// the search, if asked for. Its part of the JSON report.
+async fn fleet(
+    requests: &[Request],
+    prompts: &mut Prompts,
+    engines: usize,
+    config: &impl Fn(f64) -> RunConfig,
+    max_lag: Duration,
+) -> Json {
+    let capacity = config(1.0).capacity;
+    println!("\n{engines} engines");
     let mut offline_rates = serde_json::Map::new();
     for policy in [Policy::KvAware, Policy::RoundRobin, Policy::Random] {
-        let (hits, counts) = offline(&requests, &mut prompts, engines, capacity, policy);
+        let (hits, counts) = offline(requests, prompts, engines, capacity, policy);
         println!(
             "  without the service, {:<11} hit rate {:.4} ({counts:?})",
             policy.name(),
@@ -83,7 +116,7 @@ pub(crate) async fn trace() {
         .map(|s| s.trim().parse().expect("--speeds: comma-separated numbers"))
         .collect();
     for &speed in &speeds {
-        let ok = one(&requests, &mut prompts, &config(speed), max_lag, &mut runs).await;
+        let ok = one(requests, prompts, &config(speed), max_lag, &mut runs).await;
         tried.push((speed, ok));
     }
     let mut best = tried.iter().filter(|t| t.1).map(|t| t.0).reduce(f64::max);
@@ -93,12 +126,12 @@ pub(crate) async fn trace() {
         // Double up from the highest speed kept up, or halve down from the lowest one that was not.
         while hi.is_none() && lo.is_some_and(|l| l * 2.0 <= max_speed) {
             let s = lo.expect("checked") * 2.0;
-            let ok = one(&requests, &mut prompts, &config(s), max_lag, &mut runs).await;
+            let ok = one(requests, prompts, &config(s), max_lag, &mut runs).await;
             (lo, hi) = if ok { (Some(s), None) } else { (lo, Some(s)) };
         }
         while lo.is_none() && hi.is_some_and(|h| h / 2.0 >= 1.0) {
             let s = hi.expect("checked") / 2.0;
-            let ok = one(&requests, &mut prompts, &config(s), max_lag, &mut runs).await;
+            let ok = one(requests, prompts, &config(s), max_lag, &mut runs).await;
             (lo, hi) = if ok { (Some(s), hi) } else { (None, Some(s)) };
         }
         for _ in 0..opt("bisect", 2usize) {
@@ -107,23 +140,16 @@ pub(crate) async fn trace() {
             if s <= l || s >= h {
                 break;
             }
-            let ok = one(&requests, &mut prompts, &config(s), max_lag, &mut runs).await;
+            let ok = one(requests, prompts, &config(s), max_lag, &mut runs).await;
             (lo, hi) = if ok { (Some(s), hi) } else { (lo, Some(s)) };
         }
         best = lo;
         println!("\nhighest speed kept up: {lo:?} (lowest not kept up: {hi:?})");
     }
-    let json_path: String = opt("json", String::new());
-    if !json_path.is_empty() {
-        let report = json!({
-            "trace": {"requests": requests.len(), "span_s": span_s},
-            "engines": engines, "capacity_blocks": capacity, "max_lag_ms": max_lag.as_millis() as u64,
-            "offline_hit_rate": offline_rates, "runs": runs, "max_speed_kept_up": best,
-        });
-        let text = serde_json::to_string_pretty(&report).expect("JSON");
-        std::fs::write(&json_path, text).unwrap_or_else(|e| panic!("write {json_path}: {e}"));
-        println!("report written to {json_path}");
-    }
+    json!({
+        "engines": engines, "offline_hit_rate": offline_rates, "runs": runs,
+        "max_speed_kept_up": best,
+    })
 }
 
 /// The highest speed kept up and the lowest one not kept up above it, of the runs so far.

@@ -9,8 +9,8 @@
 //! - [`fleet::Fleet`] holds N engines, each a vLLM-like block pool, and is the ground truth: which
 //!   blocks each engine holds, so the true longest cached prefix of any prompt is known. Admitting
 //!   a request yields the events the engine publishes.
-//! - [`fleet::Router`] picks an engine per request: by the longest cached prefix an index reports,
-//!   round-robin, or seeded random.
+//! - [`fleet::Router`] picks an engine per request: KV-aware (the least work, from the cached
+//!   prefix an index reports and the engine's load), round-robin, or seeded random.
 #![allow(dead_code)] // the test and the load tool each use part of it
 
 pub mod fleet;
