@@ -16,6 +16,9 @@
 //!   1000000,10000000) pairs, and the snapshot's bytes per pair (see `bootstrap`).
 //! - `rust-query-latency`: `calls` sequential gRPC queries to a running server at `rpc-port`, the
 //!   Rust baseline the Python client's latency is compared with.
+//! - `trace`: Mooncake's conversation trace replayed through the service in-process by simulated
+//!   vLLM engines and a KV-aware router, at `speeds` times the trace's pace or searching for the
+//!   highest pace it keeps up with (see `trace`).
 //!
 //! Run: `cargo bench --no-default-features --bench load [-- --clients 1,8 --secs 10]`.
 //! Options are `--name value` or env `LOAD_NAME` (e.g. `LOAD_INGEST_RATE`). Defaults: instances
@@ -30,6 +33,10 @@ mod lean_grpc;
 mod publish;
 mod scenario;
 mod service;
+mod trace;
+mod trace_run;
+#[path = "../trace_sim/mod.rs"]
+mod trace_sim;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -96,7 +103,10 @@ fn main() {
         "scenario" => clients.block_on(scenario()),
         "rust-query-latency" => clients.block_on(rust_query_latency()),
         "bootstrap" => clients.block_on(bootstrap::bootstrap()),
-        other => panic!("unknown mode {other:?} (scenario, serve, bootstrap, rust-query-latency)"),
+        "trace" => clients.block_on(trace::trace()),
+        other => {
+            panic!("unknown mode {other:?} (scenario, serve, bootstrap, rust-query-latency, trace)")
+        }
     }
 }
 

@@ -37,3 +37,4 @@ mod snapshot_export;
 mod source_order;
 mod storage_faults;
 mod tls;
+mod trace_replay;
