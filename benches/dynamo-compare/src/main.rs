@@ -11,6 +11,11 @@ mod dynamo;
 mod latency;
 mod measure;
 mod ours;
+mod trace;
+mod trace_index;
+mod trace_prep;
+#[path = "../../trace_sim/mod.rs"]
+mod trace_sim;
 mod workload;
 
 use std::hint::black_box;
@@ -48,6 +53,13 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             _ => usage(),
+        },
+        Some("--trace") => match trace::main(&args[2..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(msg) => {
+                eprintln!("FAIL: {msg}");
+                ExitCode::FAILURE
+            }
         },
         Some(_) => usage(),
     }
