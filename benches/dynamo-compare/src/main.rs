@@ -20,6 +20,11 @@ mod mixed;
 mod ours;
 mod profile;
 mod report;
+mod trace;
+mod trace_index;
+mod trace_prep;
+#[path = "../../trace_sim/mod.rs"]
+mod trace_sim;
 mod workload;
 
 use std::process::ExitCode;
@@ -37,6 +42,10 @@ pub const QUERY_ROUNDS: usize = 3;
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // The trace replay reads its own options, `--json` among them.
+    if args.first().map(String::as_str) == Some("--trace") {
+        return exit(trace::main(&args[1..]));
+    }
     let json = match args.iter().position(|a| a == "--json") {
         Some(i) if i + 1 < args.len() => {
             let path = args.remove(i + 1);
@@ -103,6 +112,7 @@ fn exit(r: Result<(), String>) -> ExitCode {
 fn usage() -> ExitCode {
     eprintln!(
         "usage: dynamo-compare [--fleet <instances> | --mixed] [--json <path>]\n       \
+         dynamo-compare --trace [options, see README]\n       \
          dynamo-compare --profile {}\n       \
          dynamo-compare --rss-child ours|crtc|pool4|positional [<instances>]",
         profile::WAYS.join("|")
