@@ -18,29 +18,15 @@
 
 use prost::Message;
 use prost::bytes::{Buf, BufMut};
-use prost::encoding::{
-    DecodeContext, WireType, encode_key, encode_varint, encoded_len_varint, int32, key_len,
-    message, skip_field,
-};
+use prost::encoding::{DecodeContext, WireType, int32, message, skip_field};
 
 use crate::error::{Code, OpError};
 use crate::gateway::pb;
-use crate::index::{AnswerView, FlatAnswer, QueryHits, RowView, TierCounts};
+use crate::index::{AnswerView, FlatAnswer, QueryHits};
 
-/// `QueryResponse` field tags.
+/// `QueryResponse` field tags (`hits`, tag 3, is written by `grpc_answer`).
 const RET: u32 = 1;
 const ERROR: u32 = 2;
-const HITS: u32 = 3;
-/// Map entry field tags (protobuf maps are repeated entries `{key = 1; value = 2}`).
-const MAP_KEY: u32 = 1;
-const MAP_VALUE: u32 = 2;
-/// `InstanceHits` field tags.
-const LONGEST_MATCHED: u32 = 1;
-const DP: u32 = 2;
-const RANK_MATCHES: u32 = 3;
-const ROW_DEVICE: u32 = 4;
-/// `TierCounts` field tags start at 1 (device, cpu_local, cpu_share, disk).
-const TIER_DEVICE: u32 = 1;
 /// `QueryRequest.token_ids` and `QueryByHashRequest.block_hashes`.
 const TOKEN_IDS: u32 = 5;
 const BLOCK_HASHES: u32 = 5;
@@ -60,7 +46,7 @@ impl QueryReply {
     /// The reply of a query's answer, encoded straight from the walk (see [`AnswerView`]).
     pub fn answer(answer: AnswerView<'_>) -> QueryReply {
         let mut hits = Vec::with_capacity(answer.len() * 48 + answer.rank_total() * 40);
-        encode_hits(answer, &mut hits);
+        super::grpc_answer::encode_hits(answer, &mut hits);
         QueryReply {
             ret: Code::Ok.value(),
             error: None,
@@ -88,23 +74,6 @@ impl QueryReply {
     /// The reply of [`crate::gateway::ops::Ops::query_with`]'s result.
     pub fn of(result: Result<QueryReply, OpError>) -> QueryReply {
         result.unwrap_or_else(|e| QueryReply::error(&e))
-    }
-}
-
-/// The `hits` map's entries of `answer`, in the index's order.
-fn encode_hits(answer: AnswerView<'_>, buf: &mut Vec<u8>) {
-    for row in answer.rows() {
-        let tiers = row.tiers();
-        let row_len = row_len(&row, &tiers);
-        let entry_len = string_field_len(row.id) + row_len.map_or(0, len_field_len);
-        encode_key(HITS, WireType::LengthDelimited, buf);
-        encode_varint(entry_len as u64, buf);
-        encode_string_field(row.id, buf);
-        if let Some(n) = row_len {
-            encode_key(MAP_VALUE, WireType::LengthDelimited, buf);
-            encode_varint(n as u64, buf);
-            encode_row(&row, &tiers, buf);
-        }
     }
 }
 
@@ -144,120 +113,6 @@ impl Message for QueryReply {
 
     fn clear(&mut self) {
         *self = QueryReply::default();
-    }
-}
-
-/// A `key + length + body` field of `n` body bytes.
-fn len_field_len(n: usize) -> usize {
-    key_len(1) + encoded_len_varint(n as u64) + n
-}
-
-/// A string map key, omitted when empty (the default).
-fn string_field_len(s: &str) -> usize {
-    if s.is_empty() {
-        0
-    } else {
-        len_field_len(s.len())
-    }
-}
-
-fn encode_string_field(s: &str, buf: &mut impl BufMut) {
-    if !s.is_empty() {
-        encode_key(MAP_KEY, WireType::LengthDelimited, buf);
-        encode_varint(s.len() as u64, buf);
-        buf.put_slice(s.as_bytes());
-    }
-}
-
-/// An `int64` field holding a count, omitted when 0. Counts are `u64` in the index and
-/// `int64` on the wire: the varint of `v as i64` is the varint of `v`.
-fn count_len(v: u64) -> usize {
-    if v == 0 {
-        0
-    } else {
-        key_len(1) + encoded_len_varint(v)
-    }
-}
-
-fn encode_count(tag: u32, v: u64, buf: &mut impl BufMut) {
-    if v != 0 {
-        encode_key(tag, WireType::Varint, buf);
-        encode_varint(v, buf);
-    }
-}
-
-fn rank_key_len(rank: u32) -> usize {
-    len_field_len(rank.checked_ilog10().unwrap_or(0) as usize + 1)
-}
-
-fn encode_rank_key(rank: u32, buf: &mut impl BufMut) {
-    let mut digits = [0; 10];
-    let key = super::rank_key(rank, &mut digits);
-    encode_key(MAP_KEY, WireType::LengthDelimited, buf);
-    encode_varint(key.len() as u64, buf);
-    buf.put_slice(key);
-}
-
-fn tier_fields(t: &TierCounts) -> [u64; 4] {
-    [t.device, t.cpu_local, t.cpu_share, t.disk]
-}
-
-fn tiers_len(t: &TierCounts) -> usize {
-    tier_fields(t).into_iter().map(count_len).sum()
-}
-
-/// A `rank_matches` entry's body: the key, then the counts unless all are 0 (the default).
-fn rank_entry_len(rank: u32, t: &TierCounts) -> usize {
-    let n = tiers_len(t);
-    rank_key_len(rank) + if n == 0 { 0 } else { len_field_len(n) }
-}
-
-/// A `dp` entry's body: the key, then the count unless 0.
-fn dp_entry_len(rank: u32, v: u64) -> usize {
-    rank_key_len(rank) + count_len(v)
-}
-
-/// A row's per-tier maxima, tags 4 to 7 (after `longest_matched` and the two maps).
-fn row_counts(t: &TierCounts) -> [u64; 4] {
-    tier_fields(t)
-}
-
-/// The encoded length of a row whose maxima are `tiers`, or `None` when it equals the default
-/// `InstanceHits`. `longest_matched` equals `disk`.
-fn row_len(row: &RowView<'_>, tiers: &TierCounts) -> Option<usize> {
-    let (mut dp, mut ranks) = (0, 0);
-    for (r, t) in row.ranks() {
-        dp += len_field_len(dp_entry_len(r, t.device));
-        ranks += len_field_len(rank_entry_len(r, &t));
-    }
-    let counts: usize = row_counts(tiers).into_iter().map(count_len).sum();
-    let n = count_len(tiers.disk) + dp + ranks + counts;
-    (n != 0).then_some(n)
-}
-
-fn encode_row(row: &RowView<'_>, tiers: &TierCounts, buf: &mut impl BufMut) {
-    encode_count(LONGEST_MATCHED, tiers.disk, buf);
-    for (rank, t) in row.ranks() {
-        encode_key(DP, WireType::LengthDelimited, buf);
-        encode_varint(dp_entry_len(rank, t.device) as u64, buf);
-        encode_rank_key(rank, buf);
-        encode_count(MAP_VALUE, t.device, buf);
-    }
-    for (rank, t) in row.ranks() {
-        encode_key(RANK_MATCHES, WireType::LengthDelimited, buf);
-        encode_varint(rank_entry_len(rank, &t) as u64, buf);
-        encode_rank_key(rank, buf);
-        let n = tiers_len(&t);
-        if n != 0 {
-            encode_key(MAP_VALUE, WireType::LengthDelimited, buf);
-            encode_varint(n as u64, buf);
-            for (tag, v) in (TIER_DEVICE..).zip(tier_fields(&t)) {
-                encode_count(tag, v, buf);
-            }
-        }
-    }
-    for (tag, v) in (ROW_DEVICE..).zip(row_counts(tiers)) {
-        encode_count(tag, v, buf);
     }
 }
 

@@ -4,8 +4,9 @@ use prost::Message;
 use prost::bytes::Buf;
 
 use super::*;
-use crate::index::InstanceHits;
+use crate::index::{InstanceHits, TierCounts};
 use crate::test_rng::Rng;
+use prost::encoding::{encode_key, encode_varint};
 
 /// The answer as the generated message held it before `QueryReply`: the reference.
 fn reference(result: Result<QueryHits, OpError>) -> pb::QueryResponse {
@@ -264,5 +265,37 @@ fn malformed_packed_fields_fail_with_prosts_error() {
             (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{bytes:?}"),
             (a, b) => panic!("{bytes:?}: prost {a:?}, fast path {b:?}"),
         }
+    }
+}
+
+/// Rows that repeat an earlier row's values are copied from the reply (see `repeated_rows`):
+/// with more distinct values than are remembered, every copy must still be the right one.
+#[test]
+fn answers_with_repeated_rows_decode_to_the_generated_message() {
+    let mut rng = Rng(0x5eed_0006);
+    for case in 0..200 {
+        let distinct: Vec<InstanceHits> = (0..1 + rng.below(7))
+            .map(|_| {
+                let ranks = rng.below(4);
+                row(&mut rng, ranks)
+            })
+            .collect();
+        let mut hits = QueryHits::default();
+        for i in 0..rng.below(60) {
+            let id = if i == 0 && rng.below(4) == 0 {
+                String::new()
+            } else {
+                format!("inst-{i}")
+            };
+            hits.hits.insert(id, rng.pick(&distinct).clone());
+        }
+        let expected = reference(Ok(hits.clone()));
+        let bytes = encoded(&QueryReply::new(Ok(hits)));
+        assert_eq!(bytes.len(), expected.encoded_len(), "case {case}");
+        assert_eq!(
+            pb::QueryResponse::decode(&bytes[..]).unwrap(),
+            expected,
+            "case {case}"
+        );
     }
 }

@@ -178,6 +178,18 @@ impl<'a> RowView<'a> {
         (self.ranks.iter().zip(counts)).map(|(&r, c)| (r, TierCounts::from_array(*c)))
     }
 
+    /// Whether `other` has the same ranks with the same counts: then the two rows differ in
+    /// their instance id only, and encode to the same row value.
+    #[inline]
+    pub fn same_values(&self, other: &RowView<'_>) -> bool {
+        // Compared in place: a row has a handful of ranks, below what a `memcmp` call pays off.
+        self.ranks.len() == other.ranks.len()
+            && self.counts.len() == other.counts.len()
+            && self.ranks.iter().zip(other.ranks).all(|(a, b)| a == b)
+            && (self.counts.iter().zip(other.counts))
+                .all(|(a, b)| a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3])
+    }
+
     pub fn rank_count(&self) -> usize {
         self.ranks.len().min(self.counts.len())
     }

@@ -207,10 +207,13 @@ impl Ours {
 
 /// What the service's gRPC `Query` handler does for one request once it is decoded: the
 /// query from token ids (no salt, the empty instance filter of a request that sets none) into
-/// a fresh answer, encoded as the `QueryResponse` it sends. Returns the encoded bytes.
+/// a fresh answer, encoded as the `QueryResponse` it sends. Returns the encoded bytes. The
+/// handler encodes the answer while the walk lends it (`query_tokens_with`), then tonic copies
+/// the reply into its frame, as `encode_to_vec` copies it here.
 fn service_call(reader: &IndexReader, tokens: &[u32]) -> Vec<u8> {
-    let hits = reader.query_tokens(tokens, "", Some(""));
-    QueryReply::new(Ok(hits)).encode_to_vec()
+    reader
+        .query_tokens_with(tokens, "", Some(""), QueryReply::answer)
+        .encode_to_vec()
 }
 
 /// Our index's read side, shareable with a thread other than the writer's.
