@@ -7,8 +7,9 @@
 //! - [`error`] the stable result codes; [`hashing`] byte-exact engine hash chains and the
 //!   [`hashing::BlockHash`] they yield; [`storage`] the key-value layer (trait, RocksDB, memory,
 //!   migrations); [`mix`] the splitmix64 finalizer and [`test_rng`] the seeded generator built
-//!   on it (for tests and benchmarks); [`prefetch`] the cache-line hint of the hot loops. These
-//!   use no other module but `mix` and `prefetch`.
+//!   on it (for tests and benchmarks); [`prefetch`] the cache-line hint of the hot loops;
+//!   [`cache_line`] a value alone on its cache lines. These use no other module but `mix`,
+//!   `prefetch` and `cache_line`.
 //! - [`model`] domain newtypes (context and subscription keys, tiers, registrations).
 //! - [`events`] normalized events; [`wire`] publisher payload decoders into them.
 //! - [`index`] per-context prefix indexes, their actors and the directory of live contexts.
@@ -26,6 +27,7 @@
 //!   (`record`, `play`, `check`).
 
 pub mod admin;
+pub mod cache_line;
 pub mod config;
 pub mod config_connections;
 pub mod config_replica;

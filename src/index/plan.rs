@@ -23,7 +23,9 @@ use crate::index::table::{read_lock, write_lock};
 /// cached query plan, so a plan never outlives the metadata it was built from.
 #[derive(Default)]
 pub(crate) struct MetaLock {
-    lock: RwLock<Meta>,
+    /// Every query takes this lock word: on its own lines, away from what the writer updates
+    /// (see [`crate::cache_line::CacheLine`]).
+    lock: crate::cache_line::CacheLine<RwLock<Meta>>,
     /// Every plan built that may still be alive (the cached one, and those of running walks),
     /// for the reclaim of holder ids (see `holder::FreeIds`).
     built: Mutex<Vec<Weak<Plan>>>,

@@ -3,6 +3,8 @@
 use crate::hashing::derived::ChainTuning;
 use std::sync::atomic::AtomicU64;
 
+use crate::cache_line::CacheLine;
+
 use crate::hashing::HashProfile;
 use crate::model::ContextKey;
 
@@ -11,6 +13,8 @@ use super::plan::MetaLock;
 use super::table::Table;
 
 /// State shared between the single writer ([`super::ContextIndex`]) and any number of readers.
+/// The counters the writer updates per batch, and `raw_pairs` which every query reads, each sit
+/// on their own cache lines (see [`CacheLine`]).
 pub(crate) struct Shared {
     pub key: ContextKey,
     pub profile: HashProfile,
@@ -22,20 +26,20 @@ pub(crate) struct Shared {
     pub meta: MetaLock,
     /// Distinct blocks (in any tier). Written only by the writer; relaxed is enough for metrics
     /// and the global view, which are point-in-time figures anyway.
-    pub blocks: AtomicU64,
+    pub blocks: CacheLine<AtomicU64>,
     /// (block, holder) pairs.
-    pub holder_blocks: AtomicU64,
+    pub holder_blocks: CacheLine<AtomicU64>,
     /// Ops refused as invalid (e.g. an engine storing into cpu_share), counted not failed.
-    pub invalid_ops: AtomicU64,
+    pub invalid_ops: CacheLine<AtomicU64>,
     /// Engine hash → derived key.
     pub aliases: Aliases,
     /// Pairs keyed by a published hash rather than a derived key (see "Keys" in
     /// `src/index/README.md`): while there are any, a query from tokens also walks the
     /// registered profile's chain.
-    pub raw_pairs: AtomicU64,
+    pub raw_pairs: CacheLine<AtomicU64>,
     /// Blocks whose contents came with an unknown parent, so they are keyed by their hash (or
     /// its alias's key, see "Order of sources" in `src/index/README.md`).
-    pub unlinked: AtomicU64,
+    pub unlinked: CacheLine<AtomicU64>,
     /// Blocks the memory budget evicted (see `context::evict`).
-    pub evicted: AtomicU64,
+    pub evicted: CacheLine<AtomicU64>,
 }

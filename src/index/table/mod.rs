@@ -70,6 +70,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::cache_line::CacheLine;
 use blocks::{Arrays, Blocks, IDX_BITS, NO_RECORD, Probe};
 pub(crate) use entry::*;
 pub(crate) use prefetch::prefetch as prefetch_line;
@@ -131,8 +132,10 @@ pub(crate) struct Table {
     shards: Box<[RwLock<Shard>]>,
     /// Per shard, its version and arrays for lock-free readers (see [`view`]).
     views: Box<[ShardView]>,
-    /// Lock-free readers in flight (see [`view`]).
-    readers: AtomicUsize,
+    /// Lock-free readers in flight (see [`view`]). Every query writes it twice: alone on its
+    /// lines, so that the writer's reads of the fields around it do not miss (see
+    /// [`CacheLine`]).
+    readers: CacheLine<AtomicUsize>,
     /// A panic unwound through a write section: no block is answered (see [`view`]).
     broken: AtomicBool,
     slot_seed: u64,
@@ -152,7 +155,7 @@ impl Table {
         Table {
             shards,
             views,
-            readers: AtomicUsize::new(0),
+            readers: CacheLine(AtomicUsize::new(0)),
             broken: AtomicBool::new(false),
             slot_seed,
             sets: Sets::new(mix64(slot_seed ^ 0x2545_f491)),

@@ -31,6 +31,7 @@ use super::arena::Arena;
 use super::lock_order::Innermost;
 use super::set_index::SetIndex;
 use super::{ALL_TIERS, Added, Removed, entry_bits, entry_id, mix64, read_lock, write_lock};
+use crate::cache_line::CacheLine;
 
 /// Set ids stay below this, so that `(id + 1) << 4` fits 32 bits.
 pub(super) const MAX_SETS: u32 = (1 << 28) - 1;
@@ -130,20 +131,22 @@ pub(super) struct SetWriter {
 
 /// The holder sets of one context.
 pub(super) struct Sets {
-    lists: RwLock<SetLists>,
-    writer: Mutex<SetWriter>,
-    reused: AtomicU64,
+    /// Each on its own lines (see [`CacheLine`]): readers take `lists`' lock word and read
+    /// `reused` on every lookup of a set, and only the writer takes `writer`.
+    lists: CacheLine<RwLock<SetLists>>,
+    writer: CacheLine<Mutex<SetWriter>>,
+    reused: CacheLine<AtomicU64>,
 }
 
 impl Sets {
     pub(super) fn new(seed: u64) -> Self {
         Sets {
-            lists: RwLock::new(SetLists::default()),
-            writer: Mutex::new(SetWriter {
+            lists: CacheLine(RwLock::new(SetLists::default())),
+            writer: CacheLine(Mutex::new(SetWriter {
                 seed,
                 ..SetWriter::default()
-            }),
-            reused: AtomicU64::new(0),
+            })),
+            reused: CacheLine(AtomicU64::new(0)),
         }
     }
 

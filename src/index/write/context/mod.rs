@@ -7,6 +7,7 @@ mod rekey;
 mod removal;
 pub mod restore;
 
+use crate::cache_line::CacheLine;
 use crate::hashing::derived::ChainTuning;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -110,13 +111,13 @@ impl ContextIndex {
             tuning,
             table: Table::new(),
             meta: MetaLock::default(),
-            blocks: AtomicU64::new(0),
-            holder_blocks: AtomicU64::new(0),
-            invalid_ops: AtomicU64::new(0),
+            blocks: CacheLine(AtomicU64::new(0)),
+            holder_blocks: CacheLine(AtomicU64::new(0)),
+            invalid_ops: CacheLine(AtomicU64::new(0)),
             aliases: Default::default(),
-            raw_pairs: AtomicU64::new(0),
-            unlinked: AtomicU64::new(0),
-            evicted: AtomicU64::new(0),
+            raw_pairs: CacheLine(AtomicU64::new(0)),
+            unlinked: CacheLine(AtomicU64::new(0)),
+            evicted: CacheLine(AtomicU64::new(0)),
         };
         ContextIndex {
             shared: Arc::new(shared),
