@@ -236,7 +236,7 @@ fn joins_under_one_writer_move_references_exactly_when_a_set_changes_again() {
     // Holder 5 joins the last 40 blocks (their moves pending), then holder 1 leaves the last
     // one under the same writer: the pending moves settle before that set is released.
     t.add_group(&mut w, s, &group(5, DEVICE, &keys[10..]), |_, _, _| {});
-    assert!(t.remove_with(&mut w, keys[49], 1, DEVICE).holder_gone);
+    assert!(t.remove_at(&mut w, keys[49], 1, DEVICE).0.holder_gone);
     drop(w);
     check_refs(&t);
     let three = value(&t, keys[1]);

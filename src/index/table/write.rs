@@ -102,10 +102,11 @@ impl Shard {
     }
 
     /// Clear tier `bits` of holder `id` on block `key`. Idempotent; absent blocks are a no-op.
-    fn remove(&mut self, w: &mut WriterSlot, key: u64, id: u32, bits: u8) -> Removed {
+    /// The removal and the record it was on (0 when the key is absent).
+    fn remove(&mut self, w: &mut WriterSlot, key: u64, id: u32, bits: u8) -> (Removed, u32) {
         match self.blocks.find(key) {
-            Some((pos, idx)) => self.remove_found(w, pos, idx, id, bits),
-            None => Removed::default(),
+            Some((pos, idx)) => (self.remove_found(w, pos, idx, id, bits), idx),
+            None => (Removed::default(), 0),
         }
     }
 
@@ -234,7 +235,7 @@ impl Table {
         }
     }
 
-    /// The sets' writer state for a series of [`Self::add_each`] or [`Self::remove_with`]
+    /// The sets' writer state for a series of [`Self::add_each`] or [`Self::remove_at`]
     /// calls: locked on first need and kept until dropped. Why: nearly every store of an engine
     /// message joins a block other holders have, and its items fall one or two per shard, so
     /// locking the mutex per shard group was one lock per store.
@@ -297,13 +298,23 @@ impl Table {
     /// absent blocks are a no-op.
     #[cfg(test)]
     pub fn remove(&self, key: u64, id: u32, bits: u8) -> Removed {
-        self.remove_with(&mut self.writer(), key, id, bits)
+        self.remove_at(&mut self.writer(), key, id, bits).0
     }
 
-    /// [`Self::remove`] with the sets' writer state of a series of calls ([`Self::writer`]).
+    /// [`Self::remove`] with the sets' writer state of a series of calls ([`Self::writer`]),
+    /// and the reference of the block's record: the one the holder's
+    /// reverse list got when it joined, stale once `holder_gone`.
     #[inline]
-    pub fn remove_with(&self, w: &mut WriterSlot<'_>, key: u64, id: u32, bits: u8) -> Removed {
-        self.write(self.shard_no(key), 0).remove(w, key, id, bits)
+    pub fn remove_at(
+        &self,
+        w: &mut WriterSlot<'_>,
+        key: u64,
+        id: u32,
+        bits: u8,
+    ) -> (Removed, BlockRef) {
+        let shard = self.shard_no(key);
+        let (removed, idx) = self.write(shard, 0).remove(w, key, id, bits);
+        (removed, (shard as u32) << IDX_BITS | idx)
     }
 
     /// The key of the block behind `r` when holder `id` has an entry there.

@@ -16,6 +16,7 @@ use crate::model::SubscriptionKey;
 
 use super::refs::RefList;
 use crate::index::plan::Plan;
+use crate::index::table::BlockRef;
 
 /// A holder as identified inside one context: engine (instance, rank) or store backend, always
 /// qualified by the subscription that reported it, so dropping a source drops exactly its blocks.
@@ -38,6 +39,10 @@ pub(in crate::index) struct HolderState {
     /// amortized. Chunked ([`RefList`]) so that growing never copies the list or leaves freed
     /// buffers behind.
     pub(in crate::index) blocks: RefList,
+    /// References of `blocks` whose pairs went since the list was last compacted (a removal's,
+    /// an eviction's, a rekey's `Removed::at`): the list sheds them by subtraction, without a
+    /// table lookup per reference (see [`RefList::compact_without`]).
+    pub(in crate::index) gone: Vec<BlockRef>,
     /// `blocks[checkpointed..]` joined since the last checkpoint took its changes: they are part
     /// of the change set without a second copy in `ContextIndex::dirty` (see `persist`).
     pub(in crate::index) checkpointed: usize,
@@ -60,6 +65,7 @@ impl HolderState {
             live: 0,
             raw_live: 0,
             blocks: RefList::default(),
+            gone: Vec::new(),
             checkpointed: 0,
             repeats: HashMap::new(),
             vacant: false,

@@ -83,6 +83,28 @@ impl RefList {
         self.iter_from(0)
     }
 
+    /// Drop one reference per element of `gone` (references whose pairs went, in any order;
+    /// emptied), sorted, in chunks sized for what is left. A reference in `gone` that is not in
+    /// the list is skipped. No table lookup: the multiset difference is exact as long as every
+    /// pair that went put its reference in `gone` (a record reused by a later block of the same
+    /// holder then appears twice in the list and once in `gone`).
+    pub(crate) fn compact_without(&mut self, gone: &mut Vec<BlockRef>) {
+        let mut refs: Vec<BlockRef> = self.iter().collect();
+        refs.sort_unstable();
+        gone.sort_unstable();
+        let mut left = Vec::with_capacity(refs.len().saturating_sub(gone.len()));
+        let mut g = gone.iter().peekable();
+        for r in refs {
+            while g.next_if(|&&x| x < r).is_some() {}
+            if g.next_if(|&&x| x == r).is_none() {
+                left.push(r);
+            }
+        }
+        gone.clear();
+        *self = RefList::default();
+        left.into_iter().for_each(|r| self.push(r));
+    }
+
     /// Keep only the references `keep` accepts, sorted and without duplicates, in chunks sized
     /// for what is left.
     pub(crate) fn compact(&mut self, keep: impl FnMut(&BlockRef) -> bool) {
@@ -132,5 +154,22 @@ mod tests {
         assert_eq!(list.len(), n as usize / 2);
         list.compact(|_| false);
         assert_eq!((list.len(), list.chunks.len()), (0, 0));
+    }
+
+    #[test]
+    fn compaction_without_gone_references_subtracts_each_once() {
+        let mut list = RefList::default();
+        // 7 joined twice: its record was reused by a later block of the same holder.
+        [5, 7, 3, 7, 9, 11, 2]
+            .into_iter()
+            .for_each(|r| list.push(r));
+        // 7 went once (the earlier block), 3 and 11 went, 40 was never listed.
+        let mut gone = vec![11, 7, 40, 3];
+        list.compact_without(&mut gone);
+        assert!(gone.is_empty());
+        assert_eq!(list.iter().collect::<Vec<_>>(), vec![2, 5, 7, 9]);
+        let mut all = vec![2, 5, 7, 9, 9];
+        list.compact_without(&mut all);
+        assert_eq!(list.len(), 0);
     }
 }

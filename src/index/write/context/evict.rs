@@ -156,7 +156,7 @@ impl ContextIndex {
         let mut w = table.writer();
         let (mut gone_blocks, mut gone_pairs, mut gone_raw) = (0u64, 0u64, 0u64);
         for &(id, key, bits) in &entries {
-            let removed = table.remove_with(&mut w, key, id, bits);
+            let (removed, at) = table.remove_at(&mut w, key, id, bits);
             self.dirty.push((id, key));
             gone_blocks += u64::from(removed.block_gone);
             let Some(state) = self.holders.get_mut(id as usize) else {
@@ -171,6 +171,7 @@ impl ContextIndex {
                 }
             }
             if removed.holder_gone {
+                state.gone.push(at);
                 gone_pairs += 1;
                 state.live = state.live.saturating_sub(1);
                 // Whether this pair was keyed by a published hash is not kept per pair: the

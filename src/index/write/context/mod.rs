@@ -531,6 +531,7 @@ impl ContextIndex {
             return 0;
         };
         let refs = std::mem::take(&mut state.blocks);
+        state.gone = Vec::new();
         state.checkpointed = 0;
         state.repeats = HashMap::new();
         let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);

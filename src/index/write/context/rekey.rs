@@ -62,12 +62,13 @@ impl ContextIndex {
         };
         let table = &shared.table;
         let mut w = table.writer();
-        // The holder's reference to `from` goes stale, as a removal's does; the holder's next
-        // removal compacts its list once stale ones outnumber live ones (`removal`).
-        let removed = table.remove_with(&mut w, from, id, ALL_TIERS);
+        // The holder's reference to `from` goes stale, as a removal's does, and is named in its
+        // `gone` list; the holder's next removal compacts its list (`removal`).
+        let (removed, at) = table.remove_at(&mut w, from, id, ALL_TIERS);
         dirty.push((id, from));
         let (mut blocks, mut pairs) = (0i64, 0i64);
         if removed.holder_gone {
+            state.gone.push(at);
             pairs -= 1;
             state.live = state.live.saturating_sub(1);
             state.raw_live = state.raw_live.saturating_sub(1);

@@ -80,7 +80,10 @@ impl ContextIndex {
                 counted += 1;
                 continue;
             }
-            let removed = table.remove_with(&mut w, key, id, bit);
+            let (removed, at) = table.remove_at(&mut w, key, id, bit);
+            if removed.holder_gone {
+                state.gone.push(at);
+            }
             gone_pairs += u64::from(removed.holder_gone);
             gone_blocks += u64::from(removed.block_gone);
             gone_raw += u64::from(removed.holder_gone && raw);
@@ -97,20 +100,32 @@ impl ContextIndex {
         counted
     }
 
-    /// Compact holder `id`'s reverse list once stale references outnumber live ones.
+    /// Compact holder `id`'s reverse list once the references of pairs that went reach half
+    /// the live ones: by subtracting them ([`RefList::compact_without`], no table lookup); and,
+    /// should stale references the removals did not name ever outnumber live ones, by checking
+    /// each against the table.
     pub(super) fn compact_refs(&mut self, id: u32) {
         let Some(state) = self.holders.get_mut(id as usize) else {
             return;
         };
-        if state.blocks.len() as u64 > 2 * state.live + 64 {
-            // Compaction reorders the list: move its unrecorded tail to `dirty` first.
-            let tail = state.blocks.iter_from(state.checkpointed);
-            let table = &self.shared.table;
-            self.dirty
-                .extend(tail.filter_map(|r| table.held_key(r, id).map(|k| (id, k))));
-            compact(table, id, &mut state.blocks);
-            state.checkpointed = state.blocks.len();
+        let by_gone = state.gone.len() as u64 > state.live / 2 + 64;
+        let by_check = state.blocks.len() as u64 > 2 * state.live + 64;
+        if !by_gone && !by_check {
+            return;
         }
+        // Compaction reorders the list: move its unrecorded tail to `dirty` first.
+        let tail = state.blocks.iter_from(state.checkpointed);
+        let table = &self.shared.table;
+        self.dirty
+            .extend(tail.filter_map(|r| table.held_key(r, id).map(|k| (id, k))));
+        if by_gone {
+            state.blocks.compact_without(&mut state.gone);
+        }
+        if state.blocks.len() as u64 > 2 * state.live + 64 {
+            compact(table, id, &mut state.blocks);
+            state.gone.clear();
+        }
+        state.checkpointed = state.blocks.len();
     }
 }
 
