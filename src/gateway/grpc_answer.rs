@@ -125,23 +125,19 @@ fn write_value(row: &RowView<'_>, out: &mut Vec<u8>) {
         out.extend_from_slice(key);
         if counts != 0 {
             out.extend_from_slice(&[ENTRY_VALUE, counts as u8]);
-            for (tag, v) in TIERS.into_iter().zip(fields(&t)) {
+            for (tag, v) in TIERS.into_iter().zip(t.to_array()) {
                 count(out, tag, v);
             }
         }
     }
-    for (tag, v) in ROW_TIERS.into_iter().zip(fields(&tiers)) {
+    for (tag, v) in ROW_TIERS.into_iter().zip(tiers.to_array()) {
         count(out, tag, v);
     }
 }
 
-fn fields(t: &TierCounts) -> [u64; 4] {
-    [t.device, t.cpu_local, t.cpu_share, t.disk]
-}
-
 /// A `TierCounts` message's length: the non-zero counts.
 fn tiers_len(t: &TierCounts) -> usize {
-    (fields(t).into_iter())
+    (t.to_array().into_iter())
         .map(|v| if v == 0 { 0 } else { 1 + varint_len(v) })
         .sum()
 }

@@ -285,8 +285,17 @@ impl Ops {
         transport: Transport,
         answer: impl FnOnce(AnswerView<'_>) -> R,
     ) -> Result<R, OpError> {
+        self.observed(transport, || self.query_inner(q, answer))
+    }
+
+    /// Run one query and count it, with its time, in the query metrics.
+    fn observed<R>(
+        &self,
+        transport: Transport,
+        query: impl FnOnce() -> Result<R, OpError>,
+    ) -> Result<R, OpError> {
         let started = Instant::now();
-        let result = self.query_inner(q, answer);
+        let result = query();
         self.queries
             .observe(transport, started.elapsed(), result.is_ok());
         result
@@ -326,23 +335,18 @@ impl Ops {
         transport: Transport,
         answer: impl FnOnce(AnswerView<'_>) -> R,
     ) -> Result<R, OpError> {
-        let started = Instant::now();
-        let (n, max) = (q.block_hashes.len(), self.max_query_tokens);
-        let result = if n > max {
-            Err(crate::gateway::request::too_many("block_hashes", n, max))
-        } else {
-            context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id)
-        };
-        let result = result.map(|key| {
+        self.observed(transport, || {
+            let (n, max) = (q.block_hashes.len(), self.max_query_tokens);
+            if n > max {
+                return Err(crate::gateway::request::too_many("block_hashes", n, max));
+            }
+            let key = context_key(&q.model_name, &q.lora_name, q.block_size, &q.tenant_id)?;
             let Some(handle) = key.and_then(|key| self.contexts.get(&key)) else {
-                return answer(AnswerView::empty());
+                return Ok(answer(AnswerView::empty()));
             };
             let filter = Some(q.instance_filter.as_str());
-            (handle.reader()).query_hashes_with(&q.block_hashes, filter, answer)
-        });
-        self.queries
-            .observe(transport, started.elapsed(), result.is_ok());
-        result
+            Ok((handle.reader()).query_hashes_with(&q.block_hashes, filter, answer))
+        })
     }
 
     /// Every context, sorted by key.

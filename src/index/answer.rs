@@ -13,6 +13,11 @@ pub struct TierCounts {
 }
 
 impl TierCounts {
+    /// The four counts from `device` to `disk`.
+    pub fn to_array(&self) -> [u64; 4] {
+        [self.device, self.cpu_local, self.cpu_share, self.disk]
+    }
+
     pub(crate) fn from_array(c: [u64; 4]) -> Self {
         TierCounts {
             device: c[0],
@@ -161,6 +166,18 @@ impl<'a> AnswerView<'a> {
     }
 }
 
+/// The per-tier maxima of some ranks' counts: a row's own counts.
+#[inline]
+pub(crate) fn max_tiers(counts: &[[u64; 4]]) -> [u64; 4] {
+    let mut best = [0u64; 4];
+    for c in counts {
+        for (b, &v) in best.iter_mut().zip(c) {
+            *b = (*b).max(v);
+        }
+    }
+    best
+}
+
 /// One instance's row of an [`AnswerView`].
 #[derive(Clone, Copy)]
 pub struct RowView<'a> {
@@ -196,13 +213,7 @@ impl<'a> RowView<'a> {
 
     /// The row's counts: the maximum over its ranks, per tier.
     pub fn tiers(&self) -> TierCounts {
-        let mut best = [0u64; 4];
-        for c in self.counts.iter().take(self.ranks.len()) {
-            for (b, &v) in best.iter_mut().zip(c) {
-                *b = (*b).max(v);
-            }
-        }
-        TierCounts::from_array(best)
+        TierCounts::from_array(max_tiers(&self.counts[..self.rank_count()]))
     }
 
     /// The row as an owned [`InstanceHits`].
@@ -238,8 +249,7 @@ impl FlatAnswer {
             flat.rows.push((id.clone(), flat.ranks.len() as u32));
             for (&rank, t) in &row.rank_matches {
                 flat.ranks.push(rank);
-                flat.counts
-                    .push([t.device, t.cpu_local, t.cpu_share, t.disk]);
+                flat.counts.push(t.to_array());
             }
         }
         flat

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard,
 
 use crate::model::SubscriptionKey;
 
-use crate::index::answer::{AnswerView, InstanceHits, QueryHits, Shape, TierCounts};
+use crate::index::answer::{AnswerView, InstanceHits, QueryHits, Shape, TierCounts, max_tiers};
 use crate::index::table::{read_lock, write_lock};
 
 /// The metadata lock. Its only way to change [`Meta`] is [`MetaLock::write`], which drops the
@@ -286,7 +286,6 @@ impl Plan {
 /// One row's ranks from their cursors' counts (in rank order), and the row's maxima.
 #[inline]
 fn fill_row(row: &mut InstanceHits, counts: &[[u64; 4]]) {
-    let mut best = [0u64; 4];
     for ((dp, tiers), c) in row
         .dp
         .values_mut()
@@ -295,10 +294,8 @@ fn fill_row(row: &mut InstanceHits, counts: &[[u64; 4]]) {
     {
         *tiers = TierCounts::from_array(*c);
         *dp = c[0];
-        for (b, &v) in best.iter_mut().zip(c) {
-            *b = (*b).max(v);
-        }
     }
+    let best = max_tiers(&counts[..counts.len().min(row.rank_matches.len())]);
     row.device = best[0];
     row.cpu_local = best[1];
     row.cpu_share = best[2];
