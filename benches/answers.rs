@@ -68,6 +68,7 @@ fn generated(hits: QueryHits) -> pb::QueryResponse {
         ret: 0,
         error: None,
         hits: rows.collect(),
+        loads: Default::default(),
     }
 }
 

@@ -129,6 +129,8 @@ pub struct Config {
     pub tls: Option<crate::gateway::tls::ServerTlsFiles>,
     /// Connection cap, timeouts and gRPC keepalive (`docs/connections.md`).
     pub connections: crate::config_connections::ConnectionConfig,
+    /// Engines registered by URL and how they are read (`config_engines`).
+    pub engines: crate::config_engines::EngineConfig,
 }
 
 /// Where the configuration came from, for the start-up log line.
@@ -278,6 +280,7 @@ impl Config {
             replica: Default::default(),
             tls: None,
             connections: Default::default(),
+            engines: Default::default(),
         };
         for (key, value) in &root {
             let field = Some(key.as_str());
@@ -462,7 +465,10 @@ impl Config {
                     Some(set) => set.map_err(|(f, m)| err(Some(f.as_str()), m))?,
                     None => match config.connections.set(other, value) {
                         Some(set) => set.map_err(|m| err(field, m))?,
-                        None => return Err(err(field, "unknown configuration key".into())),
+                        None => match config.engines.set(other, value) {
+                            Some(set) => set.map_err(|(f, m)| err(Some(f.as_str()), m))?,
+                            None => return Err(err(field, "unknown configuration key".into())),
+                        },
                     },
                 },
             }

@@ -18,9 +18,12 @@
 //! - [`registry`] registrations: policy, lifecycle, sharing through etcd.
 //! - [`metrics`] Prometheus text of the registry's and the indexes' figures.
 //! - [`gateway`] gRPC and HTTP over one operation layer.
+//! - [`engines`] engines registered by their URL: their own descriptions of their DP ranks,
+//!   read and followed.
 //! - [`config`] the service configuration (it builds the settings of the modules above),
-//!   [`config_connections`] its keys of the servers' connections and [`config_replica`] those
-//!   of a replica's bootstrap and snapshot export.
+//!   [`config_connections`] its keys of the servers' connections, [`config_engines`] those of
+//!   engines registered by URL and [`config_replica`] those of a replica's bootstrap and
+//!   snapshot export.
 //! - [`replica`] a new replica's bootstrap from a peer's snapshot (served and pulled).
 //! - [`service`] the running service.
 //! - [`admin`] offline commands on a data directory; [`fixture`] recorded event fixtures
@@ -30,8 +33,10 @@ pub mod admin;
 pub mod cache_line;
 pub mod config;
 pub mod config_connections;
+pub mod config_engines;
 pub mod config_replica;
 pub mod durability;
+pub mod engines;
 pub mod error;
 pub mod events;
 pub mod fixture;

@@ -498,7 +498,7 @@ fn gauge(w: &mut String, name: &str, help: &str, values: &[(&str, u64)]) {
 }
 
 /// Escape a label value.
-fn esc(v: &str) -> String {
+pub fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

@@ -174,6 +174,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .with_metrics_section(replica.clone())
         .with_metrics_section(export_counts.clone())
         .with_metrics_section(connections.clone());
+    // Engines registered by URL register their ranks through these same operations.
+    let fleet = crate::engines::fleet::Fleet::new(
+        ops.clone(),
+        config.registration_policy(),
+        config.engines.settings,
+        crate::engines::records::Records::new(loaded.store.clone()),
+    );
+    ops.set_engines(Arc::new(crate::engines::FleetControl(fleet.clone())));
     if let Some(tls) = &server_tls {
         ops = ops.with_metrics_section(tls.counters.clone());
         tracing::info!("both servers speak TLS only");
@@ -368,8 +376,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     }
     readiness.set_ready();
     tracing::info!("ready");
+    let engines_stop = CancellationToken::new();
+    follow_engines(&config, fleet, engines_stop.clone()).await;
 
     shutdown.cancelled().await;
+    engines_stop.cancel();
     tracing::info!("shutting down: no new requests, finishing in-flight ones");
     gateway.join().await;
     sync_stop.cancel();
@@ -401,6 +412,27 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     arbiters.stop();
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Follow the configuration's engines and the engines registered before, and resolve
+/// `engines_dns`, until `stop` (docs/engine-discovery.md).
+async fn follow_engines(
+    config: &Config,
+    fleet: Arc<crate::engines::fleet::Fleet>,
+    stop: CancellationToken,
+) {
+    use crate::engines::spec::Origin;
+    fleet
+        .set_origin(Origin::Config, config.engines.entries.clone())
+        .await;
+    if let Some(dns) = &config.engines.dns {
+        tokio::spawn(crate::engines::dns::follow(
+            fleet.clone(),
+            dns.clone(),
+            stop.clone(),
+        ));
+    }
+    tokio::spawn(fleet.run(stop));
 }
 
 /// Start every `kvevent_instance` entry; a bad entry is logged by its name and skipped.

@@ -95,11 +95,19 @@ pub fn query_result<'py>(
     py: Python<'py>,
     ret: i32,
     hits: Option<pb::QueryResponse>,
+    include_load: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("ret", ret)?;
+    let (hits, loads) = match hits {
+        Some(r) => (r.hits, r.loads),
+        None => Default::default(),
+    };
+    if include_load {
+        out.set_item("loads", loads_dict(py, loads)?)?;
+    }
     let hits_dict = PyDict::new(py);
-    for (instance, h) in hits.into_iter().flat_map(|r| r.hits) {
+    for (instance, h) in hits {
         let entry = PyDict::new(py);
         entry.set_item("longest_matched", h.longest_matched)?;
         let dp = PyDict::new(py);
@@ -194,5 +202,56 @@ pub fn services<'py>(
         services.append(svc)?;
     }
     out.set_item("services", services)?;
+    Ok(out)
+}
+
+/// `register_engine()`'s answer: {"ret", "instance_id", "model_name", "ranks"}.
+pub fn engine<'py>(
+    py: Python<'py>,
+    ret: i32,
+    reply: Option<pb::RegisterEngineResponse>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let reply = reply.filter(|_| ret == 0).unwrap_or_default();
+    let out = PyDict::new(py);
+    out.set_item("ret", ret)?;
+    out.set_item("instance_id", reply.instance_id)?;
+    out.set_item("model_name", reply.model_name)?;
+    let ranks = PyList::empty(py);
+    for r in reply.ranks {
+        let rank = PyDict::new(py);
+        rank.set_item("dp_rank", r.dp_rank)?;
+        rank.set_item("endpoint", r.endpoint)?;
+        rank.set_item("replay_endpoint", r.replay_endpoint)?;
+        rank.set_item("topic", r.topic)?;
+        rank.set_item("block_size", r.block_size)?;
+        ranks.append(rank)?;
+    }
+    out.set_item("ranks", ranks)?;
+    Ok(out)
+}
+
+/// `query(include_load=True)`'s `loads`: instance id -> {"age_ms", "server_load"?, "ranks"}.
+fn loads_dict<'py>(
+    py: Python<'py>,
+    loads: std::collections::HashMap<String, pb::InstanceLoad>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    for (instance, l) in loads {
+        let entry = PyDict::new(py);
+        entry.set_item("age_ms", l.age_ms)?;
+        if let Some(n) = l.server_load {
+            entry.set_item("server_load", n)?;
+        }
+        let ranks = PyDict::new(py);
+        for (rank, r) in l.ranks {
+            let load = PyDict::new(py);
+            load.set_item("num_running_reqs", r.num_running_reqs)?;
+            load.set_item("num_waiting_reqs", r.num_waiting_reqs)?;
+            load.set_item("token_usage", r.token_usage)?;
+            ranks.set_item(rank, load)?;
+        }
+        entry.set_item("ranks", ranks)?;
+        out.set_item(instance, entry)?;
+    }
     Ok(out)
 }

@@ -304,7 +304,7 @@ impl ConductorClient {
     /// decimal strings). On failure ret is negative and hits is {}. Token IDs that are not
     /// representable as signed 32-bit integers give INVALID_PARAMS.
     #[pyo3(
-        text_signature = "(self, model_name, *, lora_name='', block_size, tenant_id='default', token_ids, cache_salt='', instance_filter='')"
+        text_signature = "(self, model_name, *, lora_name='', block_size, tenant_id='default', token_ids, cache_salt='', instance_filter='', include_load=False)"
     )]
     #[pyo3(signature = (
         model_name,
@@ -315,6 +315,7 @@ impl ConductorClient {
         token_ids,
         cache_salt = String::new(),
         instance_filter = String::new(),
+        include_load = false,
     ))]
     #[allow(clippy::too_many_arguments)] // The keyword-only signature is the documented API.
     fn query<'py>(
@@ -327,9 +328,10 @@ impl ConductorClient {
         token_ids: &Bound<'py, PyAny>,
         cache_salt: String,
         instance_filter: String,
+        include_load: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
         let Some(token_ids) = convert::token_ids(token_ids)? else {
-            return convert::query_result(py, INVALID_PARAMS, None);
+            return convert::query_result(py, INVALID_PARAMS, None, include_load);
         };
         let msg = pb::QueryRequest {
             model_name,
@@ -339,14 +341,15 @@ impl ConductorClient {
             token_ids,
             cache_salt,
             instance_filter,
+            include_load,
         };
         match self.call(
             py,
             |mut c, t| async move { c.query(request(msg, &t)).await },
         ) {
-            Ok(resp) if resp.ret == OK => convert::query_result(py, OK, Some(resp)),
-            Ok(resp) => convert::query_result(py, resp.ret, None),
-            Err(code) => convert::query_result(py, code, None),
+            Ok(resp) if resp.ret == OK => convert::query_result(py, OK, Some(resp), include_load),
+            Ok(resp) => convert::query_result(py, resp.ret, None, include_load),
+            Err(code) => convert::query_result(py, code, None, include_load),
         }
     }
 
@@ -367,6 +370,79 @@ impl ConductorClient {
                 Err(code) => code,
             },
         )
+    }
+
+    /// Registers an engine by its HTTP URL: the server reads the engine's own description of its
+    /// DP ranks (vLLM `/kv_event_sources`, SGLang `/server_info`), registers one subscription per
+    /// rank and keeps them in step with the engine.
+    ///
+    /// Returns {"ret", "instance_id", "model_name", "ranks"}: each rank a dict with dp_rank,
+    /// endpoint, replay_endpoint, topic and block_size. On failure ret is negative, the other
+    /// values empty. Raises ValueError for a hash_profile that is not a dict of strings with
+    /// known keys.
+    #[pyo3(signature = (
+        url,
+        publisher_type = String::from("vLLM"),
+        *,
+        instance_id = None,
+        tenant_id = String::from("default"),
+        model_name = None,
+        block_size = None,
+        hash_profile = None,
+    ))]
+    #[pyo3(
+        text_signature = "(self, url, publisher_type='vLLM', *, instance_id=None, tenant_id='default', model_name=None, block_size=None, hash_profile=None)"
+    )]
+    #[allow(clippy::too_many_arguments)] // The keyword arguments are the documented API.
+    fn register_engine<'py>(
+        &self,
+        py: Python<'py>,
+        url: String,
+        publisher_type: String,
+        instance_id: Option<String>,
+        tenant_id: String,
+        model_name: Option<String>,
+        block_size: Option<i64>,
+        hash_profile: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let profile = match hash_profile {
+            Some(p) if !p.is_none() => Some(register::hash_profile(p)?),
+            _ => None,
+        };
+        let msg = pb::RegisterEngineRequest {
+            url: Some(url),
+            publisher_type: Some(publisher_type),
+            instance_id,
+            tenant_id: Some(tenant_id),
+            model_name,
+            block_size,
+            has_hash_profile: profile.is_some(),
+            hash_profile: profile.unwrap_or_default(),
+        };
+        match self.call(py, |mut c, t| async move {
+            c.register_engine(request(msg, &t)).await
+        }) {
+            Ok(resp) => convert::engine(py, resp.ret, Some(resp)),
+            Err(code) => convert::engine(py, code, None),
+        }
+    }
+
+    /// Stops following an engine and unregisters all its ranks.
+    ///
+    /// Returns OK, SERVICE_NOT_FOUND if no such engine is followed, or another negative code.
+    #[pyo3(signature = (instance_id, tenant_id = String::from("default")))]
+    #[pyo3(text_signature = "(self, instance_id, tenant_id='default')")]
+    fn unregister_engine(&self, py: Python<'_>, instance_id: String, tenant_id: String) -> i32 {
+        let msg = pb::UnregisterEngineRequest {
+            instance_id,
+            tenant_id,
+        };
+        match self.call(py, |mut c, t| async move {
+            c.unregister_engine(request(msg, &t)).await
+        }) {
+            Ok(resp) => resp.ret,
+            Err(code) => code,
+        }
     }
 
     /// Stops consuming events for the subscription (instance_id, tenant_id, dp_rank).

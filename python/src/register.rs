@@ -86,7 +86,7 @@ pub fn parse(config: &Bound<'_, PyAny>) -> PyResult<RegisterRequest> {
     Ok(req)
 }
 
-fn hash_profile(value: &Bound<'_, PyAny>) -> PyResult<HashMap<String, String>> {
+pub fn hash_profile(value: &Bound<'_, PyAny>) -> PyResult<HashMap<String, String>> {
     let dict = value.cast::<PyDict>().map_err(|_| {
         PyValueError::new_err(format!(
             "hash_profile must be a dict of strings, got {}",

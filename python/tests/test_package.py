@@ -59,6 +59,7 @@ def test_query_arguments_after_model_name_are_keyword_only():
         "token_ids",
         "cache_salt",
         "instance_filter",
+        "include_load",
     ]
     assert params["model_name"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
     for name in names[1:]:
@@ -66,6 +67,7 @@ def test_query_arguments_after_model_name_are_keyword_only():
     defaults = {n: params[n].default for n in names}
     assert defaults["lora_name"] == "" and defaults["tenant_id"] == "default"
     assert defaults["cache_salt"] == "" and defaults["instance_filter"] == ""
+    assert defaults["include_load"] is False
     assert defaults["block_size"] is inspect.Parameter.empty
     assert defaults["token_ids"] is inspect.Parameter.empty
 

@@ -37,9 +37,11 @@ const ID_BYTES: usize = 10;
 const PREFIX: usize = 5;
 
 /// Who may send what over HTTP.
-pub fn http_access(path: &str) -> Access {
+pub fn http_access(method: &http::Method, path: &str) -> Access {
     match path {
         "/register" | "/unregister" | "/registry/reupload" | "/registry/accept" => Access::Write,
+        "/engines" if method != http::Method::GET => Access::Write,
+        p if p.starts_with("/engines/") => Access::Write,
         "/health" => Access::Health,
         _ => Access::Read,
     }
@@ -50,7 +52,9 @@ pub fn http_access(path: &str) -> Access {
 pub fn grpc_access(path: &str) -> Access {
     match path {
         "/mooncake.conductor.v1.Conductor/Register"
-        | "/mooncake.conductor.v1.Conductor/Unregister" => Access::Write,
+        | "/mooncake.conductor.v1.Conductor/Unregister"
+        | "/mooncake.conductor.v1.Conductor/RegisterEngine"
+        | "/mooncake.conductor.v1.Conductor/UnregisterEngine" => Access::Write,
         "/mooncake.conductor.v1.Conductor/Health" => Access::Health,
         p if p.starts_with("/mooncake.conductor.v1.Replica/") => Access::Write,
         _ => Access::Read,
@@ -300,9 +304,17 @@ mod tests {
 
     #[test]
     fn access_by_route_on_both_transports() {
-        assert_eq!(http_access("/register"), Access::Write);
-        assert_eq!(http_access("/health"), Access::Health);
-        assert_eq!(http_access("/query"), Access::Read);
+        use http::Method;
+        assert_eq!(http_access(&Method::POST, "/register"), Access::Write);
+        assert_eq!(http_access(&Method::GET, "/health"), Access::Health);
+        assert_eq!(http_access(&Method::POST, "/query"), Access::Read);
+        assert_eq!(http_access(&Method::GET, "/engines"), Access::Read);
+        assert_eq!(http_access(&Method::POST, "/engines"), Access::Write);
+        assert_eq!(http_access(&Method::DELETE, "/engines/e1"), Access::Write);
+        assert_eq!(
+            grpc_access("/mooncake.conductor.v1.Conductor/RegisterEngine"),
+            Access::Write
+        );
         assert_eq!(
             grpc_access("/mooncake.conductor.v1.Conductor/Unregister"),
             Access::Write

@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::{Code, OpError};
 use crate::gateway::auth::Access;
+use crate::gateway::engines_api::EngineRequest;
 use crate::gateway::grpc_wire::{QueryByHashRequestIn, QueryReply, QueryRequestIn, error_detail};
 use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
 use crate::gateway::pb;
@@ -79,6 +80,84 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
         Ok(Response::new(pb::RegisterResponse { ret, error }))
     }
 
+    async fn register_engine(
+        &self,
+        request: Request<pb::RegisterEngineRequest>,
+    ) -> Result<Response<pb::RegisterEngineResponse>, Status> {
+        if let Err(e) = self.authorize(Access::Write, &request) {
+            let (ret, error) = ret_of::<()>(&Err(e));
+            return Ok(Response::new(pb::RegisterEngineResponse {
+                ret,
+                error,
+                ..Default::default()
+            }));
+        }
+        let r = request.into_inner();
+        let input = EngineRequest {
+            url: r.url,
+            engine_type: r.publisher_type,
+            instance_id: r.instance_id,
+            tenant_id: r.tenant_id,
+            model_name: r.model_name,
+            block_size: r.block_size.map(i128::from),
+            hash_profile: r.has_hash_profile.then(|| {
+                let mut pairs: Vec<(String, String)> = r.hash_profile.into_iter().collect();
+                pairs.sort();
+                pairs
+            }),
+        };
+        let result = match self.ops.engines() {
+            Ok(engines) => engines.register(input).await,
+            Err(e) => Err(e),
+        };
+        let (ret, error) = ret_of(&result);
+        let mut response = pb::RegisterEngineResponse {
+            ret,
+            error,
+            ..Default::default()
+        };
+        if let Ok(reply) = result {
+            response.instance_id = reply.instance_id;
+            response.model_name = reply.model_name;
+            response.ranks = (reply.ranks.into_iter())
+                .map(|r| pb::EngineRank {
+                    dp_rank: i64::from(r.dp_rank),
+                    endpoint: r.endpoint,
+                    replay_endpoint: r.replay_endpoint,
+                    topic: r.topic,
+                    block_size: i64::from(r.block_size),
+                })
+                .collect();
+        }
+        Ok(Response::new(response))
+    }
+
+    async fn unregister_engine(
+        &self,
+        request: Request<pb::UnregisterEngineRequest>,
+    ) -> Result<Response<pb::UnregisterEngineResponse>, Status> {
+        if let Err(e) = self.authorize(Access::Write, &request) {
+            let (ret, error) = ret_of::<()>(&Err(e));
+            return Ok(Response::new(pb::UnregisterEngineResponse {
+                ret,
+                error,
+                ranks_removed: 0,
+            }));
+        }
+        let r = request.into_inner();
+        let result = match self.ops.engines() {
+            Ok(engines) => engines.unregister(r.instance_id, r.tenant_id).await,
+            Err(e) => Err(e),
+        };
+        let (ret, error) = ret_of(&result);
+        let ranks_removed = result.map_or(0, |n| n as i64);
+        Ok(Response::new(pb::UnregisterEngineResponse {
+            ret,
+            error,
+            ranks_removed,
+        }))
+    }
+
     async fn unregister(
         &self,
         request: Request<pb::UnregisterRequest>,
@@ -113,7 +192,14 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             cache_salt: r.cache_salt,
             instance_filter: r.instance_filter,
         };
-        let reply = (self.ops).query_with(&input, Transport::Grpc, QueryReply::answer);
+        let ops = &self.ops;
+        let reply = ops.query_with(&input, Transport::Grpc, |a| {
+            let reply = QueryReply::answer(a);
+            match r.include_load {
+                true => reply.with_loads(&ops.loads_of(&input.tenant_id, a)),
+                false => reply,
+            }
+        });
         Ok(Response::new(QueryReply::of(reply)))
     }
 
@@ -133,7 +219,14 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             block_hashes: r.block_hashes,
             instance_filter: r.instance_filter,
         };
-        let reply = (self.ops).query_by_hash_with(&input, Transport::Grpc, QueryReply::answer);
+        let ops = &self.ops;
+        let reply = ops.query_by_hash_with(&input, Transport::Grpc, |a| {
+            let reply = QueryReply::answer(a);
+            match r.include_load {
+                true => reply.with_loads(&ops.loads_of(&input.tenant_id, a)),
+                false => reply,
+            }
+        });
         Ok(Response::new(QueryReply::of(reply)))
     }
 

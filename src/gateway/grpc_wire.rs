@@ -21,6 +21,7 @@ use prost::bytes::{Buf, BufMut};
 use prost::encoding::{DecodeContext, WireType, int32, message, skip_field};
 
 use crate::error::{Code, OpError};
+use crate::gateway::engines_api::LoadReport;
 use crate::gateway::pb;
 use crate::index::{AnswerView, FlatAnswer, QueryHits};
 
@@ -52,6 +53,38 @@ impl QueryReply {
             error: None,
             hits,
         }
+    }
+
+    /// The same reply with the `loads` entries of `loads` after the hits.
+    pub fn with_loads(mut self, loads: &[(String, LoadReport)]) -> QueryReply {
+        let loads = loads
+            .iter()
+            .map(|(id, report)| {
+                let ranks = (report.load.ranks.iter())
+                    .map(|(rank, l)| {
+                        let load = pb::RankLoad {
+                            num_running_reqs: l.running as i64,
+                            num_waiting_reqs: l.waiting as i64,
+                            token_usage: l.token_usage,
+                        };
+                        (rank.to_string(), load)
+                    })
+                    .collect();
+                let load = pb::InstanceLoad {
+                    age_ms: report.age_ms as i64,
+                    server_load: report.load.server_load.map(|n| n as i64),
+                    ranks,
+                };
+                (id.clone(), load)
+            })
+            .collect();
+        // Only `loads` is set, so only its entries are encoded (tag 4, after the hits' tag 3).
+        let only_loads = pb::QueryResponse {
+            loads,
+            ..Default::default()
+        };
+        only_loads.encode_raw(&mut self.hits);
+        self
     }
 
     /// The reply of a failed query.

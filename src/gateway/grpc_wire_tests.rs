@@ -38,11 +38,13 @@ fn reference(result: Result<QueryHits, OpError>) -> pb::QueryResponse {
                 .iter()
                 .map(|(id, h)| (id.clone(), row(h)))
                 .collect(),
+            loads: HashMap::new(),
         },
         Err(e) => pb::QueryResponse {
             ret: e.code.value(),
             error: Some(super::error_detail(&e)),
             hits: HashMap::new(),
+            loads: HashMap::new(),
         },
     }
 }
@@ -189,6 +191,7 @@ fn query_requests_decode_as_prost_decodes_them() {
             token_ids: tokens,
             cache_salt: "s".into(),
             instance_filter: "i".into(),
+            include_load: true,
         };
         let bytes = request.encode_to_vec();
         assert_eq!(QueryRequestIn::decode(&bytes[..]).unwrap().0, request);

@@ -10,26 +10,27 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use serde_json::{Value as Json, json};
 
 use crate::error::OpError;
-use crate::gateway::body_budget::{self, BodyBudget, Share};
+use crate::gateway::body_budget::BodyBudget;
 use crate::gateway::http_register::registration_from_http;
 use crate::gateway::http_reply::{
     ContextRow, Format, GlobalView, Listing, Registered, ServiceRow, Unregistered, encode,
-    error_response, plain_error, reason_error, with_body,
+    error_response, plain_error, with_body,
 };
 use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
 use crate::gateway::registration::{HTTP_NAMES, HTTP_REGISTER_SCHEMA};
-use crate::gateway::request::{self, Kind, Limits, RootSeed, Schema};
+use crate::gateway::request::{Kind, Limits, Schema};
 use crate::gateway::value::{Fields, Val};
 use crate::metrics::Transport;
 use crate::registry::ServiceInfo;
 use crate::subscription::status::HashCheckState;
 
 use super::http_body::{HitsBody, hits_msgpack};
-use super::http_registry;
+use super::http_decode::{Http, decode_body};
+use super::{http_engines, http_registry};
 
 /// The bounds on request bodies.
 #[derive(Debug, Clone, Copy)]
@@ -38,14 +39,6 @@ pub struct BodyLimits {
     pub body_bytes: usize,
     /// Most `token_ids` / `block_hashes` elements.
     pub max_query_tokens: usize,
-}
-
-#[derive(Clone)]
-struct Http {
-    ops: Ops,
-    body_limit: usize,
-    budget: BodyBudget,
-    limits: Limits,
 }
 
 /// The HTTP router over `ops`.
@@ -69,6 +62,11 @@ pub fn router(ops: Ops, limits: BodyLimits, budget: BodyBudget) -> Router {
         .route("/services/status", get(services_status))
         .route("/registry/reupload", post(registry_reupload))
         .route("/registry/accept", post(registry_accept))
+        .route(
+            "/engines",
+            post(http_engines::register).get(http_engines::list),
+        )
+        .route("/engines/{instance_id}", delete(http_engines::unregister))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -99,6 +97,48 @@ fn hits_response(answer: crate::index::AnswerView<'_>, format: Format) -> Respon
     }
 }
 
+/// A query answer, with the engines' load figures when the request asked for them
+/// (`include_load`: `{"instances", "loads"}`; without it the answer's bytes are unchanged).
+fn answer_response(
+    ops: &Ops,
+    tenant_id: &str,
+    include_load: bool,
+    answer: crate::index::AnswerView<'_>,
+    format: Format,
+) -> Response {
+    if !include_load {
+        return hits_response(answer, format);
+    }
+    let loads = http_engines::loads_body(&ops.loads_of(tenant_id, answer));
+    match format {
+        Format::Msgpack => {
+            let mut body = hits_msgpack(answer);
+            // The answer is a map of one entry (`instances`); it gets a second.
+            body[0] = 0x82;
+            body.extend_from_slice(b"\xa5loads");
+            let _ = rmp_serde::encode::write_named(&mut body, &loads);
+            with_body(StatusCode::OK, body, format)
+        }
+        Format::Json => {
+            let mut body = serde_json::to_value(HitsBody(answer)).unwrap_or_default();
+            body["loads"] = loads;
+            encode(StatusCode::OK, &body, format)
+        }
+    }
+}
+
+/// The optional `include_load` flag of both queries.
+fn include_load(f: &Fields) -> Result<bool, OpError> {
+    match f.get("include_load") {
+        None | Some(Val::Null) => Ok(false),
+        Some(Val::Bool(b)) => Ok(*b),
+        Some(_) => {
+            let message = "include_load must be a boolean";
+            Err(OpError::invalid("include_load", "invalid_type", message))
+        }
+    }
+}
+
 /// Refuse a request that needs the service token and lacks it, before its body is read (so an
 /// unauthenticated peer cannot make the service decode anything).
 async fn require_token(
@@ -106,99 +146,13 @@ async fn require_token(
     request: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let access = crate::gateway::bounds::http_access(request.uri().path());
+    let access = crate::gateway::bounds::http_access(request.method(), request.uri().path());
     let headers = request.headers();
     let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
     if let Err(e) = state.ops.authorize(access, authorization) {
         return error_response(&e, Format::of_request(headers));
     }
     next.run(request).await
-}
-
-/// A decoded POST body, with the format to answer in and the body budget's share it holds
-/// until the request is answered.
-struct Decoded {
-    fields: Fields,
-    reply: Format,
-    _share: Option<Share>,
-}
-
-/// Read and decode a POST body against `schema`: at most `body_limit` bytes, read into one
-/// buffer of the declared size (a large body first takes its share of the budget), then decoded
-/// field by field (see [`request`]).
-async fn decode_body(state: &Http, request: Request, schema: Schema) -> Result<Decoded, Response> {
-    let headers = request.headers().clone();
-    let Some(format) = Format::of_content_type(&headers) else {
-        let e = OpError::invalid(
-            "",
-            "unsupported_content_type",
-            "Content-Type must be application/json or application/msgpack",
-        );
-        return Err(error_response(&e, Format::of_request(&headers)));
-    };
-    let reply = Format::for_reply(&headers, format);
-    let too_large = || {
-        let message = format!("request body exceeds {} bytes", state.body_limit);
-        reason_error(StatusCode::PAYLOAD_TOO_LARGE, &message, "too_large", reply)
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > state.body_limit) {
-        return Err(too_large());
-    }
-    let busy = || {
-        let e = OpError::unavailable(
-            "too many large request bodies in flight (http_inflight_body_bytes); retry later",
-        );
-        error_response(&e, reply)
-    };
-    // A body without a length takes the share of the largest body once it outgrows a small one.
-    let mut share = match declared {
-        Some(n) => Some(
-            state
-                .budget
-                .reserve(n, body_budget::WAIT)
-                .await
-                .map_err(|_| busy())?,
-        ),
-        None => None,
-    };
-    let mut body = Vec::with_capacity(declared.unwrap_or(0));
-    let mut stream = request.into_body().into_data_stream();
-    while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
-        let Ok(chunk) = chunk else {
-            return Err(too_large());
-        };
-        if body.len() + chunk.len() > state.body_limit {
-            return Err(too_large());
-        }
-        if share.is_none() && body.len() + chunk.len() > body_budget::LARGE_BODY_BYTES {
-            let reserved = state
-                .budget
-                .reserve(state.body_limit, body_budget::WAIT)
-                .await;
-            share = Some(reserved.map_err(|_| busy())?);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    let seed = RootSeed {
-        schema,
-        limits: state.limits,
-    };
-    let fields = match format {
-        Format::Json => request::from_json(&body, seed),
-        Format::Msgpack => request::from_msgpack(&body, seed),
-    };
-    drop(body);
-    match fields {
-        Ok(fields) => Ok(Decoded {
-            fields,
-            reply,
-            _share: share,
-        }),
-        Err(e) => Err(error_response(&e, reply)),
-    }
 }
 
 async fn register(State(state): State<Http>, request: Request) -> Response {
@@ -271,6 +225,7 @@ macro_rules! query_schema {
             ("lora_name", Kind::Scalar),
             ("instance_id", Kind::Scalar),
             ("instance_filter", Kind::Scalar),
+            ("include_load", Kind::Scalar),
             $($extra),*
         ]
     };
@@ -372,8 +327,10 @@ async fn query(State(state): State<Http>, request: Request) -> Response {
             cache_salt,
             instance_filter: instance_filter(&f)?,
         };
-        let reply = d.reply;
-        (state.ops).query_with(&input, Transport::Http, |a| hits_response(a, reply))
+        let (reply, loads, ops) = (d.reply, include_load(&f)?, &state.ops);
+        ops.query_with(&input, Transport::Http, |a| {
+            answer_response(ops, &input.tenant_id, loads, a, reply)
+        })
     })();
     result.unwrap_or_else(|e| error_response(&e, d.reply))
 }
@@ -400,8 +357,10 @@ async fn query_by_hash(State(state): State<Http>, request: Request) -> Response 
             block_hashes,
             instance_filter,
         };
-        let reply = d.reply;
-        (state.ops).query_by_hash_with(&input, Transport::Http, |a| hits_response(a, reply))
+        let (reply, loads, ops) = (d.reply, include_load(&f)?, &state.ops);
+        ops.query_by_hash_with(&input, Transport::Http, |a| {
+            answer_response(ops, &input.tenant_id, loads, a, reply)
+        })
     })();
     result.unwrap_or_else(|e| error_response(&e, d.reply))
 }
@@ -489,6 +448,9 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
         body["registry"] = registry;
     }
     body["memory_budget"] = budget_section(&state.ops);
+    if let Ok(engines) = state.ops.engines() {
+        body["engines"] = http_engines::status_rows(&engines.list());
+    }
     encode(StatusCode::OK, &body, format)
 }
 

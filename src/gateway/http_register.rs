@@ -109,7 +109,9 @@ const PROFILE_KEYS: [&str; 4] = [
 /// The reference's profile checks: unknown keys, the four strings, the algorithm, then the
 /// strategy, the projection and the seed. What passes is resolved by `HashProfile::from_pairs`
 /// (which also refuses a key given twice and a strategy / algorithm pair that does not fit).
-fn check_profile(pairs: Vec<(String, Option<String>)>) -> Result<Vec<(String, String)>, OpError> {
+pub fn check_profile(
+    pairs: Vec<(String, Option<String>)>,
+) -> Result<Vec<(String, String)>, OpError> {
     if let Some((key, _)) = pairs
         .iter()
         .find(|(k, _)| !PROFILE_KEYS.contains(&k.as_str()))

@@ -5,9 +5,12 @@
 //! [`request`] request bodies decoded field by field (JSON through serde_json, msgpack through
 //! [`msgpack_de`]) into [`value`]'s fields; [`body_budget`] the bytes of large bodies in flight;
 //! [`grpc`] the tonic service and
-//! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API, [`http_register`] its
+//! [`grpc_wire`] its hand-written query codecs; [`http`] the HTTP API, `http_decode` its state
+//! and POST bodies, [`http_register`] its
 //! `/register` checks, [`http_reply`] its answer formats and error bodies, [`http_body`] its
 //! query answers and [`http_registry`] the shared registry's status and operator commands;
+//! [`engines_api`] engines registered by URL as the transports see them, [`http_engines`] their
+//! HTTP routes;
 //! [`bounds`] the request bounds both transports share; [`connections`] the open connections,
 //! their cap and timeouts; [`workers`] the threads both servers run on; [`tls`] TLS on both
 //! servers (optional) and a replica's TLS towards its peer.
@@ -50,11 +53,14 @@ pub mod body_budget;
 pub mod bounds;
 pub mod coalesce;
 pub mod connections;
+pub mod engines_api;
 pub mod grpc;
 mod grpc_answer;
 pub mod grpc_wire;
 pub mod http;
 pub mod http_body;
+mod http_decode;
+pub mod http_engines;
 pub mod http_register;
 pub mod http_registry;
 pub mod http_reply;

@@ -8,6 +8,7 @@ use actix::Addr;
 
 use crate::error::OpError;
 use crate::gateway::auth::{Access, Auth};
+use crate::gateway::engines_api::EngineControl;
 use crate::gateway::readiness::Readiness;
 use crate::gateway::registration::{FieldNames, MAX_BLOCK_SIZE, RegistrationInput};
 use crate::index::{AnswerView, ContextView, IndexStats, QueryHits};
@@ -77,6 +78,8 @@ pub struct Ops {
     /// Further `/metrics` sections (the replica's id and bootstrap progress).
     sections: Vec<Arc<dyn crate::metrics::Section>>,
     auth: Arc<Auth>,
+    /// Engines registered by URL; set once the service has built them (they call back here).
+    engines: Arc<std::sync::OnceLock<Arc<dyn EngineControl>>>,
 }
 
 impl Ops {
@@ -96,7 +99,37 @@ impl Ops {
             shared: None,
             sections: Vec::new(),
             auth: Arc::new(auth),
+            engines: Arc::default(),
         }
+    }
+
+    /// Hand the engine operations to every clone of these ops (once).
+    pub fn set_engines(&self, engines: Arc<dyn EngineControl>) {
+        let _ = self.engines.set(engines);
+    }
+
+    /// The last load figures of the answer's instances that are engines registered by URL
+    /// (`include_load`), in the answer's order.
+    pub fn loads_of(
+        &self,
+        tenant_id: &str,
+        answer: AnswerView<'_>,
+    ) -> Vec<(String, crate::gateway::engines_api::LoadReport)> {
+        let Some(engines) = self.engines.get() else {
+            return Vec::new();
+        };
+        let tenant = crate::model::normalize_tenant(tenant_id);
+        answer
+            .rows()
+            .filter_map(|row| Some((row.id.to_owned(), engines.load(&tenant, row.id)?)))
+            .collect()
+    }
+
+    /// The engine operations, where the service runs them.
+    pub fn engines(&self) -> Result<&Arc<dyn EngineControl>, OpError> {
+        self.engines
+            .get()
+            .ok_or_else(|| OpError::unavailable("engine registration is not running"))
     }
 
     pub fn with_shared(
@@ -397,6 +430,9 @@ impl Ops {
         crate::metrics::render_budget(&mut text, self.contexts.budget());
         for section in &self.sections {
             section.render(&mut text);
+        }
+        if let Some(engines) = self.engines.get() {
+            engines.render_metrics(&mut text);
         }
         Ok(text)
     }

@@ -189,7 +189,8 @@ impl RegistrationPolicy {
         Ok(())
     }
 
-    fn host_allowed(&self, endpoint: &str) -> bool {
+    /// Whether `tcp://host:port`'s host is allowed (any host without `allowed_endpoint_hosts`).
+    pub fn host_allowed(&self, endpoint: &str) -> bool {
         let Some(rules) = &self.allowed_hosts else {
             return true;
         };

@@ -19,6 +19,7 @@ mod durability;
 mod durable_state;
 mod e2e_mixed;
 mod e2e_query;
+mod engines;
 mod etcd_reset;
 mod extras;
 mod fixtures;

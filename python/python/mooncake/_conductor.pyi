@@ -3,7 +3,14 @@
 from types import TracebackType
 from typing import Any, Final, Iterable, Mapping, Optional, Type
 
-from mooncake._types import GlobalView, QueryResult, RegisterConfig, ServiceList
+from mooncake._types import (
+    EngineRegistration,
+    GlobalView,
+    HashProfileConfig,
+    QueryResult,
+    RegisterConfig,
+    ServiceList,
+)
 
 OK: Final[int]  # 0
 INTERNAL_ERROR: Final[int]  # -1
@@ -52,9 +59,12 @@ class ConductorClient:
         token_ids: Iterable[int],
         cache_salt: str = "",
         instance_filter: str = "",
+        include_load: bool = False,
     ) -> QueryResult:
         """Prefix-cache hits per instance. ``{"ret": <negative>, "hits": {}}`` on failure;
-        token IDs outside the signed 32-bit range give INVALID_PARAMS."""
+        token IDs outside the signed 32-bit range give INVALID_PARAMS. With
+        ``include_load=True`` the result also has ``loads``: per instance registered by URL,
+        its engine's last load figures and their age."""
     def register(self, config: RegisterConfig | Mapping[str, Any]) -> int:
         """Register one publisher. Returns OK or a negative code (INVALID_PARAMS from the
         server for missing or invalid values). Raises ValueError for a non-dict, unknown or
@@ -63,6 +73,22 @@ class ConductorClient:
         self, instance_id: str, tenant_id: str = "default", dp_rank: int = 0
     ) -> int:
         """OK, SERVICE_NOT_FOUND or another negative code."""
+    def register_engine(
+        self,
+        url: str,
+        publisher_type: str = "vLLM",
+        *,
+        instance_id: str | None = None,
+        tenant_id: str = "default",
+        model_name: str | None = None,
+        block_size: int | None = None,
+        hash_profile: HashProfileConfig | Mapping[str, str] | None = None,
+    ) -> EngineRegistration:
+        """Register an engine by its HTTP URL: one subscription per DP rank its own
+        description names, kept in step with the engine. On failure ret is negative."""
+    def unregister_engine(self, instance_id: str, tenant_id: str = "default") -> int:
+        """Stop following an engine and unregister its ranks: OK, SERVICE_NOT_FOUND or
+        another negative code."""
     def get_global_view(self) -> GlobalView:
         """Snapshot of indexed contexts; ``context_count`` 0 and ``contexts`` [] on failure."""
     def list_services(self) -> ServiceList:

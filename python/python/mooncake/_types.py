@@ -28,11 +28,35 @@ class InstanceHits(TypedDict):
     disk: int
 
 
+class RankLoad(TypedDict):
+    """One DP rank's load as SGLang's ``/v1/loads`` reports it."""
+
+    num_running_reqs: int
+    num_waiting_reqs: int
+    token_usage: float
+
+
+class InstanceLoad(TypedDict, total=False):
+    """An engine's last load figures (``query(include_load=True)``): their age, vLLM's
+    ``server_load``, SGLang's per-rank figures."""
+
+    age_ms: int
+    server_load: int
+    ranks: Dict[str, RankLoad]
+
+
 class QueryResult(TypedDict):
     """``query()`` result; ``hits`` maps instance IDs to their hits and is ``{}`` on failure."""
 
     ret: int
     hits: Dict[str, InstanceHits]
+
+
+class QueryResultWithLoads(QueryResult):
+    """``query(include_load=True)`` result: ``loads`` maps the instances registered by URL
+    whose load was read to their engine's last figures (``{}`` on failure)."""
+
+    loads: Dict[str, InstanceLoad]
 
 
 class HashProfileConfig(TypedDict, total=False):
@@ -116,3 +140,22 @@ class ServiceList(TypedDict):
     ret: int
     count: int
     services: List[ServiceEntry]
+
+
+class EngineRank(TypedDict):
+    """One DP rank ``register_engine()`` registered, with endpoints reachable from the server."""
+
+    dp_rank: int
+    endpoint: str
+    replay_endpoint: str
+    topic: str
+    block_size: int
+
+
+class EngineRegistration(TypedDict):
+    """``register_engine()`` result; on failure ``ret`` is negative and the rest empty."""
+
+    ret: int
+    instance_id: str
+    model_name: str
+    ranks: List[EngineRank]

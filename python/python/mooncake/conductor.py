@@ -47,6 +47,8 @@ except ImportError as exc:  # the native extension is absent or cannot load
 
 from mooncake._types import (
     ContextView,
+    EngineRank,
+    EngineRegistration,
     GlobalView,
     HashProfile,
     HashProfileConfig,
@@ -72,6 +74,8 @@ __all__ = [
     "HEALTH_NOT_INITIALIZED",
     "HEALTH_UNREACHABLE",
     "ContextView",
+    "EngineRank",
+    "EngineRegistration",
     "GlobalView",
     "HashProfile",
     "HashProfileConfig",

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod deliver;
 pub mod engine;
+pub mod engine_http;
 pub mod etcd;
 pub mod fleet;
 pub mod grpc;

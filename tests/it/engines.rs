@@ -1,0 +1,315 @@
+//! Engines registered by their URL: the binary reads an engine's description over HTTP
+//! (`support::engine_http`, the engines' own shapes), registers one subscription per DP rank,
+//! keeps them in step, and refuses hostile descriptions with the field named.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::deliver::handshake;
+use crate::support::engine::{self, vllm_cbor_profile};
+use crate::support::engine_http::{EngineHttp, Mode, wildcard};
+use crate::support::player::Player;
+use crate::support::query::grpc_query;
+use crate::support::server::Server;
+use crate::support::{WAIT, eventually, http, until};
+
+/// Services registered, by key.
+async fn services(server: &Server) -> Vec<String> {
+    let listing = http::get(server.http_port, "/services").await.json();
+    let mut keys: Vec<String> = listing["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let (i, t, r) = (&s["InstanceID"], &s["TenantID"], &s["DPRank"]);
+            format!("{}|{}|{}", i.as_str().unwrap(), t.as_str().unwrap(), r)
+        })
+        .collect();
+    keys.sort();
+    keys
+}
+
+async fn engines(server: &Server) -> Value {
+    http::get(server.http_port, "/engines").await.json()
+}
+
+fn register_body(url: &str) -> Value {
+    json!({"url": url, "type": "vLLM", "instance_id": "e1", "block_size": 4,
+           "hash_profile": vllm_cbor_profile()})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_engine_registered_by_url_answers_exactly_on_both_ranks() {
+    let server = Server::start().await;
+    let (mut rank0, mut rank1) = (Player::start(false, 0).await, Player::start(false, 0).await);
+    let engine = EngineHttp::start().await;
+    engine.vllm(
+        &[
+            (0, wildcard(&rank0.endpoint)),
+            (1, wildcard(&rank1.endpoint)),
+        ],
+        "m",
+    );
+
+    let r = http::post_json(server.http_port, "/engines", &register_body(&engine.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let reply = r.json();
+    assert_eq!(reply["instance_id"], "e1");
+    assert_eq!(reply["model_name"], "m", "the engine's served model");
+    let ranks = reply["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    // The wildcard bind becomes the engine's host.
+    assert_eq!(ranks[0]["endpoint"], rank0.endpoint.as_str());
+    assert_eq!(ranks[1]["endpoint"], rank1.endpoint.as_str());
+    assert_eq!(services(&server).await, ["e1|default|0", "e1|default|1"]);
+
+    // Different prefixes on the two ranks: each rank answers its own, exactly.
+    let tokens: Vec<i32> = (1..=12).collect();
+    let profile = vllm_cbor_profile();
+    let on0 = engine::vllm_store_prompt(&profile, &tokens, 4, "GPU", 0);
+    let on1 = engine::vllm_store_prompt(&profile, &tokens[..4], 4, "GPU", 1);
+    handshake(&server, &mut rank0, "e1|default|0", on0).await;
+    handshake(&server, &mut rank1, "e1|default|1", on1).await;
+    let hits = eventually("both ranks' hits", WAIT, || async {
+        let r = grpc_query(&server, "m", tokens.clone(), 4).await;
+        let row = r.hits.get("e1")?.clone();
+        (row.dp.get("0") == Some(&12) && row.dp.get("1") == Some(&4)).then_some(row)
+    })
+    .await;
+    assert_eq!(hits.device, 12);
+
+    let listed = engines(&server).await;
+    assert_eq!(listed["count"], 1);
+    let row = &listed["engines"][0];
+    assert_eq!(
+        (row["state"].as_str(), row["ranks_found"].as_u64()),
+        (Some("ok"), Some(2))
+    );
+    assert_eq!(row["ranks_registered"], 2);
+    assert!(row["description_age_ms"].is_u64(), "{row}");
+
+    // Removing the engine removes every rank, and its blocks stop answering.
+    let r = http::request(server.http_port, "DELETE", "/engines/e1", &[], b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["ranks_removed"], 2);
+    assert!(services(&server).await.is_empty());
+    let r = grpc_query(&server, "m", tokens.clone(), 4).await;
+    assert!(!r.hits.contains_key("e1"), "{:?}", r.hits);
+    let r = http::request(server.http_port, "DELETE", "/engines/e1", &[], b"").await;
+    assert_eq!(r.status, 404, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_that_appear_and_go_are_followed_and_a_gone_engine_is_dropped_after_the_grace() {
+    let server = Server::start_with(json!({
+        "engine_refresh_ms": 200, "engine_unreadable_grace_ms": 1000,
+    }))
+    .await;
+    let players = [
+        Player::start(false, 0).await,
+        Player::start(false, 0).await,
+        Player::start(false, 0).await,
+    ];
+    let at = |r: usize| (r as u32, wildcard(&players[r].endpoint));
+    let engine = EngineHttp::start().await;
+    engine.vllm(&[at(0), at(1)], "m");
+    let r = http::post_json(server.http_port, "/engines", &register_body(&engine.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // A rank added, then a rank removed, each followed by the next refresh.
+    engine.vllm(&[at(0), at(1), at(2)], "m");
+    eventually("rank 2 registered", WAIT, || async {
+        (services(&server).await.len() == 3).then_some(())
+    })
+    .await;
+    engine.vllm(&[at(0), at(2)], "m");
+    eventually("rank 1 unregistered", WAIT, || async {
+        (services(&server).await == ["e1|default|0", "e1|default|2"]).then_some(())
+    })
+    .await;
+    // A changed endpoint is registered again.
+    engine.vllm(&[at(0), (2, wildcard(&players[1].endpoint))], "m");
+    eventually("rank 2 moved", WAIT, || async {
+        let listing = http::get(server.http_port, "/services").await.json();
+        let moved = listing["services"].as_array()?.iter().any(|s| {
+            s["DPRank"] == 2 && s["Endpoint"].as_str() == Some(players[1].endpoint.as_str())
+        });
+        moved.then_some(())
+    })
+    .await;
+
+    // The description disappears: the ranks are kept (unreadable), then dropped after the grace.
+    engine.mode(Mode::Fail(500));
+    let row = eventually("engine unreadable", WAIT, || async {
+        let row = engines(&server).await["engines"][0].clone();
+        (row["state"] == "unreadable").then_some(row)
+    })
+    .await;
+    assert!(row["last_error"].as_str().unwrap().contains("500"), "{row}");
+    eventually("engine dropped", WAIT, || async {
+        let row = engines(&server).await["engines"][0].clone();
+        (row["state"] == "dropped").then_some(())
+    })
+    .await;
+    assert!(services(&server).await.is_empty());
+    // It comes back: its ranks are registered again.
+    engine.mode(Mode::Serve);
+    eventually("engine back", WAIT, || async {
+        (services(&server).await.len() == 2).then_some(())
+    })
+    .await;
+    let metrics = http::get(server.http_port, "/metrics").await.text();
+    assert!(
+        metrics.contains(
+            "conductor_engine_ranks{instance_id=\"e1\",tenant_id=\"default\",kind=\"registered\"} 2"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("conductor_engine_discovery_errors_total 0\n"),
+        "errors were counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_descriptions_are_bounded_and_refused_with_the_field_named() {
+    let server = Server::start_with(json!({
+        "engine_read_timeout_ms": 300, "max_description_bytes": 65536,
+        "max_ranks_per_engine": 8, "allowed_endpoint_hosts": ["127.0.0.1"],
+    }))
+    .await;
+    let engine = EngineHttp::start().await;
+    let refused = async |body: &Value| {
+        let r = http::post_json(server.http_port, "/engines", body).await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        r.json()
+    };
+    let body = register_body(&engine.url);
+
+    engine.mode(Mode::Huge(1 << 20));
+    let e = refused(&body).await;
+    assert_eq!(e["field"], "url");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("max_description_bytes"),
+        "{e}"
+    );
+
+    engine.mode(Mode::Slow(Duration::from_secs(3)));
+    let e = refused(&body).await;
+    assert!(
+        e["error"].as_str().unwrap().contains("within 300 ms"),
+        "{e}"
+    );
+
+    engine.mode(Mode::Serve);
+    let many: Vec<(u32, String)> = (0..100)
+        .map(|r| (r, format!("tcp://*:{}", 20000 + r)))
+        .collect();
+    engine.vllm(&many, "m");
+    let e = refused(&body).await;
+    assert!(e["error"].as_str().unwrap().contains("limit is 8"), "{e}");
+
+    // An endpoint on a host the policy does not allow: the registration's own refusal.
+    engine.vllm(&[(0, "tcp://10.9.9.9:5557".into())], "m");
+    let e = refused(&body).await;
+    assert_eq!(
+        (e["field"].as_str(), e["reason"].as_str()),
+        (Some("endpoint"), Some("not_allowed"))
+    );
+
+    // Not a socket another host can subscribe to.
+    engine.vllm(&[(0, "ipc:///tmp/kv".into())], "m");
+    let e = refused(&body).await;
+    assert!(e["error"].as_str().unwrap().contains("tcp://"), "{e}");
+
+    // The URL's own host must be allowed too.
+    let e = refused(&register_body("http://localhost:1")).await;
+    assert_eq!(
+        (e["field"].as_str(), e["reason"].as_str()),
+        (Some("url"), Some("not_allowed"))
+    );
+    // Nothing was registered or followed by any of these.
+    assert!(services(&server).await.is_empty());
+    assert_eq!(engines(&server).await["count"], 0);
+    assert!(http::get(server.http_port, "/health").await.status == 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_descriptions_and_a_request_that_contradicts_the_engine() {
+    let server = Server::start().await;
+    let (rank0, rank1) = (Player::start(false, 0).await, Player::start(false, 0).await);
+    let engine = EngineHttp::start().await;
+    // SGLang reports a wildcard bind as its loopback address.
+    engine.sglang(
+        &[(0, rank0.endpoint.clone()), (1, rank1.endpoint.clone())],
+        "qwen",
+        64,
+    );
+    let mut body =
+        json!({"url": engine.url, "type": "SGLang", "instance_id": "s1", "block_size": 16});
+    let r = http::post_json(server.http_port, "/engines", &body).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["field"], "block_size");
+    body["block_size"] = json!(null);
+    body["model_name"] = json!("llama");
+    let r = http::post_json(server.http_port, "/engines", &body).await;
+    assert_eq!(
+        (r.status, r.json()["field"].as_str()),
+        (400, Some("model_name"))
+    );
+    body["model_name"] = json!(null);
+    let r = http::post_json(server.http_port, "/engines", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let reply = r.json();
+    assert_eq!(reply["model_name"], "qwen");
+    assert_eq!(reply["ranks"][1]["block_size"], 64);
+    assert_eq!(services(&server).await, ["s1|default|0", "s1|default|1"]);
+    let listing = http::get(server.http_port, "/services").await.json();
+    assert_eq!(listing["services"][0]["Type"], "SGLang");
+    assert_eq!(listing["services"][0]["HashProfile"]["strategy"], "sglang");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_is_followed_across_a_restart_and_config_engines_register_themselves() {
+    let players = [
+        Player::start(false, 0).await,
+        Player::start(false, 0).await,
+        Player::start(false, 0).await,
+    ];
+    let at = |r: usize| (r as u32, wildcard(&players[r].endpoint));
+    let engine = EngineHttp::start().await;
+    engine.vllm(&[at(0), at(1)], "m");
+    let from_config = EngineHttp::start().await;
+    from_config.vllm(&[(0, wildcard(&players[2].endpoint))], "m");
+    let config = json!({
+        "engine_refresh_ms": 200,
+        "engines": [{"url": from_config.url, "instance_id": "c1", "block_size": 4,
+                     "hash_profile": vllm_cbor_profile()}],
+    });
+    let mut server = Server::start_with(config.clone()).await;
+    let r = http::post_json(server.http_port, "/engines", &register_body(&engine.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    until(WAIT, async || match services(&server).await.len() {
+        3 => Ok(()),
+        _ => Err(format!(
+            "the config's engine not registered: {}",
+            engines(&server).await
+        )),
+    })
+    .await;
+    server.terminate();
+
+    // While the service is down, the engine loses rank 1.
+    engine.vllm(&[at(0)], "m");
+    let server = Server::start_in(server.into_dir(), config).await;
+    eventually("rank 1 gone after the restart", WAIT, || async {
+        (services(&server).await == ["c1|default|0", "e1|default|0"]).then_some(())
+    })
+    .await;
+    let listed = engines(&server).await;
+    assert_eq!(listed["count"], 2, "{listed}");
+}
