@@ -151,6 +151,9 @@ impl Fleet {
         }
         let mut engine = Engine::new(spec.clone());
         note_read(&mut engine, &description, &wanted);
+        let (limits, ranks) = (self.settings.fetch, self.settings.max_ranks_per_engine);
+        engine.load =
+            (super::load::read_load(&spec, limits, ranks).await).map(|load| (Instant::now(), load));
         self.engines.lock().unwrap().insert(key, engine);
         Ok(reply(&spec, &wanted))
     }

@@ -313,3 +313,141 @@ async fn an_engine_is_followed_across_a_restart_and_config_engines_register_them
     let listed = engines(&server).await;
     assert_eq!(listed["count"], 2, "{listed}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn include_load_answers_the_engines_figures_and_their_age_and_nothing_changes_without_it() {
+    let server = Server::start().await;
+    let (mut v0, s0) = (Player::start(false, 0).await, Player::start(false, 0).await);
+    let vllm = EngineHttp::start().await;
+    vllm.vllm(&[(0, wildcard(&v0.endpoint))], "m");
+    vllm.set("/load", json!({"server_load": 3}));
+    let r = http::post_json(server.http_port, "/engines", &register_body(&vllm.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sglang = EngineHttp::start().await;
+    sglang.sglang(&[(0, s0.endpoint.clone())], "m", 4);
+    sglang.set(
+        "/v1/loads",
+        json!({"loads": [{"dp_rank": 0, "num_running_reqs": 5, "num_waiting_reqs": 2, "token_usage": 0.25}]}),
+    );
+    // Registered as a vLLM-format engine of the same context would conflict on the recipe: the
+    // SGLang engine gets its own tenant.
+    let body = json!({"url": sglang.url, "type": "SGLang", "instance_id": "s1", "tenant_id": "t2"});
+    let r = http::post_json(server.http_port, "/engines", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let tokens: Vec<i32> = (1..=8).collect();
+    let store = engine::vllm_store_prompt(&vllm_cbor_profile(), &tokens, 4, "GPU", 0);
+    handshake(&server, &mut v0, "e1|default|0", store).await;
+    let query = json!({"model_name": "m", "block_size": 4, "token_ids": tokens});
+    let plain = eventually("hits", WAIT, || async {
+        let body = http::post_json(server.http_port, "/query", &query)
+            .await
+            .json();
+        (body["instances"]["e1"]["device"] == 8).then_some(body)
+    })
+    .await;
+    // Without include_load the answer is the seed's shape, byte for byte.
+    assert_eq!(plain.as_object().unwrap().len(), 1, "{plain}");
+
+    let mut with_load = query.clone();
+    with_load["include_load"] = json!(true);
+    let body = http::post_json(server.http_port, "/query", &with_load)
+        .await
+        .json();
+    assert_eq!(body["instances"], plain["instances"]);
+    let load = &body["loads"]["e1"];
+    assert_eq!(load["server_load"], 3, "{body}");
+    assert!(load["age_ms"].as_u64().unwrap() < 60_000, "{load}");
+    let msgpack = http::request(
+        server.http_port,
+        "POST",
+        "/query",
+        &[
+            ("Content-Type", "application/json"),
+            ("Accept", "application/msgpack"),
+        ],
+        with_load.to_string().as_bytes(),
+    )
+    .await
+    .msgpack();
+    assert_eq!(msgpack["loads"]["e1"]["server_load"], 3, "{msgpack}");
+    let r = http::post_json(
+        server.http_port,
+        "/query",
+        &json!({"model_name": "m", "block_size": 4, "token_ids": [1], "include_load": 1}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["field"].as_str()),
+        (400, Some("include_load"))
+    );
+
+    // gRPC, and SGLang's per-rank figures.
+    let mut client = server.grpc().await;
+    let request = mooncake_conductor::gateway::pb::QueryRequest {
+        model_name: "m".into(),
+        block_size: 4,
+        tenant_id: "t2".into(),
+        token_ids: tokens.clone(),
+        include_load: true,
+        ..Default::default()
+    };
+    let answer = client.query(request.clone()).await.unwrap().into_inner();
+    let rank = &answer.loads["s1"].ranks["0"];
+    assert_eq!(
+        (
+            rank.num_running_reqs,
+            rank.num_waiting_reqs,
+            rank.token_usage
+        ),
+        (5, 2, 0.25)
+    );
+    assert_eq!(answer.loads["s1"].server_load, None);
+    let request = mooncake_conductor::gateway::pb::QueryRequest {
+        include_load: false,
+        ..request
+    };
+    assert!(
+        client
+            .query(request)
+            .await
+            .unwrap()
+            .into_inner()
+            .loads
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_address_of_a_name_is_an_engine() {
+    let player = Player::start(false, 0).await;
+    let engine = EngineHttp::start().await;
+    engine.vllm(&[(0, wildcard(&player.endpoint))], "m");
+    let port = engine.url.rsplit(':').next().unwrap().to_owned();
+    let server = Server::start_with(json!({
+        "engines_dns": {"name": format!("localhost:{port}"), "type": "vLLM", "block_size": 4,
+                        "refresh_ms": 200},
+        "engine_refresh_ms": 200,
+    }))
+    .await;
+    // localhost names 127.0.0.1 (the engine) and, where it resolves, ::1 (nothing listens).
+    let key = format!("127.0.0.1:{port}|default|0");
+    until(WAIT, async || {
+        match services(&server).await.contains(&key) {
+            true => Ok(()),
+            false => Err(format!("{key} not registered: {}", engines(&server).await)),
+        }
+    })
+    .await;
+    let row = engines(&server).await["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["instance_id"] == format!("127.0.0.1:{port}"))
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (row["origin"].as_str(), row["state"].as_str()),
+        (Some("dns"), Some("ok"))
+    );
+}

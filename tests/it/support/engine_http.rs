@@ -48,6 +48,8 @@ impl EngineHttp {
             .route("/kv_event_sources", get(answer))
             .route("/v1/models", get(answer))
             .route("/server_info", get(answer))
+            .route("/load", get(answer))
+            .route("/v1/loads", get(answer))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
