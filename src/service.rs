@@ -179,7 +179,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         ops.clone(),
         config.registration_policy(),
         config.engines.settings,
-        crate::engines::records::Records::new(loaded.store.clone()),
+        crate::engines::records::Records::new(loaded.store.clone(), shared.clone()),
     );
     ops.set_engines(Arc::new(crate::engines::FleetControl(fleet.clone())));
     if let Some(tls) = &server_tls {

@@ -138,14 +138,14 @@ impl Fleet {
         let _changes = self.changes.lock().await;
         let known = self.engines.lock().unwrap().contains_key(&key);
         if spec.origin == Origin::Request {
-            self.records.put(&spec)?;
+            self.records.put(&spec).await?;
         }
         let before = self.registered(&spec).await?;
         if let Err(e) = self.converge(&spec, &before, &wanted).await {
             if !known {
                 let now = self.registered(&spec).await.unwrap_or_default();
                 let _ = self.converge(&spec, &now, &BTreeMap::new()).await;
-                let _ = self.records.delete(&key);
+                let _ = self.records.delete(&key).await;
             }
             return Err(e);
         }
@@ -174,7 +174,7 @@ impl Fleet {
         };
         let registered = self.registered(&spec).await?;
         self.converge(&spec, &registered, &BTreeMap::new()).await?;
-        self.records.delete(&key)?;
+        self.records.delete(&key).await?;
         self.engines.lock().unwrap().remove(&key);
         Ok(registered.len())
     }
@@ -201,7 +201,7 @@ impl Fleet {
                 .collect()
         };
         for spec in wanted.values() {
-            if let Err(e) = self.records.put(spec) {
+            if let Err(e) = self.records.put(spec).await {
                 tracing::warn!("engine {}: not recorded: {e}", spec.instance_id);
             }
         }
@@ -226,6 +226,7 @@ impl Fleet {
 
     /// One refresh of every engine.
     pub async fn refresh_all(&self) {
+        self.follow_shared().await;
         let specs: Vec<EngineSpec> = {
             let engines = self.engines.lock().unwrap();
             engines.values().map(|e| e.spec.clone()).collect()
@@ -253,6 +254,28 @@ impl Fleet {
             .await;
         for (spec, read) in reads {
             self.step(&spec, read).await;
+        }
+    }
+
+    /// With etcd: follow the engines other replicas registered, and stop following those
+    /// another replica removed (their ranks left through the shared registrations already).
+    async fn follow_shared(&self) {
+        if !self.records.is_shared() {
+            return;
+        }
+        // Listed under the lock that adds hold, so that an engine being added is listed.
+        let _changes = self.changes.lock().await;
+        let Some(shared) = self.records.shared_specs().await else {
+            return;
+        };
+        let listed: BTreeMap<Key, EngineSpec> = shared.into_iter().map(|s| (s.key(), s)).collect();
+        let mut engines = self.engines.lock().unwrap();
+        engines.retain(|key, e| e.spec.origin != Origin::Request || listed.contains_key(key));
+        for (key, spec) in listed {
+            let replace = engines.get(&key).is_none_or(|e| e.spec != spec);
+            if replace && engines.len() < self.settings.max_engines {
+                engines.insert(key, Engine::new(spec));
+            }
         }
     }
 

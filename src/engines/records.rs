@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::OpError;
 use crate::gateway::engines_api::EngineRequest;
+use crate::registry::shared::etcd::EtcdRegistry;
 use crate::storage::{Cf, KvOp, KvStore};
 
 use super::spec::{EngineKind, EngineSpec, Origin};
@@ -34,11 +35,35 @@ struct Record {
 #[derive(Clone, Default)]
 pub struct Records {
     store: Option<Arc<dyn KvStore>>,
+    /// With registrations shared through etcd, engines registered by request are shared too.
+    shared: Option<Arc<EtcdRegistry>>,
 }
 
 impl Records {
-    pub fn new(store: Arc<dyn KvStore>) -> Records {
-        Records { store: Some(store) }
+    pub fn new(store: Arc<dyn KvStore>, shared: Option<Arc<EtcdRegistry>>) -> Records {
+        Records {
+            store: Some(store),
+            shared,
+        }
+    }
+
+    /// The engines registered by request on any replica, as etcd lists them; `None` without
+    /// etcd, or when it cannot be read (nothing is concluded from an unreadable etcd).
+    pub async fn shared_specs(&self) -> Option<Vec<EngineSpec>> {
+        let listed = self.shared.as_ref()?.list_engines().await.ok()?;
+        let mut specs = Vec::new();
+        for (name, value) in listed {
+            match decode(&value) {
+                Ok(spec) => specs.push(spec),
+                Err(why) => tracing::warn!("shared engine record {name:?} skipped: {why}"),
+            }
+        }
+        Some(specs)
+    }
+
+    /// Whether engines registered by request are shared through etcd.
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
     }
 
     fn key(tenant_id: &str, instance_id: &str) -> Vec<u8> {
@@ -49,22 +74,18 @@ impl Records {
         key
     }
 
-    /// Keep `spec` (durably: it is written before its ranks are registered).
-    pub fn put(&self, spec: &EngineSpec) -> Result<(), OpError> {
+    /// Keep `spec` (durably: it is written before its ranks are registered), and share it
+    /// through etcd when it was registered by request.
+    pub async fn put(&self, spec: &EngineSpec) -> Result<(), OpError> {
+        if let (Some(shared), Origin::Request) = (&self.shared, spec.origin) {
+            shared
+                .put_engine(&shared_name(&spec.key()), encode(spec)?)
+                .await?;
+        }
         let Some(store) = &self.store else {
             return Ok(());
         };
-        let record = Record {
-            url: spec.url.to_url(),
-            kind: spec.kind,
-            instance_id: spec.instance_id.clone(),
-            tenant_id: spec.tenant_id.clone(),
-            model_name: spec.model_name.clone(),
-            block_size: spec.block_size,
-            hash_profile: spec.hash_profile.clone(),
-            origin: spec.origin,
-        };
-        let value = serde_json::to_vec(&record).map_err(|e| OpError::internal(e.to_string()))?;
+        let value = encode(spec)?;
         let op = KvOp::Put {
             cf: Cf::Meta,
             key: Self::key(&spec.tenant_id, &spec.instance_id),
@@ -75,7 +96,11 @@ impl Records {
             .map_err(|e| OpError::unavailable(format!("engine record not written: {e}")))
     }
 
-    pub fn delete(&self, (tenant_id, instance_id): &(String, String)) -> Result<(), OpError> {
+    pub async fn delete(&self, key: &(String, String)) -> Result<(), OpError> {
+        if let Some(shared) = &self.shared {
+            shared.delete_engine(&shared_name(key)).await?;
+        }
+        let (tenant_id, instance_id) = key;
         let Some(store) = &self.store else {
             return Ok(());
         };
@@ -111,7 +136,30 @@ impl Records {
     }
 }
 
-fn decode(value: &[u8]) -> Result<EngineSpec, String> {
+/// A spec as its record's bytes (the store's value, and etcd's).
+pub fn encode(spec: &EngineSpec) -> Result<Vec<u8>, OpError> {
+    let record = Record {
+        url: spec.url.to_url(),
+        kind: spec.kind,
+        instance_id: spec.instance_id.clone(),
+        tenant_id: spec.tenant_id.clone(),
+        model_name: spec.model_name.clone(),
+        block_size: spec.block_size,
+        hash_profile: spec.hash_profile.clone(),
+        origin: spec.origin,
+    };
+    serde_json::to_vec(&record).map_err(|e| OpError::internal(e.to_string()))
+}
+
+/// An engine's name among shared records: its tenant and instance id in hex (any bytes of
+/// either are safe in a key).
+pub fn shared_name((tenant_id, instance_id): &(String, String)) -> String {
+    let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    format!("{}.{}", hex(tenant_id), hex(instance_id))
+}
+
+/// A record's bytes as a spec; the error says why not.
+pub fn decode(value: &[u8]) -> Result<EngineSpec, String> {
     if value.len() > MAX_RECORD_BYTES {
         return Err(format!("{} bytes", value.len()));
     }
@@ -144,12 +192,12 @@ mod tests {
         EngineSpec::from_request(request, "type", Origin::Request).unwrap()
     }
 
-    #[test]
-    fn records_round_trip_and_bad_ones_are_skipped() {
+    #[tokio::test]
+    async fn records_round_trip_and_bad_ones_are_skipped() {
         let store: Arc<dyn KvStore> = Arc::new(MemoryStore::new());
-        let records = Records::new(store.clone());
-        records.put(&spec("a")).unwrap();
-        records.put(&spec("b")).unwrap();
+        let records = Records::new(store.clone(), None);
+        records.put(&spec("a")).await.unwrap();
+        records.put(&spec("b")).await.unwrap();
         let garbage = KvOp::Put {
             cf: Cf::Meta,
             key: Records::key("default", "c"),
@@ -157,7 +205,10 @@ mod tests {
         };
         store.write(vec![garbage]).unwrap();
         assert_eq!(records.load(), vec![spec("a"), spec("b")]);
-        records.delete(&("default".into(), "a".into())).unwrap();
+        records
+            .delete(&("default".into(), "a".into()))
+            .await
+            .unwrap();
         assert_eq!(records.load(), vec![spec("b")]);
     }
 }

@@ -451,3 +451,44 @@ async fn every_address_of_a_name_is_an_engine() {
         (Some("dns"), Some("ok"))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_every_replica_follows_an_engine_registered_on_one() {
+    let etcd = crate::support::etcd::Etcd::start().await;
+    let config = json!({"registry": etcd.registry("/eng/"), "engine_refresh_ms": 200});
+    let a = Server::start_with(config.clone()).await;
+    let b = Server::start_with(config).await;
+    let players = [Player::start(false, 0).await, Player::start(false, 0).await];
+    let at = |r: usize| (r as u32, wildcard(&players[r].endpoint));
+    let engine = EngineHttp::start().await;
+    engine.vllm(&[at(0)], "m");
+    let r = http::post_json(a.http_port, "/engines", &register_body(&engine.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The other replica follows it: it lists the engine, and brings a new rank in itself.
+    until(WAIT, async || match engines(&b).await["count"].as_u64() {
+        Some(1) => Ok(()),
+        _ => Err(format!(
+            "b does not follow the engine: {}",
+            engines(&b).await
+        )),
+    })
+    .await;
+    engine.vllm(&[at(0), at(1)], "m");
+    for server in [&a, &b] {
+        eventually("rank 1 on both replicas", WAIT, || async {
+            (services(server).await == ["e1|default|0", "e1|default|1"]).then_some(())
+        })
+        .await;
+    }
+    // Removed on b: gone from both, with its ranks.
+    let r = http::request(b.http_port, "DELETE", "/engines/e1", &[], b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for server in [&a, &b] {
+        eventually("engine gone on both replicas", WAIT, || async {
+            let gone = services(server).await.is_empty()
+                && engines(server).await["count"].as_u64() == Some(0);
+            gone.then_some(())
+        })
+        .await;
+    }
+}

@@ -389,3 +389,48 @@ impl EtcdRegistry {
         }
     }
 }
+
+/// Engines registered by URL, shared by every replica: one key per engine under
+/// `<prefix>engines/`, outside the registrations the followers watch (docs/engine-discovery.md,
+/// "Replicas"). The values are the engines module's records; this layer only stores them.
+impl EtcdRegistry {
+    fn engines_prefix(&self) -> String {
+        format!("{}engines/", self.config.prefix)
+    }
+
+    /// Put an engine's record under `name`.
+    pub async fn put_engine(&self, name: &str, value: Vec<u8>) -> Result<(), OpError> {
+        let key = format!("{}{name}", self.engines_prefix());
+        self.txn(Txn::new().and_then([TxnOp::put(key, value, None)]))
+            .await
+            .map(|_| ())
+    }
+
+    /// Delete an engine's record.
+    pub async fn delete_engine(&self, name: &str) -> Result<(), OpError> {
+        let key = format!("{}{name}", self.engines_prefix());
+        self.txn(Txn::new().and_then([TxnOp::delete(key, None)]))
+            .await
+            .map(|_| ())
+    }
+
+    /// Every engine record, by name.
+    pub async fn list_engines(&self) -> Result<Vec<(String, Vec<u8>)>, OpError> {
+        let prefix = self.engines_prefix();
+        let get = TxnOp::get(prefix.clone(), Some(GetOptions::new().with_prefix()));
+        let resp = self.txn(Txn::new().and_then([get])).await?;
+        let mut out = Vec::new();
+        for op in resp.op_responses() {
+            if let TxnOpResponse::Get(g) = op {
+                for kv in g.kvs() {
+                    let name = kv.key().strip_prefix(prefix.as_bytes()).unwrap_or_default();
+                    out.push((
+                        String::from_utf8_lossy(name).into_owned(),
+                        kv.value().to_vec(),
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
