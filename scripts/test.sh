@@ -10,6 +10,23 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
+# Only the tests need these: g++ and libssl-dev build SGLang's own page hash (C++).
+for p in g++ libssl-dev; do
+  dpkg -s "$p" >/dev/null 2>&1 || {
+    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    ${sudo_cmd:-} apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive ${sudo_cmd:-} apt-get install -y -qq --no-install-recommends g++ libssl-dev
+    break
+  }
+done
+# The engines' own code for the engine-registration tests (python/tests/engine_apps.py): vLLM's
+# and SGLang's wheels without their dependencies (no torch, no GPU; 880 MB installed, so only
+# once), and what the modules the tests load import.
+if ! .venv/bin/pip show -q vllm sglang >/dev/null 2>&1; then
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps 'vllm==0.33.0' 'sglang==0.5.23'
+fi
+.venv/bin/pip install -q --disable-pip-version-check 'fastapi==0.136.3' 'uvicorn==0.55.0' \
+  'msgspec==0.23.0' 'pydantic==2.14.4' 'psutil==7.2.2' 'numpy==2.4.6' 'pybind11==3.1.0'
 
 cargo fmt --all -- --check
 # Modules depend one way (docs/ARCHITECTURE.md): any import cycle fails the run, in well under a second.

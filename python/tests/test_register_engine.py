@@ -155,3 +155,50 @@ def test_unregistered_engine_leaves_the_index(client):
         result = client.query(model, block_size=BS, token_ids=PROMPT)
         assert result["ret"] == OK and set(result["hits"]) == {"witness"}, result
         assert client.unregister_engine("vllm-gone") == SERVICE_NOT_FOUND
+
+
+def test_sglang_without_a_source_list_is_registered_from_its_publisher_descriptor(client):
+    # Without --grpc-port SGLang's /server_info has only its `kv_events` descriptor.
+    model = "sglang-descriptor-model"
+    with SglangEngineApp(model=model, ranks=(0, 1), page_size=BS, grpc_port=False) as app:
+        got = client.register_engine(app.url, "SGLang", instance_id="sglang-d",
+                                     hash_profile=dict(app.hash_profile))
+        assert got["ret"] == OK, got
+        assert got["ranks"] == reported(app)
+        wait_live(client, app, model, "sglang-d")
+        app.ranks[1].store(PROMPT[:64])
+        expected = app.expected(PROMPT)
+        assert expected == {"0": 0, "1": 64}
+        check_answer(wait_for_ranks(client, model, "sglang-d", PROMPT, expected), expected)
+
+
+def test_include_load_answers_sglang_figures_from_its_own_loads_route(client):
+    model = "sglang-load-model"
+    with SglangEngineApp(model=model, ranks=(0, 1), page_size=BS) as app:
+        app.set_load(1, num_running_reqs=4, num_waiting_reqs=3)
+        got = client.register_engine(app.url, "SGLang", instance_id="sglang-l",
+                                     hash_profile=dict(app.hash_profile))
+        assert got["ret"] == OK, got
+        plain = client.query(model, block_size=BS, token_ids=PROMPT)
+        assert plain["ret"] == OK and "loads" not in plain, plain
+        result = client.query(model, block_size=BS, token_ids=PROMPT, include_load=True)
+        assert result["ret"] == OK, result
+        assert result["hits"] == plain["hits"]
+        load = result["loads"]["sglang-l"]
+        assert load["ranks"]["1"]["num_running_reqs"] == 4, load
+        assert load["ranks"]["1"]["num_waiting_reqs"] == 3, load
+        assert set(load["ranks"]) == {"0", "1"} and 0 <= load["age_ms"] < 60_000, load
+        assert "server_load" not in load
+
+
+def test_include_load_answers_vllm_server_load(client):
+    model = "vllm-load-model"
+    with VllmEngineApp(model=model, ranks=(0,), block_size=BS) as app:
+        app.set_load(5)
+        got = client.register_engine(app.url, "vLLM", instance_id="vllm-l", model_name=model,
+                                     block_size=BS, hash_profile=dict(app.hash_profile))
+        assert got["ret"] == OK, got
+        result = client.query(model, block_size=BS, token_ids=PROMPT, include_load=True)
+        assert result["ret"] == OK, result
+        assert result["loads"]["vllm-l"]["server_load"] == 5, result["loads"]
+        assert result["loads"]["vllm-l"]["ranks"] == {}

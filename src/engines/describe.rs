@@ -171,6 +171,11 @@ pub fn sglang_server_info(body: &[u8], max_ranks: usize) -> Result<Description, 
             return Err(format!("{}: rank {rank} is listed twice", at("dp_rank")));
         }
     }
+    if sources.is_empty()
+        && let Some(kv_events) = info.get("kv_events").filter(|v| !v.is_null())
+    {
+        sources = sglang_publisher_ranks(kv_events, max_ranks)?;
+    }
     let models = match info.get("served_model_name") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(name)) if !name.is_empty() => vec![name.clone()],
@@ -179,6 +184,72 @@ pub fn sglang_server_info(body: &[u8], max_ranks: usize) -> Result<Description, 
         }
     };
     Ok(Description { sources, models })
+}
+
+/// SGLang's `kv_events` descriptor, which `/server_info` carries whether or not it lists
+/// `kv_event_sources` (those only with `--grpc-port`): rank `r` publishes on
+/// `endpoint_port_base + r` (and replays on `replay_endpoint_port_base + r`) at
+/// `endpoint_host`, for every rank below `dp_size`.
+fn sglang_publisher_ranks(
+    kv_events: &Value,
+    max_ranks: usize,
+) -> Result<BTreeMap<u32, ReportedSource>, String> {
+    let at = |field: &str| format!("/server_info.kv_events.{field}");
+    let Value::Object(d) = kv_events else {
+        return Err("/server_info.kv_events: expected an object".into());
+    };
+    if opt_str(d.get("publisher"), &at("publisher"))?.is_some_and(|p| p != "zmq") {
+        return Ok(BTreeMap::new());
+    }
+    let number = |field: &str, max: u64| -> Result<Option<u64>, String> {
+        match d.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= max => Ok(Some(n)),
+                _ => Err(format!("{}: expected an integer in 0..={max}", at(field))),
+            },
+        }
+    };
+    let host = opt_str(d.get("endpoint_host"), &at("endpoint_host"))?
+        .ok_or_else(|| format!("{}: missing", at("endpoint_host")))?;
+    let base = number("endpoint_port_base", 65535)?
+        .ok_or_else(|| format!("{}: missing", at("endpoint_port_base")))?;
+    let replay_base = number("replay_endpoint_port_base", 65535)?;
+    let dp_size = number("dp_size", u32::MAX as u64)?.unwrap_or(1);
+    if dp_size > max_ranks as u64 {
+        return Err(format!(
+            "{} is {dp_size}; the limit is {max_ranks} (max_ranks_per_engine)",
+            at("dp_size")
+        ));
+    }
+    let block_size = number("block_size", u32::MAX as u64)?.filter(|b| *b > 0);
+    let topic = opt_str(d.get("topic"), &at("topic"))?.unwrap_or_default();
+    let host = match host.parse::<std::net::Ipv6Addr>() {
+        Ok(_) => format!("[{host}]"),
+        Err(_) => host.to_owned(),
+    };
+    let endpoint = |base: u64, rank: u64, field: &str| match base + rank {
+        port @ 1..=65535 => Ok(format!("tcp://{host}:{port}")),
+        port => Err(format!(
+            "{}: rank {rank} would publish on port {port}",
+            at(field)
+        )),
+    };
+    let mut sources = BTreeMap::new();
+    for rank in 0..dp_size {
+        let replay = match replay_base {
+            Some(b) => Some(endpoint(b, rank, "replay_endpoint_port_base")?),
+            None => None,
+        };
+        let source = ReportedSource {
+            endpoint: endpoint(base, rank, "endpoint_port_base")?,
+            replay_endpoint: replay,
+            topic: topic.to_owned(),
+            block_size: block_size.map(|b| b as u32),
+        };
+        sources.insert(rank as u32, source);
+    }
+    Ok(sources)
 }
 
 fn json(body: &[u8], route: &str) -> Result<Value, String> {
@@ -286,6 +357,40 @@ mod tests {
         assert_eq!(d.sources[&1].block_size, Some(64));
         // An engine without KV events has no list.
         assert!(sglang_server_info(b"{}", 8).unwrap().sources.is_empty());
+    }
+
+    #[test]
+    fn sglang_publisher_descriptor_without_a_source_list() {
+        // What /server_info says without --grpc-port: the publisher's descriptor only.
+        let body = br#"{"served_model_name": "qwen", "kv_events": {"publisher": "zmq",
+            "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "", "block_size": 64,
+            "dp_size": 2, "replay_endpoint_port_base": 5600}}"#;
+        let d = sglang_server_info(body, 8).unwrap();
+        assert_eq!(d.sources.len(), 2);
+        assert_eq!(d.sources[&1].endpoint, "tcp://*:5558");
+        assert_eq!(
+            d.sources[&1].replay_endpoint.as_deref(),
+            Some("tcp://*:5601")
+        );
+        assert_eq!(d.sources[&0].block_size, Some(64));
+        let v6 = br#"{"kv_events": {"endpoint_host": "fd00::2", "endpoint_port_base": 7000}}"#;
+        assert_eq!(
+            sglang_server_info(v6, 8).unwrap().sources[&0].endpoint,
+            "tcp://[fd00::2]:7000"
+        );
+        for (body, why) in [
+            (&br#"{"kv_events": {"endpoint_host": "*", "endpoint_port_base": 65535, "dp_size": 2}}"#[..], "port 65536"),
+            (br#"{"kv_events": {"endpoint_host": "*", "endpoint_port_base": 1, "dp_size": 9}}"#, "limit is 8"),
+            (br#"{"kv_events": {"endpoint_port_base": 1}}"#, "endpoint_host: missing"),
+            (br#"{"kv_events": 3}"#, "expected an object"),
+        ] {
+            let e = sglang_server_info(body, 8).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+        // A listed source wins over the descriptor.
+        let both = br#"{"kv_event_sources": [{"endpoint": "tcp://127.0.0.1:9"}],
+            "kv_events": {"endpoint_host": "*", "endpoint_port_base": 5557, "dp_size": 4}}"#;
+        assert_eq!(sglang_server_info(both, 8).unwrap().sources.len(), 1);
     }
 
     #[test]
