@@ -202,3 +202,48 @@ def test_include_load_answers_vllm_server_load(client):
         assert result["ret"] == OK, result
         assert result["loads"]["vllm-l"]["server_load"] == 5, result["loads"]
         assert result["loads"]["vllm-l"]["ranks"] == {}
+
+
+@pytest.fixture
+def fast_client(conductor_bin, tmp_path):
+    """A conductor that reads engine descriptions every 200 ms and drops an engine unreadable
+    for 1 s, with a client connected to it."""
+    from mooncake.conductor import ConductorClient
+
+    from support import ConductorProcess
+
+    server = ConductorProcess(conductor_bin, tmp_path, extra_config={
+        "engine_refresh_ms": 200, "engine_unreadable_grace_ms": 1000})
+    c = ConductorClient()
+    assert c.setup(server.addr) == OK
+    yield c
+    c.close()
+    server.stop()
+
+
+def test_ranks_that_appear_and_go_are_followed_and_a_gone_engine_stops_answering(fast_client):
+    client, model = fast_client, "vllm-scaling-model"
+    with VllmEngineApp(model=model, ranks=(0, 1), block_size=BS) as app:
+        got = client.register_engine(app.url, "vLLM", instance_id="vllm-s", model_name=model,
+                                     block_size=BS, hash_profile=dict(app.hash_profile))
+        assert got["ret"] == OK, got
+
+        def ranks():
+            return [s["DPRank"] for s in services_of(client, "vllm-s")]
+
+        app.add_rank(2)  # scale-up: vLLM's description now names rank 2
+        assert wait_until(lambda: ranks() == [0, 1, 2], timeout=10), ranks()
+        app.remove_rank(1)  # scale-down
+        assert wait_until(lambda: ranks() == [0, 2], timeout=10), ranks()
+        wait_live(client, app, model, "vllm-s", ranks=[2])
+        app.ranks[2].store(PROMPT)
+        expected = app.expected(PROMPT)
+        assert expected == {"0": 0, "2": 80}
+        check_answer(wait_for_ranks(client, model, "vllm-s", PROMPT, expected), expected)
+
+        # The engine's HTTP server goes away (its publishers too would, with the pod): after the
+        # grace its ranks are unregistered and its blocks stop answering.
+        app.stop_http()
+        assert wait_until(lambda: ranks() == [], timeout=10), ranks()
+        result = client.query(model, block_size=BS, token_ids=PROMPT)
+        assert result["ret"] == OK and "vllm-s" not in result["hits"], result

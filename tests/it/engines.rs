@@ -30,6 +30,15 @@ async fn services(server: &Server) -> Vec<String> {
     keys
 }
 
+/// `n` publishers on free loopback ports, one per rank.
+async fn players(n: usize) -> Vec<Player> {
+    let mut players = Vec::new();
+    for _ in 0..n {
+        players.push(Player::start(false, 0).await);
+    }
+    players
+}
+
 async fn engines(server: &Server) -> Value {
     http::get(server.http_port, "/engines").await.json()
 }
@@ -106,11 +115,7 @@ async fn ranks_that_appear_and_go_are_followed_and_a_gone_engine_is_dropped_afte
         "engine_refresh_ms": 200, "engine_unreadable_grace_ms": 1000,
     }))
     .await;
-    let players = [
-        Player::start(false, 0).await,
-        Player::start(false, 0).await,
-        Player::start(false, 0).await,
-    ];
+    let players = players(3).await;
     let at = |r: usize| (r as u32, wildcard(&players[r].endpoint));
     let engine = EngineHttp::start().await;
     engine.vllm(&[at(0), at(1)], "m");
@@ -275,11 +280,7 @@ async fn sglang_descriptions_and_a_request_that_contradicts_the_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_is_followed_across_a_restart_and_config_engines_register_themselves() {
-    let players = [
-        Player::start(false, 0).await,
-        Player::start(false, 0).await,
-        Player::start(false, 0).await,
-    ];
+    let players = players(3).await;
     let at = |r: usize| (r as u32, wildcard(&players[r].endpoint));
     let engine = EngineHttp::start().await;
     engine.vllm(&[at(0), at(1)], "m");
@@ -458,7 +459,7 @@ async fn with_etcd_every_replica_follows_an_engine_registered_on_one() {
     let config = json!({"registry": etcd.registry("/eng/"), "engine_refresh_ms": 200});
     let a = Server::start_with(config.clone()).await;
     let b = Server::start_with(config).await;
-    let players = [Player::start(false, 0).await, Player::start(false, 0).await];
+    let players = players(2).await;
     let at = |r: usize| (r as u32, wildcard(&players[r].endpoint));
     let engine = EngineHttp::start().await;
     engine.vllm(&[at(0)], "m");
