@@ -247,3 +247,33 @@ def test_ranks_that_appear_and_go_are_followed_and_a_gone_engine_stops_answering
         assert wait_until(lambda: ranks() == [], timeout=10), ranks()
         result = client.query(model, block_size=BS, token_ids=PROMPT)
         assert result["ret"] == OK and "vllm-s" not in result["hits"], result
+
+
+def test_post_engines_over_http_with_the_apps_url(conductor, client):
+    """The HTTP route, as an operator's curl uses it: the vLLM app's URL and nothing else the
+    engine says itself, then exact answers on both ranks."""
+    import json
+    import urllib.request
+
+    model = "vllm-http-model"
+    with VllmEngineApp(model=model, ranks=(0, 1), block_size=BS) as app:
+        body = json.dumps({"url": app.url, "type": "vLLM", "instance_id": "vllm-h",
+                           "block_size": BS, "hash_profile": dict(app.hash_profile)}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{conductor.http_port}/engines", data=body,
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            reply = json.loads(r.read())
+        assert reply["model_name"] == model, reply  # from vLLM's own /v1/models
+        assert reply["ranks"] == reported(app)
+        wait_live(client, app, model, "vllm-h")
+        app.ranks[0].store(PROMPT[:16])
+        app.ranks[1].store(PROMPT)
+        expected = app.expected(PROMPT)
+        assert expected == {"0": 16, "1": 80}
+        check_answer(wait_for_ranks(client, model, "vllm-h", PROMPT, expected), expected)
+        with urllib.request.urlopen(f"http://127.0.0.1:{conductor.http_port}/engines",
+                                    timeout=10) as r:
+            listed = json.loads(r.read())
+        assert [(e["instance_id"], e["state"], e["ranks_found"], e["ranks_registered"])
+                for e in listed["engines"]] == [("vllm-h", "ok", 2, 2)]
