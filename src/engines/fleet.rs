@@ -19,6 +19,7 @@ use crate::gateway::engines_api::{EngineLoad, EngineReply, EngineStatus, LoadRep
 use crate::gateway::ops::Ops;
 use crate::hashing::HashProfile;
 use crate::model::{PYTHON_NAMES, PublisherConfig};
+use crate::registry::ServiceInfo;
 use crate::registry::policy::RegistrationPolicy;
 
 use super::EngineSettings;
@@ -116,17 +117,6 @@ impl Fleet {
             return Err(OpError::invalid("url", "not_allowed", message));
         }
         let key = spec.key();
-        {
-            let engines = self.engines.lock().unwrap();
-            if !engines.contains_key(&key) && engines.len() >= self.settings.max_engines {
-                let message = format!(
-                    "{} engines are followed; the limit is {} (max_engines)",
-                    engines.len(),
-                    self.settings.max_engines
-                );
-                return Err(OpError::invalid("url", "too_many", message));
-            }
-        }
         let description = self.read(&spec).await.map_err(|why| {
             OpError::invalid(
                 "url",
@@ -135,25 +125,46 @@ impl Fleet {
             )
         })?;
         let wanted = wanted_ranks(&spec, &description)?;
+        let (limits, ranks) = (self.settings.fetch, self.settings.max_ranks_per_engine);
+        let load = super::load::read_load(&spec, limits, ranks).await;
+        // Nothing slow below: the lock serialises registration changes only.
         let _changes = self.changes.lock().await;
-        let known = self.engines.lock().unwrap().contains_key(&key);
+        let previous = {
+            let engines = self.engines.lock().unwrap();
+            let previous = engines.get(&key).map(|e| e.spec.clone());
+            if previous.is_none() && engines.len() >= self.settings.max_engines {
+                let message = format!(
+                    "{} engines are followed; the limit is {} (max_engines)",
+                    engines.len(),
+                    self.settings.max_engines
+                );
+                return Err(OpError::invalid("url", "too_many", message));
+            }
+            previous
+        };
         if spec.origin == Origin::Request {
             self.records.put(&spec).await?;
         }
         let before = self.registered(&spec).await?;
         if let Err(e) = self.converge(&spec, &before, &wanted).await {
-            if !known {
-                let now = self.registered(&spec).await.unwrap_or_default();
-                let _ = self.converge(&spec, &now, &BTreeMap::new()).await;
-                let _ = self.records.delete(&key).await;
+            match &previous {
+                // A new engine leaves nothing behind.
+                None => {
+                    let now = self.registered(&spec).await.unwrap_or_default();
+                    let _ = self.converge(&spec, &now, &BTreeMap::new()).await;
+                    let _ = self.records.delete(&key).await;
+                }
+                // A followed one keeps what it was asked as; the next refresh brings it in step.
+                Some(old) if old.origin == Origin::Request => {
+                    let _ = self.records.put(old).await;
+                }
+                Some(_) => {}
             }
             return Err(e);
         }
         let mut engine = Engine::new(spec.clone());
         note_read(&mut engine, &description, &wanted);
-        let (limits, ranks) = (self.settings.fetch, self.settings.max_ranks_per_engine);
-        engine.load =
-            (super::load::read_load(&spec, limits, ranks).await).map(|load| (Instant::now(), load));
+        engine.load = load.map(|load| (Instant::now(), load));
         self.engines.lock().unwrap().insert(key, engine);
         Ok(reply(&spec, &wanted))
     }
@@ -252,8 +263,11 @@ impl Fleet {
             .buffer_unordered(CONCURRENT_READS)
             .collect::<Vec<_>>()
             .await;
+        // One listing for the whole refresh: a step changes only its own engine's ranks, and
+        // a rank another change registered meanwhile is registered again as `Unchanged`.
+        let services = self.ops.list_services().await.ok();
         for (spec, read) in reads {
-            self.step(&spec, read).await;
+            self.step(&spec, read, services.as_deref()).await;
         }
     }
 
@@ -280,7 +294,12 @@ impl Fleet {
     }
 
     /// Bring one engine in step with what was just read of it.
-    async fn step(&self, spec: &EngineSpec, read: Result<Description, String>) {
+    async fn step(
+        &self,
+        spec: &EngineSpec,
+        read: Result<Description, String>,
+        services: Option<&[ServiceInfo]>,
+    ) {
         let _changes = self.changes.lock().await;
         let key = spec.key();
         if self
@@ -294,13 +313,13 @@ impl Fleet {
         }
         let outcome = match read {
             Ok(description) => match wanted_ranks(spec, &description) {
-                Ok(wanted) => match self.registered(spec).await {
-                    Ok(before) => self
+                Ok(wanted) => match services.map(|s| registered_in(s, spec)) {
+                    Some(before) => self
                         .converge(spec, &before, &wanted)
                         .await
                         .map(|()| (description, wanted))
                         .map_err(|e| e.message),
-                    Err(e) => Err(e.message),
+                    None => Err("the registry did not list its services".to_owned()),
                 },
                 Err(e) => Err(e.message),
             },
@@ -378,19 +397,7 @@ impl Fleet {
     /// The ranks registered now under `spec`'s instance id and tenant, as plans to compare a
     /// description's with (a rank registered with another recipe compares unequal).
     async fn registered(&self, spec: &EngineSpec) -> Result<BTreeMap<u32, RankPlan>, OpError> {
-        let profile = HashProfile::from_pairs(
-            spec.hash_profile
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str())),
-        )
-        .ok();
-        let services = self.ops.list_services().await?;
-        Ok(services
-            .iter()
-            .map(|s| &*s.config)
-            .filter(|c| c.instance_id == spec.instance_id && c.tenant_id == spec.tenant_id)
-            .map(|c| (c.dp_rank, as_plan(c, profile.as_ref())))
-            .collect())
+        Ok(registered_in(&self.ops.list_services().await?, spec))
     }
 
     async fn read(&self, spec: &EngineSpec) -> Result<Description, String> {
@@ -424,6 +431,21 @@ impl Fleet {
     pub fn discovery_errors(&self) -> u64 {
         self.errors.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// The ranks of `services` registered under `spec`'s instance id and tenant.
+fn registered_in(services: &[ServiceInfo], spec: &EngineSpec) -> BTreeMap<u32, RankPlan> {
+    let pairs = spec
+        .hash_profile
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()));
+    let profile = HashProfile::from_pairs(pairs).ok();
+    services
+        .iter()
+        .map(|s| &*s.config)
+        .filter(|c| c.instance_id == spec.instance_id && c.tenant_id == spec.tenant_id)
+        .map(|c| (c.dp_rank, as_plan(c, profile.as_ref())))
+        .collect()
 }
 
 /// A registered rank as the plan that would have registered it (compared with
