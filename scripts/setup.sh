@@ -28,4 +28,4 @@ cargo fetch --locked >/dev/null
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/pip install -q --disable-pip-version-check 'maturin>=1.16,<2' 'pytest>=8' 'pyzmq>=26' 'cbor2>=5' 'msgpack>=1'
+.venv/bin/pip install -q --disable-pip-version-check --no-warn-conflicts 'maturin>=1.16,<2' 'pytest>=8' 'pyzmq>=26' 'cbor2>=5' 'msgpack>=1'

@@ -23,9 +23,9 @@ done
 # and SGLang's wheels without their dependencies (no torch, no GPU; 880 MB installed, so only
 # once), and what the modules the tests load import.
 if ! .venv/bin/pip show -q vllm sglang >/dev/null 2>&1; then
-  .venv/bin/pip install -q --disable-pip-version-check --no-deps 'vllm==0.33.0' 'sglang==0.5.23'
+  .venv/bin/pip install -q --disable-pip-version-check --no-warn-conflicts --no-deps 'vllm==0.33.0' 'sglang==0.5.23'
 fi
-.venv/bin/pip install -q --disable-pip-version-check 'fastapi==0.136.3' 'uvicorn==0.55.0' \
+.venv/bin/pip install -q --disable-pip-version-check --no-warn-conflicts 'fastapi==0.136.3' 'uvicorn==0.55.0' \
   'msgspec==0.23.0' 'pydantic==2.14.4' 'psutil==7.2.2' 'numpy==2.4.6' 'pybind11==3.1.0'
 
 cargo fmt --all -- --check
@@ -48,5 +48,5 @@ python3 scripts/check-deps.py src
 
 # The Python tests run against the binary users run (scripts/run.sh's build: no test hooks).
 cargo build --release --locked --bins
-.venv/bin/pip install -q --disable-pip-version-check ./python
+.venv/bin/pip install -q --disable-pip-version-check --no-warn-conflicts ./python
 CONDUCTOR_BIN="$CARGO_TARGET_DIR/release/mooncake_conductor" .venv/bin/python -m pytest -q python/tests
