@@ -43,6 +43,7 @@ impl EngineConfig {
             "engines" => self.set_entries(value),
             "engines_dns" => self.set_dns(value),
             "engine_refresh_ms" => ms(100).map(|d| s.refresh = d),
+            "engine_load_refresh_ms" => ms(100).map(|d| s.load_refresh = d),
             "engine_unreadable_grace_ms" => ms(0).map(|d| s.unreadable_grace = d),
             "engine_read_timeout_ms" => ms(10).map(|d| s.fetch.deadline = d),
             "max_description_bytes" => count(1 << 30).map(|n| s.fetch.max_body_bytes = n),
@@ -257,6 +258,13 @@ mod tests {
         }
         assert_eq!(c.set("engine_refresh_ms", &json!(250)), Some(Ok(())));
         assert_eq!(c.settings.refresh, Duration::from_millis(250));
+        assert_eq!(c.set("engine_load_refresh_ms", &json!(300)), Some(Ok(())));
+        assert_eq!(c.settings.load_refresh, Duration::from_millis(300));
+        assert!(
+            c.set("engine_load_refresh_ms", &json!(10))
+                .unwrap()
+                .is_err()
+        );
         assert!(c.set("max_ranks_per_engine", &json!(0)).unwrap().is_err());
         assert_eq!(c.set("other", &json!(1)), None);
     }

@@ -432,6 +432,7 @@ async fn follow_engines(
             stop.clone(),
         ));
     }
+    tokio::spawn(fleet.clone().run_loads(stop.clone()));
     tokio::spawn(fleet.run(stop));
 }
 

@@ -235,6 +235,42 @@ impl Fleet {
         }
     }
 
+    /// Read every readable engine's load every `load_refresh`, until `stop`: a router weighs
+    /// queues that change within seconds, more often than descriptions are read.
+    pub async fn run_loads(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.settings.load_refresh);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => self.read_loads().await,
+            }
+        }
+    }
+
+    /// One read of every readable engine's load.
+    pub async fn read_loads(&self) {
+        let specs: Vec<EngineSpec> = {
+            let engines = self.engines.lock().unwrap();
+            (engines.values())
+                .filter(|e| e.failing.is_none() && e.last_read.is_some())
+                .map(|e| e.spec.clone())
+                .collect()
+        };
+        let (limits, ranks) = (self.settings.fetch, self.settings.max_ranks_per_engine);
+        futures::stream::iter(specs)
+            .for_each_concurrent(CONCURRENT_READS, |spec| async move {
+                let Some(load) = super::load::read_load(&spec, limits, ranks).await else {
+                    return;
+                };
+                let mut engines = self.engines.lock().unwrap();
+                if let Some(e) = engines.get_mut(&spec.key()).filter(|e| e.spec == spec) {
+                    e.load = Some((Instant::now(), load));
+                }
+            })
+            .await;
+    }
+
     /// One refresh of every engine.
     pub async fn refresh_all(&self) {
         self.follow_shared().await;
@@ -245,19 +281,6 @@ impl Fleet {
         let reads = futures::stream::iter(specs)
             .map(|spec| async move {
                 let read = self.read(&spec).await;
-                let load = match read {
-                    Ok(_) => {
-                        let (limits, ranks) =
-                            (self.settings.fetch, self.settings.max_ranks_per_engine);
-                        super::load::read_load(&spec, limits, ranks).await
-                    }
-                    Err(_) => None,
-                };
-                if let Some(load) = load
-                    && let Some(e) = self.engines.lock().unwrap().get_mut(&spec.key())
-                {
-                    e.load = Some((Instant::now(), load));
-                }
                 (spec, read)
             })
             .buffer_unordered(CONCURRENT_READS)

@@ -26,6 +26,8 @@ use fetch::FetchLimits;
 
 /// How often each engine's description is read again.
 pub const DEFAULT_REFRESH_MS: u64 = 10_000;
+/// How often each engine's load is read: queues change within seconds.
+pub const DEFAULT_LOAD_REFRESH_MS: u64 = 1_000;
 /// An engine whose description cannot be read keeps its ranks this long.
 pub const DEFAULT_UNREADABLE_GRACE_MS: u64 = 60_000;
 /// One read (connect, answer, body) of an engine route at most.
@@ -41,6 +43,7 @@ pub const DEFAULT_MAX_ENGINES: u64 = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineSettings {
     pub refresh: Duration,
+    pub load_refresh: Duration,
     pub unreadable_grace: Duration,
     pub fetch: FetchLimits,
     pub max_ranks_per_engine: usize,
@@ -51,6 +54,7 @@ impl Default for EngineSettings {
     fn default() -> Self {
         EngineSettings {
             refresh: Duration::from_millis(DEFAULT_REFRESH_MS),
+            load_refresh: Duration::from_millis(DEFAULT_LOAD_REFRESH_MS),
             unreadable_grace: Duration::from_millis(DEFAULT_UNREADABLE_GRACE_MS),
             fetch: FetchLimits {
                 deadline: Duration::from_millis(DEFAULT_READ_TIMEOUT_MS),

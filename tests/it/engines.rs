@@ -493,3 +493,33 @@ async fn with_etcd_every_replica_follows_an_engine_registered_on_one() {
         .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_is_read_on_its_own_interval() {
+    // Descriptions every minute, loads every 200 ms: a new load shows well before a description
+    // is read again.
+    let server = Server::start_with(json!({
+        "engine_refresh_ms": 60_000, "engine_load_refresh_ms": 200,
+    }))
+    .await;
+    let player = Player::start(false, 0).await;
+    let engine = EngineHttp::start().await;
+    engine.vllm(&[(0, wildcard(&player.endpoint))], "m");
+    engine.set("/load", json!({"server_load": 1}));
+    let r = http::post_json(server.http_port, "/engines", &register_body(&engine.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let query = json!({"model_name": "m", "block_size": 4, "token_ids": [1, 2, 3, 4], "include_load": true});
+    let loads = http::post_json(server.http_port, "/query", &query)
+        .await
+        .json()["loads"]
+        .clone();
+    assert_eq!(loads["e1"]["server_load"], 1, "{loads}");
+    engine.set("/load", json!({"server_load": 9}));
+    eventually("the new load", WAIT, || async {
+        let body = http::post_json(server.http_port, "/query", &query)
+            .await
+            .json();
+        (body["loads"]["e1"]["server_load"] == 9).then_some(())
+    })
+    .await;
+}
