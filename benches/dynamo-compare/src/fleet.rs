@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::fmt::Write;
-use std::process::Command;
 use std::time::Instant;
 
 use crate::build::{apply_dynamo, apply_ours, dynamo_events, ours_batches};
@@ -120,24 +119,7 @@ pub fn run(instances: usize) -> Result<Report, String> {
         |i, by_keys| d[i].way(if by_keys { "keys" } else { "tokens" }),
     );
     if std::env::var("FLEET_RSS").as_deref() != Ok("0") {
-        let mut mem = Vec::new();
-        for side in SIDES {
-            mem.push(memory::spawn_rss_child(side, Some(instances))?);
-        }
-        report.row(
-            "RSS after build, B per (block, holder)",
-            Better::Lower,
-            1,
-            mem[0].0,
-            std::array::from_fn(|i| mem[i + 1].0),
-        );
-        report.row(
-            "peak RSS during build, B per pair",
-            Better::Lower,
-            1,
-            mem[0].1,
-            std::array::from_fn(|i| mem[i + 1].1),
-        );
+        memory::rss_rows(&mut report, Some(instances))?;
     }
     let walls: Vec<String> = SIDES
         .iter()
@@ -149,19 +131,12 @@ pub fn run(instances: usize) -> Result<Report, String> {
 }
 
 fn spawn_child(instances: usize, side: &str) -> Result<ChildFigures, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = Command::new(exe)
-        .args(["--fleet-child", &instances.to_string(), side])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!(
-            "{side} child failed ({}): {text} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    let args = [
+        "--fleet-child".to_string(),
+        instances.to_string(),
+        side.to_string(),
+    ];
+    let text = memory::run_child(&args, side)?;
     let mut f = ChildFigures {
         values: HashMap::new(),
         digests: Vec::new(),

@@ -261,10 +261,6 @@ fn run_default() -> Result<Report, String> {
     drop(indexes);
     drop(ours);
     let long = long::long_query()?;
-    let mut mem = Vec::new();
-    for side in ["ours", "crtc", "pool4", "positional"] {
-        mem.push(memory::spawn_rss_child(side, None)?);
-    }
 
     let ops = w.block_ops as f64;
     let per_s = |a: &build::Applied| ops / a.wall.as_secs_f64() / 1e6;
@@ -314,20 +310,7 @@ fn run_default() -> Result<Report, String> {
         long.by_keys.0 * 1e3,
         long.by_keys.1.map(|s| s * 1e3),
     );
-    report.row(
-        "RSS after build, B per (block, holder)",
-        Better::Lower,
-        1,
-        mem[0].0,
-        std::array::from_fn(|i| mem[i + 1].0),
-    );
-    report.row(
-        "peak RSS during build, B per pair",
-        Better::Lower,
-        1,
-        mem[0].1,
-        std::array::from_fn(|i| mem[i + 1].1),
-    );
+    memory::rss_rows(&mut report, None)?;
     let walls: Vec<String> = std::iter::once(("ours", ours_apply))
         .chain(Kind::ALL.into_iter().map(|k| k.name()).zip(applied))
         .map(|(n, a)| format!("{n} {:.2?}", a.wall))

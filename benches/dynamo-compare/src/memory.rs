@@ -7,20 +7,42 @@ use std::process::Command;
 
 use crate::indexers::{DynamoIndex, Kind, PacedSender};
 use crate::measure::proc_status_bytes;
+use crate::report::{Better, Report};
 use crate::workload::{self, Shape};
 use crate::{SEED, dynamo, ours};
 
-/// Run this binary as `--rss-child <side>` and read back (bytes per pair after the build, peak
-/// bytes per pair during it).
-pub fn spawn_rss_child(side: &str, fleet: Option<usize>) -> Result<(f64, f64), String> {
+/// Every side's memory, each built in its own process, as the report's two memory rows.
+pub fn rss_rows(report: &mut Report, fleet: Option<usize>) -> Result<(), String> {
+    let mut mem = Vec::new();
+    for side in ["ours", "crtc", "pool4", "positional"] {
+        mem.push(spawn_rss_child(side, fleet)?);
+    }
+    report.row(
+        "RSS after build, B per (block, holder)",
+        Better::Lower,
+        1,
+        mem[0].0,
+        std::array::from_fn(|i| mem[i + 1].0),
+    );
+    report.row(
+        "peak RSS during build, B per pair",
+        Better::Lower,
+        1,
+        mem[0].1,
+        std::array::from_fn(|i| mem[i + 1].1),
+    );
+    Ok(())
+}
+
+/// Run this binary with `args` for `side` and return what it printed; a failed run is an
+/// error with both its outputs.
+pub fn run_child(args: &[String], side: &str) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut args = vec!["--rss-child".to_string(), side.to_string()];
-    args.extend(fleet.map(|n| n.to_string()));
     let out = Command::new(exe)
-        .args(&args)
+        .args(args)
         .output()
         .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         return Err(format!(
             "{side} child failed ({}): {text} {}",
@@ -28,6 +50,15 @@ pub fn spawn_rss_child(side: &str, fleet: Option<usize>) -> Result<(f64, f64), S
             String::from_utf8_lossy(&out.stderr)
         ));
     }
+    Ok(text)
+}
+
+/// Run this binary as `--rss-child <side>` and read back (bytes per pair after the build, peak
+/// bytes per pair during it).
+fn spawn_rss_child(side: &str, fleet: Option<usize>) -> Result<(f64, f64), String> {
+    let mut args = vec!["--rss-child".to_string(), side.to_string()];
+    args.extend(fleet.map(|n| n.to_string()));
+    let text = run_child(&args, side)?;
     let f: Vec<f64> = text
         .split_whitespace()
         .filter_map(|v| v.parse().ok())
