@@ -5,12 +5,15 @@
 
 use std::time::Duration;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::engines::EngineSettings;
 use crate::engines::dns::DnsFleet;
 use crate::engines::spec::{EngineSpec, Origin};
 use crate::gateway::engines_api::EngineRequest;
+use crate::gateway::http_engines::{self, ENGINE_SCHEMA};
+use crate::gateway::http_register::PROFILE_KEYS;
+use crate::gateway::request::{Limits, RootSeed, from_json_map};
 
 /// The engine keys, with their defaults.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -110,6 +113,8 @@ impl EngineConfig {
                 return Err((format!("{at}.{key}"), message));
             }
         }
+        // The template is read as an entry; each address then gets its own URL.
+        template.insert("url".into(), Value::String(format!("http://{name}")));
         let request = engine_request(&Value::Object(template), at)?;
         let dns = DnsFleet {
             name,
@@ -123,64 +128,26 @@ impl EngineConfig {
     }
 }
 
-/// One entry's fields (the names of `POST /engines`).
+/// One entry's fields, read as `POST /engines` reads its body (the same schema and checks),
+/// with an error's field named inside the entry (`engines[1].type`).
 fn engine_request(entry: &Value, at: &str) -> Result<EngineRequest, (String, String)> {
     let Value::Object(map) = entry else {
         return Err((at.to_owned(), "must be an object".into()));
     };
-    let text = |key: &str| -> Result<Option<String>, (String, String)> {
-        match map.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err((format!("{at}.{key}"), "must be a string".into())),
-        }
+    let seed = RootSeed {
+        schema: ENGINE_SCHEMA,
+        limits: Limits { max_tokens: 0 },
     };
-    let known = [
-        "url",
-        "type",
-        "instance_id",
-        "tenant_id",
-        "model_name",
-        "block_size",
-        "hash_profile",
-    ];
-    if let Some(key) = map.keys().find(|k| !known.contains(&k.as_str())) {
-        return Err((format!("{at}.{key}"), "unknown key".into()));
-    }
-    let block_size = match map.get("block_size") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_i64() {
-            Some(b) => Some(b as i128),
-            None => return Err((format!("{at}.block_size"), "must be an integer".into())),
-        },
-    };
-    let hash_profile = match map.get("hash_profile") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(pairs)) => Some(profile_pairs(pairs, at)?),
-        Some(_) => return Err((format!("{at}.hash_profile"), "must be an object".into())),
-    };
-    Ok(EngineRequest {
-        url: text("url")?,
-        engine_type: text("type")?,
-        instance_id: text("instance_id")?,
-        tenant_id: text("tenant_id")?,
-        model_name: text("model_name")?,
-        block_size,
-        hash_profile,
+    let request = from_json_map(map.clone(), seed).and_then(http_engines::engine_request);
+    request.map_err(|e| {
+        let field = e.field.unwrap_or_default();
+        // The profile's checks name its keys alone, as `/register`'s do.
+        let field = match PROFILE_KEYS.contains(&field.as_str()) {
+            true => format!("hash_profile.{field}"),
+            false => field,
+        };
+        (format!("{at}.{field}"), e.message)
     })
-}
-
-fn profile_pairs(
-    pairs: &Map<String, Value>,
-    at: &str,
-) -> Result<Vec<(String, String)>, (String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| match v {
-            Value::String(s) => Ok((k.clone(), s.clone())),
-            _ => Err((format!("{at}.hash_profile.{k}"), "must be a string".into())),
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -99,7 +99,7 @@ pub fn registration_from_http(mut f: Fields) -> Result<RegistrationInput, OpErro
     })
 }
 
-const PROFILE_KEYS: [&str; 4] = [
+pub const PROFILE_KEYS: [&str; 4] = [
     "strategy",
     "algorithm",
     "python_hash_seed",
