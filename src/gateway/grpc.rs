@@ -30,6 +30,30 @@ impl GrpcService {
     }
 }
 
+/// A query's reply from the walk's answer, with the engines' loads when asked (`include_load`).
+fn reply_with<'a>(
+    ops: &'a Ops,
+    tenant_id: &'a str,
+    include_load: bool,
+) -> impl FnOnce(crate::index::AnswerView<'_>) -> QueryReply + 'a {
+    move |a| match include_load {
+        true => QueryReply::answer(a).with_loads(&ops.loads_of(tenant_id, a)),
+        false => QueryReply::answer(a),
+    }
+}
+
+/// A request's `hash_profile` map as sorted pairs; `None` when the caller sent none.
+fn profile_pairs(
+    sent: bool,
+    map: std::collections::HashMap<String, String>,
+) -> Option<Vec<(String, String)>> {
+    sent.then(|| {
+        let mut pairs: Vec<(String, String)> = map.into_iter().collect();
+        pairs.sort();
+        pairs
+    })
+}
+
 fn ret_of<T>(result: &Result<T, OpError>) -> (i32, Option<pb::ErrorDetail>) {
     match result {
         Ok(_) => (Code::Ok.value(), None),
@@ -69,11 +93,7 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             block_size: r.block_size.map(i128::from),
             dp_rank: r.dp_rank.map(i128::from),
             cache_group: r.cache_group.map(i128::from),
-            hash_profile: r.has_hash_profile.then(|| {
-                let mut pairs: Vec<(String, String)> = r.hash_profile.into_iter().collect();
-                pairs.sort();
-                pairs
-            }),
+            hash_profile: profile_pairs(r.has_hash_profile, r.hash_profile),
         };
         let result = self.ops.register(input, PYTHON_NAMES).await;
         let (ret, error) = ret_of(&result);
@@ -100,11 +120,7 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             tenant_id: r.tenant_id,
             model_name: r.model_name,
             block_size: r.block_size.map(i128::from),
-            hash_profile: r.has_hash_profile.then(|| {
-                let mut pairs: Vec<(String, String)> = r.hash_profile.into_iter().collect();
-                pairs.sort();
-                pairs
-            }),
+            hash_profile: profile_pairs(r.has_hash_profile, r.hash_profile),
         };
         let result = match self.ops.engines() {
             Ok(engines) => engines.register(input).await,
@@ -192,14 +208,8 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             cache_salt: r.cache_salt,
             instance_filter: r.instance_filter,
         };
-        let ops = &self.ops;
-        let reply = ops.query_with(&input, Transport::Grpc, |a| {
-            let reply = QueryReply::answer(a);
-            match r.include_load {
-                true => reply.with_loads(&ops.loads_of(&input.tenant_id, a)),
-                false => reply,
-            }
-        });
+        let answer = reply_with(&self.ops, &input.tenant_id, r.include_load);
+        let reply = self.ops.query_with(&input, Transport::Grpc, answer);
         Ok(Response::new(QueryReply::of(reply)))
     }
 
@@ -219,14 +229,8 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             block_hashes: r.block_hashes,
             instance_filter: r.instance_filter,
         };
-        let ops = &self.ops;
-        let reply = ops.query_by_hash_with(&input, Transport::Grpc, |a| {
-            let reply = QueryReply::answer(a);
-            match r.include_load {
-                true => reply.with_loads(&ops.loads_of(&input.tenant_id, a)),
-                false => reply,
-            }
-        });
+        let answer = reply_with(&self.ops, &input.tenant_id, r.include_load);
+        let reply = (self.ops).query_by_hash_with(&input, Transport::Grpc, answer);
         Ok(Response::new(QueryReply::of(reply)))
     }
 

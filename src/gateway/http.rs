@@ -28,7 +28,7 @@ use crate::metrics::Transport;
 use crate::registry::ServiceInfo;
 use crate::subscription::status::HashCheckState;
 
-use super::http_body::{HitsBody, hits_msgpack};
+use super::http_body::{HitsBody, HitsWithLoads, hits_msgpack, hits_msgpack_with_loads};
 use super::http_decode::{Http, decode_body};
 use super::{http_engines, http_registry};
 
@@ -111,19 +111,12 @@ fn answer_response(
     }
     let loads = http_engines::loads_body(&ops.loads_of(tenant_id, answer));
     match format {
-        Format::Msgpack => {
-            let mut body = hits_msgpack(answer);
-            // The answer is a map of one entry (`instances`); it gets a second.
-            body[0] = 0x82;
-            body.extend_from_slice(b"\xa5loads");
-            let _ = rmp_serde::encode::write_named(&mut body, &loads);
-            with_body(StatusCode::OK, body, format)
-        }
-        Format::Json => {
-            let mut body = serde_json::to_value(HitsBody(answer)).unwrap_or_default();
-            body["loads"] = loads;
-            encode(StatusCode::OK, &body, format)
-        }
+        Format::Msgpack => with_body(
+            StatusCode::OK,
+            hits_msgpack_with_loads(answer, &loads),
+            format,
+        ),
+        Format::Json => encode(StatusCode::OK, &HitsWithLoads(answer, &loads), format),
     }
 }
 

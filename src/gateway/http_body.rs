@@ -11,18 +11,34 @@ use crate::index::{AnswerView, RowView, TierCounts};
 /// `device` to `disk`; `longest_matched` equals `disk`, and a row's tiers are its ranks' maxima.
 pub struct HitsBody<'a>(pub AnswerView<'a>);
 
+/// [`HitsBody`] with the engines' load figures as a second entry, `loads` (a query's
+/// `include_load`).
+pub struct HitsWithLoads<'a>(pub AnswerView<'a>, pub &'a serde_json::Value);
+
 impl serde::Serialize for HitsBody<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        struct Instances<'a>(AnswerView<'a>);
-        impl serde::Serialize for Instances<'_> {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_map(self.0.rows().map(|r| (r.id, Row(r))))
-            }
-        }
         let mut m = s.serialize_map(Some(1))?;
         m.serialize_entry("instances", &Instances(self.0))?;
         m.end()
+    }
+}
+
+impl serde::Serialize for HitsWithLoads<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("instances", &Instances(self.0))?;
+        m.serialize_entry("loads", self.1)?;
+        m.end()
+    }
+}
+
+struct Instances<'a>(AnswerView<'a>);
+
+impl serde::Serialize for Instances<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.rows().map(|r| (r.id, Row(r))))
     }
 }
 
@@ -75,9 +91,18 @@ struct TierCountsBody(TierCounts);
 /// smallest marker for every length and integer, keys in [`HitsBody`]'s order), without going
 /// through `std::io::Write` for every marker and key. Field names are written pre-encoded.
 pub fn hits_msgpack(answer: AnswerView<'_>) -> Vec<u8> {
+    hits_msgpack_then(answer, None)
+}
+
+/// The msgpack bytes of [`HitsWithLoads`].
+pub fn hits_msgpack_with_loads(answer: AnswerView<'_>, loads: &serde_json::Value) -> Vec<u8> {
+    hits_msgpack_then(answer, Some(loads))
+}
+
+fn hits_msgpack_then(answer: AnswerView<'_>, loads: Option<&serde_json::Value>) -> Vec<u8> {
     // About 150 bytes per row of two ranks; a little spare saves a reallocation.
     let mut out = Vec::with_capacity(16 + answer.len() * 64 + answer.rank_total() * 72);
-    map_len(&mut out, 1);
+    map_len(&mut out, 1 + usize::from(loads.is_some()));
     out.extend_from_slice(b"\xa9instances");
     map_len(&mut out, answer.len());
     let mut recent = Recent::default();
@@ -102,6 +127,11 @@ pub fn hits_msgpack(answer: AnswerView<'_>) -> Vec<u8> {
         });
         tier_fields(&mut out, &tiers);
         recent.remember(row, at, out.len() - at);
+    }
+    if let Some(loads) = loads {
+        out.extend_from_slice(b"\xa5loads");
+        // Writing into a Vec cannot fail, and a JSON value always encodes.
+        let _ = rmp_serde::encode::write_named(&mut out, loads);
     }
     out
 }
