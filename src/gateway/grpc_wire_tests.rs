@@ -138,14 +138,7 @@ fn many_row_answers_decode_to_the_generated_message() {
             let ranks = rng.below(12);
             hits.hits.insert(format!("inst-{i}"), row(&mut rng, ranks));
         }
-        let expected = reference(Ok(hits.clone()));
-        let bytes = encoded(&QueryReply::new(Ok(hits)));
-        assert_eq!(bytes.len(), expected.encoded_len(), "case {case}");
-        assert_eq!(
-            pb::QueryResponse::decode(&bytes[..]).unwrap(),
-            expected,
-            "case {case}"
-        );
+        assert_encodes_as_prost(hits, case);
     }
 }
 
@@ -292,13 +285,18 @@ fn answers_with_repeated_rows_decode_to_the_generated_message() {
             };
             hits.hits.insert(id, rng.pick(&distinct).clone());
         }
-        let expected = reference(Ok(hits.clone()));
-        let bytes = encoded(&QueryReply::new(Ok(hits)));
-        assert_eq!(bytes.len(), expected.encoded_len(), "case {case}");
-        assert_eq!(
-            pb::QueryResponse::decode(&bytes[..]).unwrap(),
-            expected,
-            "case {case}"
-        );
+        assert_encodes_as_prost(hits, case);
     }
+}
+
+/// The hand-written reply of `hits` has the bytes prost's generated message has.
+fn assert_encodes_as_prost(hits: QueryHits, case: usize) {
+    let expected = reference(Ok(hits.clone()));
+    let bytes = encoded(&QueryReply::new(Ok(hits)));
+    assert_eq!(bytes.len(), expected.encoded_len(), "case {case}");
+    assert_eq!(
+        pb::QueryResponse::decode(&bytes[..]).unwrap(),
+        expected,
+        "case {case}"
+    );
 }
