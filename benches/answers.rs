@@ -69,6 +69,7 @@ fn generated(hits: QueryHits) -> pb::QueryResponse {
         error: None,
         hits: rows.collect(),
         loads: Default::default(),
+        status: Default::default(),
     }
 }
 

@@ -48,6 +48,7 @@ fn engine(instance: &str) -> Holder {
     Holder::Engine {
         instance_id: instance.into(),
         dp_rank: 0,
+        group: 0,
     }
 }
 

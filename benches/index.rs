@@ -44,6 +44,7 @@ fn engine(i: usize, rank: u32) -> (SubscriptionKey, Holder) {
         Holder::Engine {
             instance_id: id,
             dp_rank: rank,
+            group: 0,
         },
     )
 }

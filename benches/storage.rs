@@ -53,6 +53,7 @@ fn store_batch(source: u32, range: std::ops::Range<u64>) -> IndexBatch {
             holder: Holder::Engine {
                 instance_id: format!("engine-{source}"),
                 dp_rank: 0,
+                group: 0,
             },
             tier: Tier::Device,
             hashes: range.clone().map(block).collect(),
@@ -73,6 +74,7 @@ fn raw_batch(source: u32, range: std::ops::Range<u64>) -> IndexBatch {
             holder: Holder::Engine {
                 instance_id: format!("engine-{source}"),
                 dp_rank: 0,
+                group: 0,
             },
             tier: Tier::Device,
             hashes: range.map(block).collect(),
@@ -293,6 +295,7 @@ fn main() {
                 holder: Holder::Engine {
                     instance_id: "engine-0".into(),
                     dp_rank: 0,
+                    group: 0,
                 },
                 tier: Tier::Device,
                 hashes: (r * 500..r * 500 + 500)

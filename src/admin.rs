@@ -84,6 +84,7 @@ pub fn dump(store: &dyn KvStore, filter: &str, out: &mut dyn Write) -> Result<us
                         Holder::Engine {
                             instance_id,
                             dp_rank,
+                            ..
                         } => json!({"instance_id": instance_id, "dp_rank": dp_rank}),
                         Holder::Shared { backend_id } => json!({"backend_id": backend_id}),
                     };

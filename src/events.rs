@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::model::{BlockHash, SubscriptionKey, Tier};
+use crate::model::{BlockHash, GroupKind, SubscriptionKey, Tier};
 
 /// Token ids a `BlockStored` carried, kept for the runtime hash-profile check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +40,16 @@ pub struct EngineStored {
     /// profile proves them plain (`docs/engine-events.md`, "Events without their extras").
     pub extras_carried: bool,
     pub tier: Tier,
+    /// The KV-cache group (`group_idx`, 0 when absent) and its kind.
+    pub group: CacheGroup,
+}
+
+/// One KV-cache group of an engine: vLLM numbers its groups from 0 (group 0 is the kind of the
+/// model's first layer) and names each group's kind on its stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheGroup {
+    pub idx: u32,
+    pub kind: GroupKind,
 }
 
 /// Blocks an engine evicted from one of its tiers.
@@ -47,6 +57,8 @@ pub struct EngineStored {
 pub struct EngineRemoved {
     pub hashes: Vec<BlockHash>,
     pub tier: Tier,
+    /// The KV-cache group (`group_idx`, 0 when absent).
+    pub group: u32,
 }
 
 /// A Mooncake store object event (RFC #1527 maps). The context comes from the event itself.
@@ -84,10 +96,9 @@ pub enum KvEvent {
 pub enum IgnoreReason {
     /// A medium that maps to no tier.
     UnknownMedium,
-    /// A KV-cache group other than 0.
+    /// A KV-cache group the registration's `cache_group` leaves out, or beyond the most one
+    /// engine may have (`MAX_CACHE_GROUPS`).
     OtherCacheGroup,
-    /// A non-full-attention cache spec (sliding window, mamba, ...).
-    NonFullAttention,
     /// An adapter other than the one a LoRA-specific registration accepts.
     OtherLora,
     /// A `BlockStored` whose block size differs from the registration's.
@@ -101,7 +112,6 @@ impl IgnoreReason {
         match self {
             IgnoreReason::UnknownMedium => "unknown_medium",
             IgnoreReason::OtherCacheGroup => "other_cache_group",
-            IgnoreReason::NonFullAttention => "non_full_attention",
             IgnoreReason::OtherLora => "other_lora",
             IgnoreReason::BlockSizeMismatch => "block_size_mismatch",
             IgnoreReason::NoContext => "no_context",
@@ -123,12 +133,23 @@ pub struct DecodedBatch {
     pub invalid: Vec<String>,
 }
 
+/// The most KV-cache groups one engine may have: hybrid models have a handful (one per layer
+/// kind, or per n:1 pattern); a group index beyond it is ignored and counted.
+pub const MAX_CACHE_GROUPS: u32 = 64;
+
 /// Who holds a block, as the ingestion layer names it. Inside a context, an engine holder is one
-/// (instance, rank); a shared holder is one store backend as reported by one subscription.
+/// (instance, rank, KV-cache group); a shared holder is one store backend as reported by one
+/// subscription. Group 0 of a single-group model is the holder of every model before hybrids.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Holder {
-    Engine { instance_id: String, dp_rank: u32 },
-    Shared { backend_id: String },
+    Engine {
+        instance_id: String,
+        dp_rank: u32,
+        group: u32,
+    },
+    Shared {
+        backend_id: String,
+    },
 }
 
 /// What lets the index key published blocks itself (`hashing::derived`): the blocks' contents
@@ -177,6 +198,19 @@ pub enum IndexOp {
     },
     /// Remove every block of this holder in every tier.
     ClearHolder { holder: Holder },
+    /// The kind of an engine holder's KV-cache group, as its stores name it (the default is
+    /// full attention): the answer applies that kind's reuse rule to the holder's blocks.
+    GroupKind { holder: Holder, kind: GroupKind },
+    /// Blocks of a group that skips some blocks of the range it stores (a sliding window's or a
+    /// Mamba group's null blocks): keyed like `StoreChained` over the whole range, and stored
+    /// only where `present` says.
+    StoreSparse {
+        holder: Holder,
+        tier: Tier,
+        hashes: Vec<BlockHash>,
+        contents: BlockContents,
+        present: Vec<bool>,
+    },
 }
 
 /// Everything one subscription changes in one context for one publisher batch, applied in order

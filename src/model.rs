@@ -67,6 +67,79 @@ impl fmt::Display for Tier {
     }
 }
 
+/// How the blocks of one KV-cache group are reused, as the engine decides a cache hit over all
+/// of a hybrid model's groups (`docs/engine-events.md`, "Cache groups").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum GroupKind {
+    /// Full attention, MLA and sink full attention: the leading run of cached blocks.
+    #[default]
+    Full,
+    /// A sliding window of `window` tokens: a boundary needs the `cdiv(window - 1, block_size)`
+    /// blocks before it, or a run from block 0.
+    SlidingWindow { window: u32 },
+    /// Mamba and other linear-attention state: a boundary needs the state cached on the block
+    /// that ends there.
+    Mamba,
+    /// Chunked local attention: its chunk size is not on the wire, so an answer can only be
+    /// a bound.
+    ChunkedLocal,
+    /// A kind this service does not know (or a window without its size): a bound.
+    Unknown,
+}
+
+impl GroupKind {
+    /// The kind of a vLLM `kv_cache_spec_kind` (with `kv_cache_spec_sliding_window`); no kind
+    /// and no window is full attention, as vLLM's single-group events before the kinds were.
+    pub fn from_vllm(kind: Option<&str>, window: Option<i64>) -> Self {
+        let windowed = |window: Option<i64>| match window.and_then(|w| u32::try_from(w).ok()) {
+            Some(window) if window > 0 => GroupKind::SlidingWindow { window },
+            _ => GroupKind::Unknown,
+        };
+        let Some(kind) = kind else {
+            return match window {
+                None => GroupKind::Full,
+                Some(_) => windowed(window),
+            };
+        };
+        match kind.to_ascii_lowercase().as_str() {
+            "full_attention" | "mla_attention" | "sink_full_attention" if window.is_none() => {
+                GroupKind::Full
+            }
+            "sliding_window" | "sliding_window_mla" => windowed(window),
+            "mamba" => GroupKind::Mamba,
+            "chunked_local_attention" => GroupKind::ChunkedLocal,
+            _ => GroupKind::Unknown,
+        }
+    }
+
+    /// The name `/services/status`, the answers' status and the metrics use.
+    pub const fn family(self) -> &'static str {
+        match self {
+            GroupKind::Full => "full_attention",
+            GroupKind::SlidingWindow { .. } => "sliding_window",
+            GroupKind::Mamba => "mamba",
+            GroupKind::ChunkedLocal => "chunked_local_attention",
+            GroupKind::Unknown => "unknown",
+        }
+    }
+
+    /// The window in tokens of a sliding-window group.
+    pub const fn window(self) -> Option<u32> {
+        match self {
+            GroupKind::SlidingWindow { window } => Some(window),
+            _ => None,
+        }
+    }
+
+    /// Whether the engine's rule for this kind is one the service reproduces exactly.
+    pub const fn exact(self) -> bool {
+        matches!(
+            self,
+            GroupKind::Full | GroupKind::SlidingWindow { .. } | GroupKind::Mamba
+        )
+    }
+}
+
 /// Identity of one prefix index. Every registration feeding a context carries the same resolved
 /// hash profile. `cache_salt`, instance and rank are deliberately not part of the key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -200,9 +273,36 @@ pub struct PublisherConfig {
     pub tenant_id: String,
     pub block_size: u32,
     pub dp_rank: u32,
-    /// `None` or `Some(0)`: only cache group zero is supported.
+    /// `None`: every KV-cache group of the engine is indexed; `Some(g)`: only group `g` (the
+    /// answer is then that group's alone: for a hybrid model a bound, which `include_status`
+    /// says).
     pub cache_group: Option<u32>,
+    /// An SGLang hybrid model's parts besides full attention, as its registration declares
+    /// them (SGLang's events do not say): its answers are then bounds (`include_status`).
+    pub hybrid_parts: Vec<HybridPart>,
     pub hash_profile: HashProfile,
+}
+
+/// A part of a hybrid model besides full attention, as a registration names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HybridPart {
+    SlidingWindow,
+    Mamba,
+}
+
+impl HybridPart {
+    pub const ALL: [HybridPart; 2] = [HybridPart::SlidingWindow, HybridPart::Mamba];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            HybridPart::SlidingWindow => "sliding_window",
+            HybridPart::Mamba => "mamba",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        HybridPart::ALL.into_iter().find(|p| p.as_str() == name)
+    }
 }
 
 impl PublisherConfig {
@@ -255,6 +355,7 @@ impl PublisherConfig {
             block_size: 16,
             dp_rank: 0,
             cache_group: None,
+            hybrid_parts: Vec::new(),
             hash_profile: crate::hashing::profile::vllm_cbor_default(),
         }
     }

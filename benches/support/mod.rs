@@ -30,6 +30,7 @@ pub fn registration(
         block_size: 16,
         dp_rank: 0,
         cache_group: None,
+        hybrid_parts: Vec::new(),
         hash_profile: profile(),
     }
 }

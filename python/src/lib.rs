@@ -342,6 +342,7 @@ impl ConductorClient {
             cache_salt,
             instance_filter,
             include_load,
+            include_status: false,
         };
         match self.call(
             py,

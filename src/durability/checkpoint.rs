@@ -426,6 +426,7 @@ mod tests {
                 holder: Holder::Engine {
                     instance_id: "e".into(),
                     dp_rank: 0,
+                    group: 0,
                 },
                 tier: Tier::Device,
                 hashes: blocks.map(BlockHash).collect(),

@@ -3,10 +3,12 @@
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::events::Holder;
+use crate::events::{Holder, MAX_CACHE_GROUPS};
 use crate::hashing::HashProfile;
 use crate::index::{HolderRecord, Watermark};
-use crate::model::{ContextKey, PublisherConfig, PublisherType, SubscriptionKey};
+use crate::model::{
+    ContextKey, GroupKind, HybridPart, PublisherConfig, PublisherType, SubscriptionKey,
+};
 
 use crate::storage::StorageError;
 
@@ -113,12 +115,24 @@ pub fn holder_value(record: &HolderRecord) -> Vec<u8> {
         Holder::Engine {
             instance_id,
             dp_rank,
+            group: 0,
         } => json!({"engine": {"instance_id": instance_id, "dp_rank": dp_rank}}),
+        Holder::Engine {
+            instance_id,
+            dp_rank,
+            group,
+        } => json!({"engine": {"instance_id": instance_id, "dp_rank": dp_rank, "group": group}}),
         Holder::Shared { backend_id } => json!({"shared": {"backend_id": backend_id}}),
     };
     let mut v = json!({"source": source_json(&record.source), "holder": holder});
     if let Some(n) = record.raw_pairs {
         v["raw_pairs"] = json!(n);
+    }
+    if record.kind != GroupKind::Full {
+        v["kind"] = json!(record.kind.family());
+        if let Some(window) = record.kind.window() {
+            v["window"] = json!(window);
+        }
     }
     v.to_string().into_bytes()
 }
@@ -133,6 +147,12 @@ pub fn decode_holder(id: u32, bytes: &[u8]) -> Result<HolderRecord, StorageError
         Holder::Engine {
             instance_id: text(CF, e, "instance_id")?.to_owned(),
             dp_rank: uint(CF, e, "dp_rank")?,
+            group: match e.get("group") {
+                None => 0,
+                Some(_) => Some(uint(CF, e, "group")?)
+                    .filter(|&g| g < MAX_CACHE_GROUPS)
+                    .ok_or_else(|| corrupt(CF, "group is past the most KV-cache groups"))?,
+            },
         }
     } else if let Some(s) = h.get("shared") {
         Holder::Shared {
@@ -148,11 +168,32 @@ pub fn decode_holder(id: u32, bytes: &[u8]) -> Result<HolderRecord, StorageError
                 .ok_or_else(|| corrupt(CF, "raw_pairs is not a count"))?,
         ),
     };
+    let kind = match v.get("kind") {
+        None => GroupKind::Full,
+        Some(_) => group_kind(CF, &v)?,
+    };
     Ok(HolderRecord {
         id,
         source: source_from(CF, &v)?,
         holder,
         raw_pairs,
+        kind,
+    })
+}
+
+/// A holder record's group kind: its family name, and a sliding window's size.
+fn group_kind(cf: &'static str, v: &Value) -> Result<GroupKind, StorageError> {
+    Ok(match text(cf, v, "kind")? {
+        "full_attention" => GroupKind::Full,
+        "sliding_window" => GroupKind::SlidingWindow {
+            window: Some(uint(cf, v, "window")?)
+                .filter(|&w| w > 0)
+                .ok_or_else(|| corrupt(cf, "window is 0"))?,
+        },
+        "mamba" => GroupKind::Mamba,
+        "chunked_local_attention" => GroupKind::ChunkedLocal,
+        "unknown" => GroupKind::Unknown,
+        _ => return Err(corrupt(cf, "kind is not a KV-cache group kind")),
     })
 }
 
@@ -202,12 +243,17 @@ pub fn registration_value(c: &PublisherConfig) -> Vec<u8> {
 }
 
 fn registration_json(c: &PublisherConfig) -> Value {
-    json!({
+    let mut v = json!({
         "instance_id": c.instance_id, "endpoint": c.endpoint, "replay_endpoint": c.replay_endpoint,
         "publisher_type": c.publisher_type.as_str(), "model_name": c.model_name, "lora_name": c.lora_name,
         "tenant_id": c.tenant_id, "block_size": c.block_size, "dp_rank": c.dp_rank, "cache_group": c.cache_group,
         "hash_profile": profile_json(&c.hash_profile),
-    })
+    });
+    if !c.hybrid_parts.is_empty() {
+        let parts: Vec<&str> = c.hybrid_parts.iter().map(|p| p.as_str()).collect();
+        v["hybrid_parts"] = json!(parts);
+    }
+    v
 }
 
 /// A registration as this replica stores it: the shared fields of [`registration_value`] and
@@ -264,12 +310,32 @@ pub fn decode_registration(bytes: &[u8]) -> Result<PublisherConfig, StorageError
         tenant_id: text(CF, &v, "tenant_id")?.to_owned(),
         block_size: uint(CF, &v, "block_size")?,
         dp_rank: uint(CF, &v, "dp_rank")?,
-        cache_group: v
-            .get("cache_group")
-            .and_then(Value::as_u64)
-            .map(|g| g as u32),
+        cache_group: match v.get("cache_group") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(
+                Some(uint(CF, &v, "cache_group")?)
+                    .filter(|&g| g < MAX_CACHE_GROUPS)
+                    .ok_or_else(|| corrupt(CF, "cache_group is past the most KV-cache groups"))?,
+            ),
+        },
+        hybrid_parts: match v.get("hybrid_parts") {
+            None => Vec::new(),
+            Some(parts) => hybrid_parts(CF, parts)?,
+        },
         hash_profile: profile_from(CF, &v)?,
     })
+}
+
+/// A registration's declared hybrid parts: a list of their names.
+fn hybrid_parts(cf: &'static str, v: &Value) -> Result<Vec<HybridPart>, StorageError> {
+    let bad = || corrupt(cf, "hybrid_parts is not a list of part names");
+    let list = v.as_array().ok_or_else(bad)?;
+    if list.len() > HybridPart::ALL.len() {
+        return Err(bad());
+    }
+    list.iter()
+        .map(|p| p.as_str().and_then(HybridPart::parse).ok_or_else(bad))
+        .collect()
 }
 
 pub fn pair_key(ctx: &[u8; 8], holder: u32, block: u64) -> Vec<u8> {

@@ -34,6 +34,7 @@ fn stored(index: &mut ContextIndex, block: u64, seq: u64) {
             holder: Holder::Engine {
                 instance_id: "e".into(),
                 dp_rank: 0,
+                group: 0,
             },
             tier: Tier::Device,
             hashes: vec![BlockHash(block)],

@@ -53,6 +53,7 @@ fn random_batch(rng: &mut Rng, s: u32) -> IndexBatch {
                 Holder::Engine {
                     instance_id: format!("e{s}"),
                     dp_rank: 0,
+                    group: 0,
                 },
                 tier,
             )
@@ -214,6 +215,7 @@ fn a_checkpoint_writes_only_what_changed() {
     let holder = Holder::Engine {
         instance_id: "e0".into(),
         dp_rank: 0,
+        group: 0,
     };
     let store_op = |range: std::ops::Range<u64>| IndexBatch {
         source: source(0),
@@ -486,6 +488,7 @@ fn chained_prompt() -> (Vec<i32>, IndexOp) {
         holder: Holder::Engine {
             instance_id: "e0".into(),
             dp_rank: 0,
+            group: 0,
         },
         tier: Tier::Device,
         hashes: (0..40).map(|i| BlockHash(0xabc0_0000 + i)).collect(),

@@ -215,6 +215,7 @@ impl RankPlan {
             block_size: Some(self.block_size as i128),
             dp_rank: Some(dp_rank as i128),
             cache_group: None,
+            hybrid_parts: None,
             hash_profile: Some(spec.hash_profile.clone()),
         }
     }

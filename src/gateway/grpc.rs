@@ -6,6 +6,7 @@
 use tonic::{Request, Response, Status};
 
 use crate::error::{Code, OpError};
+use crate::gateway::answer_status::InstanceAnswerStatus;
 use crate::gateway::auth::Access;
 use crate::gateway::engines_api::EngineRequest;
 use crate::gateway::grpc_wire::{QueryByHashRequestIn, QueryReply, QueryRequestIn, error_detail};
@@ -30,15 +31,23 @@ impl GrpcService {
     }
 }
 
-/// A query's reply from the walk's answer, with the engines' loads when asked (`include_load`).
+/// A query's reply from the walk's answer, with the engines' loads when asked (`include_load`)
+/// and how sure the answer is (`include_status`, computed before the query).
 fn reply_with<'a>(
     ops: &'a Ops,
     tenant_id: &'a str,
     include_load: bool,
+    status: Option<std::collections::BTreeMap<String, InstanceAnswerStatus>>,
 ) -> impl FnOnce(crate::index::AnswerView<'_>) -> QueryReply + 'a {
-    move |a| match include_load {
-        true => QueryReply::answer(a).with_loads(&ops.loads_of(tenant_id, a)),
-        false => QueryReply::answer(a),
+    move |a| {
+        let mut reply = QueryReply::answer(a);
+        if include_load {
+            reply = reply.with_loads(&ops.loads_of(tenant_id, a));
+        }
+        if let Some(status) = &status {
+            reply = reply.with_status(status);
+        }
+        reply
     }
 }
 
@@ -93,6 +102,7 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             block_size: r.block_size.map(i128::from),
             dp_rank: r.dp_rank.map(i128::from),
             cache_group: r.cache_group.map(i128::from),
+            hybrid_parts: r.hybrid_parts,
             hash_profile: profile_pairs(r.has_hash_profile, r.hash_profile),
         };
         let result = self.ops.register(input, PYTHON_NAMES).await;
@@ -208,7 +218,23 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             cache_salt: r.cache_salt,
             instance_filter: r.instance_filter,
         };
-        let answer = reply_with(&self.ops, &input.tenant_id, r.include_load);
+        let status = match r.include_status {
+            false => None,
+            true => {
+                let (m, l, b, t, f) = (
+                    &input.model_name,
+                    &input.lora_name,
+                    input.block_size,
+                    &input.tenant_id,
+                    &input.instance_filter,
+                );
+                match self.ops.answer_status(m, l, b, t, f).await {
+                    Ok(s) => Some(s),
+                    Err(e) => return Ok(Response::new(QueryReply::error(&e))),
+                }
+            }
+        };
+        let answer = reply_with(&self.ops, &input.tenant_id, r.include_load, status);
         let reply = self.ops.query_with(&input, Transport::Grpc, answer);
         Ok(Response::new(QueryReply::of(reply)))
     }
@@ -229,7 +255,23 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             block_hashes: r.block_hashes,
             instance_filter: r.instance_filter,
         };
-        let answer = reply_with(&self.ops, &input.tenant_id, r.include_load);
+        let status = match r.include_status {
+            false => None,
+            true => {
+                let (m, l, b, t, f) = (
+                    &input.model_name,
+                    &input.lora_name,
+                    input.block_size,
+                    &input.tenant_id,
+                    &input.instance_filter,
+                );
+                match self.ops.answer_status(m, l, b, t, f).await {
+                    Ok(s) => Some(s),
+                    Err(e) => return Ok(Response::new(QueryReply::error(&e))),
+                }
+            }
+        };
+        let answer = reply_with(&self.ops, &input.tenant_id, r.include_load, status);
         let reply = (self.ops).query_by_hash_with(&input, Transport::Grpc, answer);
         Ok(Response::new(QueryReply::of(reply)))
     }

@@ -21,6 +21,7 @@ use prost::bytes::{Buf, BufMut};
 use prost::encoding::{DecodeContext, WireType, int32, message, skip_field};
 
 use crate::error::{Code, OpError};
+use crate::gateway::answer_status::InstanceAnswerStatus;
 use crate::gateway::engines_api::LoadReport;
 use crate::gateway::pb;
 use crate::index::{AnswerView, FlatAnswer, QueryHits};
@@ -84,6 +85,50 @@ impl QueryReply {
             ..Default::default()
         };
         only_loads.encode_raw(&mut self.hits);
+        self
+    }
+
+    /// The same reply with the `status` entries of `statuses` after the hits and loads (tag 5:
+    /// prost's field order).
+    pub fn with_status(
+        mut self,
+        statuses: &std::collections::BTreeMap<String, InstanceAnswerStatus>,
+    ) -> QueryReply {
+        let status = statuses
+            .iter()
+            .map(|(id, s)| {
+                let ranks = (s.ranks.iter())
+                    .map(|r| {
+                        let groups = (r.groups.iter())
+                            .map(|g| pb::CacheGroup {
+                                group: g.idx,
+                                kind: g.kind.family().to_owned(),
+                                sliding_window: g.kind.window(),
+                            })
+                            .collect();
+                        let rank = pb::RankStatus {
+                            status: r.certainty.as_str().to_owned(),
+                            reason: r.certainty.reason().to_owned(),
+                            state: r.state.unwrap_or_default().to_owned(),
+                            lag_ms: r.lag_ms.map(|ms| ms as i64),
+                            groups,
+                        };
+                        (r.dp_rank.to_string(), rank)
+                    })
+                    .collect();
+                let instance = pb::InstanceStatus {
+                    status: s.certainty.as_str().to_owned(),
+                    reason: s.certainty.reason().to_owned(),
+                    ranks,
+                };
+                (id.clone(), instance)
+            })
+            .collect();
+        let only_status = pb::QueryResponse {
+            status,
+            ..Default::default()
+        };
+        only_status.encode_raw(&mut self.hits);
         self
     }
 

@@ -39,12 +39,14 @@ fn reference(result: Result<QueryHits, OpError>) -> pb::QueryResponse {
                 .map(|(id, h)| (id.clone(), row(h)))
                 .collect(),
             loads: HashMap::new(),
+            status: HashMap::new(),
         },
         Err(e) => pb::QueryResponse {
             ret: e.code.value(),
             error: Some(super::error_detail(&e)),
             hits: HashMap::new(),
             loads: HashMap::new(),
+            status: HashMap::new(),
         },
     }
 }
@@ -185,6 +187,7 @@ fn query_requests_decode_as_prost_decodes_them() {
             cache_salt: "s".into(),
             instance_filter: "i".into(),
             include_load: true,
+            include_status: false,
         };
         let bytes = request.encode_to_vec();
         assert_eq!(QueryRequestIn::decode(&bytes[..]).unwrap().0, request);

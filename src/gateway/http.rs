@@ -28,7 +28,7 @@ use crate::metrics::Transport;
 use crate::registry::ServiceInfo;
 use crate::subscription::status::HashCheckState;
 
-use super::http_body::{HitsBody, HitsWithLoads, hits_msgpack, hits_msgpack_with_loads};
+use super::http_body::{HitsBody, HitsWith, hits_msgpack, hits_msgpack_with};
 use super::http_decode::{Http, decode_body};
 use super::{http_engines, http_registry};
 
@@ -97,39 +97,62 @@ fn hits_response(answer: crate::index::AnswerView<'_>, format: Format) -> Respon
     }
 }
 
-/// A query answer, with the engines' load figures when the request asked for them
-/// (`include_load`: `{"instances", "loads"}`; without it the answer's bytes are unchanged).
+/// A query answer, with the engines' load figures (`include_load`: `"loads"`) and how sure the
+/// answer is (`include_status`: `"status"`, computed before the query) when the request asked
+/// for them; without either the answer's bytes are unchanged.
 fn answer_response(
     ops: &Ops,
     tenant_id: &str,
     include_load: bool,
+    status: Option<serde_json::Value>,
     answer: crate::index::AnswerView<'_>,
     format: Format,
 ) -> Response {
-    if !include_load {
+    let mut extra = Vec::new();
+    if include_load {
+        extra.push((
+            "loads",
+            http_engines::loads_body(&ops.loads_of(tenant_id, answer)),
+        ));
+    }
+    if let Some(status) = status {
+        extra.push(("status", status));
+    }
+    if extra.is_empty() {
         return hits_response(answer, format);
     }
-    let loads = http_engines::loads_body(&ops.loads_of(tenant_id, answer));
     match format {
-        Format::Msgpack => with_body(
-            StatusCode::OK,
-            hits_msgpack_with_loads(answer, &loads),
-            format,
-        ),
-        Format::Json => encode(StatusCode::OK, &HitsWithLoads(answer, &loads), format),
+        Format::Msgpack => with_body(StatusCode::OK, hits_msgpack_with(answer, &extra), format),
+        Format::Json => encode(StatusCode::OK, &HitsWith(answer, &extra), format),
     }
 }
 
-/// The optional `include_load` flag of both queries.
-fn include_load(f: &Fields) -> Result<bool, OpError> {
-    match f.get("include_load") {
+/// An optional boolean flag of both queries (`include_load`, `include_status`).
+fn flag(f: &Fields, name: &'static str) -> Result<bool, OpError> {
+    match f.get(name) {
         None | Some(Val::Null) => Ok(false),
         Some(Val::Bool(b)) => Ok(*b),
         Some(_) => {
-            let message = "include_load must be a boolean";
-            Err(OpError::invalid("include_load", "invalid_type", message))
+            let message = format!("{name} must be a boolean");
+            Err(OpError::invalid(name, "invalid_type", message))
         }
     }
+}
+
+/// The `status` entry of an answer, when the request has `include_status`.
+async fn status_entry(
+    ops: &Ops,
+    f: &Fields,
+    context: (&str, &str, i128, &str, &str),
+) -> Result<Option<serde_json::Value>, OpError> {
+    if !flag(f, "include_status")? {
+        return Ok(None);
+    }
+    let (model, lora, block_size, tenant, filter) = context;
+    let statuses = ops
+        .answer_status(model, lora, block_size, tenant, filter)
+        .await?;
+    Ok(Some(crate::gateway::answer_status::to_json(&statuses)))
 }
 
 /// Refuse a request that needs the service token and lacks it, before its body is read (so an
@@ -219,6 +242,7 @@ macro_rules! query_schema {
             ("instance_id", Kind::Scalar),
             ("instance_filter", Kind::Scalar),
             ("include_load", Kind::Scalar),
+            ("include_status", Kind::Scalar),
             $($extra),*
         ]
     };
@@ -292,7 +316,7 @@ async fn query(State(state): State<Http>, request: Request) -> Response {
         Ok(d) => d,
         Err(r) => return r,
     };
-    let result = (|| {
+    let result = async {
         let mut f = d.fields;
         let (model_name, block_size) = model_and_block_size(&f)?;
         let token_ids = numbers(&mut f, "token_ids", "a bin or an array", |v| match v {
@@ -320,11 +344,20 @@ async fn query(State(state): State<Http>, request: Request) -> Response {
             cache_salt,
             instance_filter: instance_filter(&f)?,
         };
-        let (reply, loads, ops) = (d.reply, include_load(&f)?, &state.ops);
+        let (reply, loads, ops) = (d.reply, flag(&f, "include_load")?, &state.ops);
+        let context = (
+            input.model_name.as_str(),
+            input.lora_name.as_str(),
+            input.block_size,
+            input.tenant_id.as_str(),
+            input.instance_filter.as_str(),
+        );
+        let status = status_entry(ops, &f, context).await?;
         ops.query_with(&input, Transport::Http, |a| {
-            answer_response(ops, &input.tenant_id, loads, a, reply)
+            answer_response(ops, &input.tenant_id, loads, status, a, reply)
         })
-    })();
+    }
+    .await;
     result.unwrap_or_else(|e| error_response(&e, d.reply))
 }
 
@@ -333,7 +366,7 @@ async fn query_by_hash(State(state): State<Http>, request: Request) -> Response 
         Ok(d) => d,
         Err(r) => return r,
     };
-    let result = (|| {
+    let result = async {
         let mut f = d.fields;
         let (model_name, block_size) = model_and_block_size(&f)?;
         let block_hashes = numbers(&mut f, "block_hashes", "an array", |v| match v {
@@ -350,11 +383,20 @@ async fn query_by_hash(State(state): State<Http>, request: Request) -> Response 
             block_hashes,
             instance_filter,
         };
-        let (reply, loads, ops) = (d.reply, include_load(&f)?, &state.ops);
+        let (reply, loads, ops) = (d.reply, flag(&f, "include_load")?, &state.ops);
+        let context = (
+            input.model_name.as_str(),
+            input.lora_name.as_str(),
+            input.block_size,
+            input.tenant_id.as_str(),
+            input.instance_filter.as_str(),
+        );
+        let status = status_entry(ops, &f, context).await?;
         ops.query_by_hash_with(&input, Transport::Http, |a| {
-            answer_response(ops, &input.tenant_id, loads, a, reply)
+            answer_response(ops, &input.tenant_id, loads, status, a, reply)
         })
-    })();
+    }
+    .await;
     result.unwrap_or_else(|e| error_response(&e, d.reply))
 }
 
@@ -441,10 +483,34 @@ async fn services_status(State(state): State<Http>, headers: HeaderMap) -> Respo
         body["registry"] = registry;
     }
     body["memory_budget"] = budget_section(&state.ops);
+    body["cache_groups"] = groups_section(&state.ops).await;
     if let Ok(engines) = state.ops.engines() {
         body["engines"] = http_engines::status_rows(&engines.list());
     }
     encode(StatusCode::OK, &body, format)
+}
+
+/// The KV-cache groups of hybrid models (`docs/engine-events.md`, "Cache groups"): per context,
+/// each hybrid rank's groups with their kind, window and block count, as the events showed them.
+async fn groups_section(ops: &crate::gateway::ops::Ops) -> Json {
+    let contexts: Vec<Json> = (ops.group_layouts().await.into_iter())
+        .map(|(key, groups)| {
+            let groups: Vec<Json> = (groups.iter())
+                .map(|g| {
+                    json!({
+                        "service": g.source.to_string(), "instance_id": g.instance_id,
+                        "dp_rank": g.dp_rank, "group": g.group, "kind": g.kind.family(),
+                        "sliding_window": g.kind.window(), "blocks": g.blocks,
+                    })
+                })
+                .collect();
+            json!({
+                "model_name": key.model_name, "lora_name": key.lora_name,
+                "tenant_id": key.tenant_id, "block_size": key.block_size, "groups": groups,
+            })
+        })
+        .collect();
+    json!(contexts)
 }
 
 /// The memory budget's part of `/services/status` (see "Memory budget" in

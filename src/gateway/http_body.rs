@@ -11,9 +11,12 @@ use crate::index::{AnswerView, RowView, TierCounts};
 /// `device` to `disk`; `longest_matched` equals `disk`, and a row's tiers are its ranks' maxima.
 pub struct HitsBody<'a>(pub AnswerView<'a>);
 
-/// [`HitsBody`] with the engines' load figures as a second entry, `loads` (a query's
-/// `include_load`).
-pub struct HitsWithLoads<'a>(pub AnswerView<'a>, pub &'a serde_json::Value);
+/// [`HitsBody`] with further entries after `instances`: the engines' load figures, `loads` (a
+/// query's `include_load`), and how sure the answer is, `status` (`include_status`).
+pub struct HitsWith<'a>(
+    pub AnswerView<'a>,
+    pub &'a [(&'static str, serde_json::Value)],
+);
 
 impl serde::Serialize for HitsBody<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -24,12 +27,14 @@ impl serde::Serialize for HitsBody<'_> {
     }
 }
 
-impl serde::Serialize for HitsWithLoads<'_> {
+impl serde::Serialize for HitsWith<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(2))?;
+        let mut m = s.serialize_map(Some(1 + self.1.len()))?;
         m.serialize_entry("instances", &Instances(self.0))?;
-        m.serialize_entry("loads", self.1)?;
+        for (name, value) in self.1 {
+            m.serialize_entry(name, value)?;
+        }
         m.end()
     }
 }
@@ -91,18 +96,17 @@ struct TierCountsBody(TierCounts);
 /// smallest marker for every length and integer, keys in [`HitsBody`]'s order), without going
 /// through `std::io::Write` for every marker and key. Field names are written pre-encoded.
 pub fn hits_msgpack(answer: AnswerView<'_>) -> Vec<u8> {
-    hits_msgpack_then(answer, None)
+    hits_msgpack_with(answer, &[])
 }
 
-/// The msgpack bytes of [`HitsWithLoads`].
-pub fn hits_msgpack_with_loads(answer: AnswerView<'_>, loads: &serde_json::Value) -> Vec<u8> {
-    hits_msgpack_then(answer, Some(loads))
-}
-
-fn hits_msgpack_then(answer: AnswerView<'_>, loads: Option<&serde_json::Value>) -> Vec<u8> {
+/// The msgpack bytes of [`HitsWith`].
+pub fn hits_msgpack_with(
+    answer: AnswerView<'_>,
+    extra: &[(&'static str, serde_json::Value)],
+) -> Vec<u8> {
     // About 150 bytes per row of two ranks; a little spare saves a reallocation.
     let mut out = Vec::with_capacity(16 + answer.len() * 64 + answer.rank_total() * 72);
-    map_len(&mut out, 1 + usize::from(loads.is_some()));
+    map_len(&mut out, 1 + extra.len());
     out.extend_from_slice(b"\xa9instances");
     map_len(&mut out, answer.len());
     let mut recent = Recent::default();
@@ -128,10 +132,10 @@ fn hits_msgpack_then(answer: AnswerView<'_>, loads: Option<&serde_json::Value>) 
         tier_fields(&mut out, &tiers);
         recent.remember(row, at, out.len() - at);
     }
-    if let Some(loads) = loads {
-        out.extend_from_slice(b"\xa5loads");
+    for (name, value) in extra {
+        str(&mut out, name.as_bytes());
         // Writing into a Vec cannot fail, and a JSON value always encodes.
-        let _ = rmp_serde::encode::write_named(&mut out, loads);
+        let _ = rmp_serde::encode::write_named(&mut out, value);
     }
     out
 }

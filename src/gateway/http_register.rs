@@ -43,11 +43,8 @@ pub fn registration_from_http(mut f: Fields) -> Result<RegistrationInput, OpErro
     let tenant_id = f.opt_str("tenant_id")?;
     let cache_group = match f.get("cache_group") {
         None | Some(Val::Null) => None,
-        Some(Val::Int(0)) => Some(0),
-        Some(Val::Int(_)) => {
-            let message = "only cache group zero is supported";
-            return Err(OpError::invalid("cache_group", "unsupported", message));
-        }
+        // Its range is checked with the other fields (`RegistrationInput::validate`).
+        Some(Val::Int(g)) => Some(*g),
         Some(_) => {
             let message = "cache_group must be an integer or null";
             return Err(OpError::invalid("cache_group", "invalid_type", message));
@@ -95,6 +92,7 @@ pub fn registration_from_http(mut f: Fields) -> Result<RegistrationInput, OpErro
         block_size: Some(block_size),
         dp_rank: Some(dp_rank),
         cache_group,
+        hybrid_parts: f.opt_str("hybrid_parts")?,
         hash_profile: Some(hash_profile),
     })
 }

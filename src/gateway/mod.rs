@@ -48,6 +48,7 @@
 //! hand-off (the Python client's `transport.rs`, the load tool's `lean_grpc.rs`). Where the
 //! microseconds went, and the measured effect of each change, is in `docs/grpc-path.md`.
 
+pub mod answer_status;
 pub mod auth;
 pub mod body_budget;
 pub mod bounds;

@@ -1,12 +1,14 @@
 //! The one operation layer both transports call: validation, registry and index calls, result
 //! building. gRPC and HTTP only translate their wire shapes to and from these types.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use actix::Addr;
 
 use crate::error::OpError;
+use crate::gateway::answer_status::{self, InstanceAnswerStatus};
 use crate::gateway::auth::{Access, Auth};
 use crate::gateway::engines_api::EngineControl;
 use crate::gateway::readiness::Readiness;
@@ -386,6 +388,44 @@ impl Ops {
     /// The memory budget the contexts share.
     pub fn budget(&self) -> &std::sync::Arc<crate::index::Budget> {
         self.contexts.budget()
+    }
+
+    /// How sure a query's answer is for each instance it names (`include_status`): the
+    /// context's plan as it is now, and the state and lag of each rank's subscription. An
+    /// unknown context has no instances.
+    pub async fn answer_status(
+        &self,
+        model_name: &str,
+        lora_name: &str,
+        block_size: i128,
+        tenant_id: &str,
+        instance_filter: &str,
+    ) -> Result<BTreeMap<String, InstanceAnswerStatus>, OpError> {
+        let key = context_key(model_name, lora_name, block_size, tenant_id)?;
+        let Some((key, handle)) = key.and_then(|k| Some((k.clone(), self.contexts.get(&k)?)))
+        else {
+            return Ok(BTreeMap::new());
+        };
+        let ranks = handle.reader().rank_statuses(Some(instance_filter));
+        let services = self.list_services().await?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Ok(answer_status::statuses(&key, ranks, &services, now_ms))
+    }
+
+    /// Per context with hybrid ranks, their KV-cache groups as the events showed them, with
+    /// block counts (`/services/status`). A context whose writer does not answer is left out.
+    pub async fn group_layouts(&self) -> Vec<(ContextKey, Vec<crate::index::GroupCount>)> {
+        let mut out = Vec::new();
+        for handle in self.contexts.all() {
+            if let Ok(groups) = handle.send(crate::index::GetGroups).await
+                && !groups.is_empty()
+            {
+                out.push((handle.key().clone(), groups));
+            }
+        }
+        out
     }
 
     pub fn global_view(&self) -> Vec<ContextView> {

@@ -9,7 +9,7 @@
 use crate::error::OpError;
 use crate::gateway::request::{Kind, Schema};
 use crate::hashing::HashProfile;
-use crate::model::{PublisherConfig, PublisherType, normalize_tenant};
+use crate::model::{HybridPart, PublisherConfig, PublisherType, normalize_tenant};
 
 pub use crate::model::{FieldNames, HTTP_NAMES, MAX_BLOCK_SIZE, PYTHON_NAMES};
 
@@ -20,6 +20,7 @@ pub const HTTP_REGISTER_SCHEMA: Schema = &[
     ("dp_rank", Kind::Scalar),
     ("endpoint", Kind::Scalar),
     ("hash_profile", Kind::Pairs),
+    ("hybrid_parts", Kind::Scalar),
     ("instance_id", Kind::Scalar),
     ("lora_name", Kind::Scalar),
     ("modelname", Kind::Scalar),
@@ -41,6 +42,8 @@ pub struct RegistrationInput {
     pub block_size: Option<i128>,
     pub dp_rank: Option<i128>,
     pub cache_group: Option<i128>,
+    /// Comma-separated part names (`"sliding_window,mamba"`).
+    pub hybrid_parts: Option<String>,
     pub hash_profile: Option<Vec<(String, String)>>,
 }
 
@@ -113,17 +116,24 @@ impl RegistrationInput {
                 ));
             }
         };
+        // A hybrid model's groups are all indexed; `cache_group` keeps one of them (its answer
+        // is then that group's alone, a bound for a hybrid: see `docs/engine-events.md`).
+        let groups = 0..i128::from(crate::events::MAX_CACHE_GROUPS);
         let cache_group = match self.cache_group {
             None => None,
-            Some(0) => Some(0),
+            Some(g) if groups.contains(&g) => Some(g as u32),
             Some(_) => {
                 return Err(OpError::invalid(
                     "cache_group",
-                    "unsupported",
-                    "only cache group zero is supported",
+                    "out_of_range",
+                    format!(
+                        "cache_group must be in 0..{} (or null: every group)",
+                        crate::events::MAX_CACHE_GROUPS
+                    ),
                 ));
             }
         };
+        let hybrid_parts = hybrid_parts(publisher_type, self.hybrid_parts.unwrap_or_default())?;
         let pairs = self.hash_profile.ok_or_else(|| {
             OpError::invalid("hash_profile", "missing", "hash_profile is required")
         })?;
@@ -141,9 +151,46 @@ impl RegistrationInput {
             block_size,
             dp_rank,
             cache_group,
+            hybrid_parts,
             hash_profile,
         })
     }
+}
+
+/// The parts an SGLang hybrid model has besides full attention: known names, each once. Only
+/// SGLang's events leave them unsaid (vLLM names each group's kind on its events).
+fn hybrid_parts(kind: PublisherType, names: String) -> Result<Vec<HybridPart>, OpError> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    if kind != PublisherType::Sglang {
+        return Err(OpError::invalid(
+            "hybrid_parts",
+            "invalid_value",
+            "hybrid_parts is for SGLang: vLLM's events name each KV-cache group's kind",
+        ));
+    }
+    let mut parts = Vec::new();
+    for name in names.split(',').map(str::trim) {
+        let part = HybridPart::parse(name).ok_or_else(|| {
+            let shown: String = name.chars().take(64).collect();
+            OpError::invalid(
+                "hybrid_parts",
+                "invalid_value",
+                format!("hybrid_parts entries must be sliding_window or mamba, got {shown:?}"),
+            )
+        })?;
+        if parts.contains(&part) {
+            return Err(OpError::invalid(
+                "hybrid_parts",
+                "invalid_value",
+                format!("hybrid_parts names {} twice", part.as_str()),
+            ));
+        }
+        parts.push(part);
+    }
+    parts.sort();
+    Ok(parts)
 }
 
 fn required(value: Option<String>, field: &str) -> Result<String, OpError> {

@@ -94,6 +94,11 @@ pub struct DetachOutcome {
 #[rtype(result = "IndexStats")]
 pub struct GetStats;
 
+/// The KV-cache groups of the context's hybrid ranks, with their block counts.
+#[derive(Debug, Message)]
+#[rtype(result = "Vec<crate::index::GroupCount>")]
+pub struct GetGroups;
+
 /// A replayable copy of the whole context, taken between two batches.
 #[derive(Debug, Message)]
 #[rtype(result = "ContextSnapshot")]
@@ -207,6 +212,13 @@ impl Handler<GetStats> for ContextActor {
     type Result = MessageResult<GetStats>;
     fn handle(&mut self, _: GetStats, _: &mut Self::Context) -> Self::Result {
         MessageResult(self.index.stats())
+    }
+}
+
+impl Handler<GetGroups> for ContextActor {
+    type Result = MessageResult<GetGroups>;
+    fn handle(&mut self, _: GetGroups, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.index.group_counts())
     }
 }
 
@@ -354,6 +366,7 @@ mod tests {
                     holder: Holder::Engine {
                         instance_id: "a".into(),
                         dp_rank: 0,
+                        group: 0,
                     },
                     tier: Tier::Device,
                     hashes: vec![BlockHash(1), BlockHash(2)],

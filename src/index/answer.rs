@@ -264,3 +264,32 @@ impl FlatAnswer {
         )
     }
 }
+
+/// How sure an answer for one rank is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Certainty {
+    /// What the engine itself would reuse.
+    Exact,
+    /// At least what the engine would reuse; `reason` says why it may be more.
+    UpperBound { reason: &'static str },
+    /// At most what the engine would reuse; `reason` says why it may be less.
+    LowerBound { reason: &'static str },
+}
+
+impl Certainty {
+    /// The name an answer's status carries.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Certainty::Exact => "exact",
+            Certainty::UpperBound { .. } => "upper_bound",
+            Certainty::LowerBound { .. } => "lower_bound",
+        }
+    }
+
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Certainty::Exact => "",
+            Certainty::UpperBound { reason } | Certainty::LowerBound { reason } => reason,
+        }
+    }
+}

@@ -27,6 +27,7 @@ fn engine() -> Holder {
     Holder::Engine {
         instance_id: "i".into(),
         dp_rank: 0,
+        group: 0,
     }
 }
 
@@ -321,6 +322,7 @@ fn translated_stores_answer_as_stores_of_the_derived_keys() {
         .map(|r| Holder::Engine {
             instance_id: "i".into(),
             dp_rank: r,
+            group: 0,
         })
         .collect();
     for seed in [1u64, 0xfeed, 0x5eed_0002] {

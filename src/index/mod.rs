@@ -54,17 +54,19 @@ mod tests;
 
 pub use actor::{
     ApplyBatch, AttachRank, ContextActor, ContextHandle, DetachOutcome, DetachSource, DropSource,
-    GetStats, Snapshot,
+    GetGroups, GetStats, Snapshot,
 };
-pub use answer::{AnswerView, FlatAnswer, InstanceHits, QueryHits, RowView, TierCounts};
+pub use answer::{AnswerView, Certainty, FlatAnswer, InstanceHits, QueryHits, RowView, TierCounts};
 pub use budget::Budget;
 pub use directory::{ArbiterPool, ContextDirectory, ProfileConflict};
+pub use plan::{GroupLayout, RankStatus};
 pub use read::handle::{ContextView, IndexReader, IndexStats};
 pub use read::query::HashList;
 pub use sorted_map::SortedMap;
 pub use stored::image::{ContextChanges, HolderRecord, Watermark, payload_digest};
 pub use stored::records::{Attachment, PairBits};
 pub use stored::snapshot::ContextSnapshot;
+pub use write::context::groups::GroupCount;
 pub use write::context::restore::{AliasLoader, PairBatch, Restorer};
 pub use write::context::{ApplyReport, ContextIndex};
 

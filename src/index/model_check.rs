@@ -56,6 +56,7 @@ impl Model {
                     if let Holder::Engine {
                         instance_id,
                         dp_rank,
+                        ..
                     } = holder
                     {
                         self.listed
@@ -134,6 +135,7 @@ impl Model {
             Holder::Engine {
                 instance_id: String::new(),
                 dp_rank: 0,
+                group: 0,
             },
             Tier::Device,
         );
@@ -150,6 +152,7 @@ impl Model {
                     Holder::Engine {
                         instance_id,
                         dp_rank,
+                        ..
                     } => instance_id == instance && *dp_rank == rank,
                     Holder::Shared { .. } => true,
                 };
@@ -260,6 +263,7 @@ fn random_holder(rng: &mut Rng, source: &SubscriptionKey, fleet: bool) -> Holder
         Holder::Engine {
             instance_id: source.instance_id.clone(),
             dp_rank: source.dp_rank,
+            group: 0,
         }
     } else if is_store || rng.below(20) == 0 {
         Holder::Shared {
@@ -269,11 +273,13 @@ fn random_holder(rng: &mut Rng, source: &SubscriptionKey, fleet: bool) -> Holder
         Holder::Engine {
             instance_id: rng.pick(&INSTANCES).to_string(),
             dp_rank: rng.below(3) as u32,
+            group: 0,
         }
     } else {
         Holder::Engine {
             instance_id: source.instance_id.clone(),
             dp_rank: source.dp_rank,
+            group: 0,
         }
     }
 }

@@ -35,6 +35,7 @@ pub(super) fn engine() -> Holder {
     Holder::Engine {
         instance_id: "i".into(),
         dp_rank: 0,
+        group: 0,
     }
 }
 

@@ -138,6 +138,7 @@ fn an_engine_block_stored_unlinked_and_linked_is_one_pair_in_either_order() {
     let other_engine = Holder::Engine {
         instance_id: "j".into(),
         dp_rank: 0,
+        group: 0,
     };
     let mid_stream = || unlinked(2, 4, Tier::Device);
     let linked = |holder: Holder| match chained(0, 4, Tier::Device) {

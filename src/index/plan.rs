@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard,
 
 use crate::model::SubscriptionKey;
 
-use crate::index::answer::{AnswerView, InstanceHits, QueryHits, Shape, TierCounts, max_tiers};
+use crate::index::answer::{
+    AnswerView, Certainty, InstanceHits, QueryHits, Shape, TierCounts, max_tiers,
+};
 use crate::index::table::{read_lock, write_lock};
 
 /// The metadata lock. Its only way to change [`Meta`] is [`MetaLock::write`], which drops the
@@ -82,6 +84,9 @@ pub(crate) struct Meta {
     /// id is reused only once no plan that routed it can still be in a walk (`holder::FreeIds`),
     /// so a plan stays valid for the whole walk.
     pub shared: Vec<bool>,
+    /// Holder id → the kind of its KV-cache group, for engine holders whose group is not full
+    /// attention or not group 0 (see [`GroupLayout`]); absent: group 0, full attention.
+    pub groups: BTreeMap<u32, GroupLayout>,
     /// Holders interned and not reclaimed.
     pub holders: usize,
     /// Every source that has a holder or a position (watermark) here, so a subscription that
@@ -89,6 +94,13 @@ pub(crate) struct Meta {
     pub sources: BTreeSet<SubscriptionKey>,
     /// The query plan for the fields above; reset by every [`MetaLock::write`].
     plan: OnceLock<Arc<Plan>>,
+}
+
+/// An engine holder's KV-cache group as the query needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLayout {
+    pub idx: u32,
+    pub kind: crate::model::GroupKind,
 }
 
 #[derive(Default)]
@@ -148,6 +160,32 @@ pub(crate) struct Plan {
     /// No store backend and at most one holder per cursor: the walk keeps its cursors the
     /// direct way (see `cursors`).
     pub(crate) direct: bool,
+    /// The cursors of ranks with more than one KV-cache group, or whose group is not full
+    /// attention: the walk routes none of their holders, and `read::hybrid` answers them with
+    /// the engine's rule over all their groups.
+    pub(crate) hybrid: Vec<HybridCursor>,
+    /// The context has store backends (their tiers are not part of a hybrid rank's answer).
+    pub(crate) has_shared: bool,
+}
+
+/// How sure the answer for one (instance, rank) is (`include_status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankStatus {
+    pub instance_id: String,
+    pub dp_rank: u32,
+    pub certainty: Certainty,
+    /// The rank's KV-cache groups in the order the engine checks them, when it has more than
+    /// group 0 of full attention.
+    pub groups: Vec<GroupLayout>,
+}
+
+/// One hybrid rank's cursor and its groups, full attention first, then by group index (the
+/// order the engine checks them in); each group with the holder ids (one per source) that hold
+/// its blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HybridCursor {
+    pub cursor: u32,
+    pub groups: Vec<(GroupLayout, Vec<u32>)>,
 }
 
 impl Plan {
@@ -159,14 +197,20 @@ impl Plan {
             .collect();
         let (mut rows, mut ranks_of) = (Vec::new(), Vec::new());
         let mut cursor = 0u32;
-        let mut direct = !meta.shared.iter().any(|&s| s);
+        let has_shared = meta.shared.iter().any(|&s| s);
+        let mut direct = !has_shared;
+        let mut hybrid = Vec::new();
         for (instance, ranks) in &meta.ranks {
             let first = cursor;
             for (&rank, entry) in ranks.iter().filter(|(_, e)| e.listed()) {
-                direct &= entry.holders.len() <= 1;
-                for &id in &entry.holders {
-                    if let Some(r) = route.get_mut(id as usize) {
-                        *r = cursor;
+                if let Some(h) = hybrid_cursor(meta, cursor, &entry.holders) {
+                    hybrid.push(h);
+                } else {
+                    direct &= entry.holders.len() <= 1;
+                    for &id in &entry.holders {
+                        if let Some(r) = route.get_mut(id as usize) {
+                            *r = cursor;
+                        }
                     }
                 }
                 ranks_of.push(rank);
@@ -184,6 +228,8 @@ impl Plan {
             route,
             cursors: cursor as usize,
             direct,
+            hybrid,
+            has_shared,
         }
     }
 
@@ -220,6 +266,30 @@ impl Plan {
             },
         };
         AnswerView::new(rows, &self.ranks, counts, sel.end)
+    }
+
+    /// How sure the answer is for each (instance, rank) `filter` selects, in answer order,
+    /// with the KV-cache groups of a hybrid rank (none for a single-group full-attention one).
+    pub(crate) fn rank_statuses(&self, filter: Option<&str>) -> Vec<RankStatus> {
+        let sel = self.selected(filter);
+        let mut out = Vec::new();
+        for (row, (instance, first)) in self.rows.iter().enumerate() {
+            for cursor in *first..self.row_end(row) {
+                if !sel.contains(&cursor) {
+                    continue;
+                }
+                let hybrid = self.hybrid.iter().find(|h| h.cursor == cursor);
+                out.push(RankStatus {
+                    instance_id: instance.clone(),
+                    dp_rank: self.ranks[cursor as usize],
+                    certainty: hybrid.map_or(Certainty::Exact, |h| certainty(h, self.has_shared)),
+                    groups: hybrid
+                        .map(|h| h.groups.iter().map(|(g, _)| *g).collect())
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        out
     }
 
     /// The answer for `counts` as owned maps.
@@ -283,6 +353,29 @@ impl Plan {
     }
 }
 
+/// The hybrid cursor of a rank whose `holders` include a group other than group 0 of full
+/// attention; `None` for a single-group full-attention rank (the walk's).
+fn hybrid_cursor(meta: &Meta, cursor: u32, holders: &[u32]) -> Option<HybridCursor> {
+    if !holders.iter().any(|id| meta.groups.contains_key(id)) {
+        return None;
+    }
+    let mut groups: Vec<(GroupLayout, Vec<u32>)> = Vec::new();
+    for &id in holders {
+        let layout = meta.groups.get(&id).copied().unwrap_or(GroupLayout {
+            idx: 0,
+            kind: crate::model::GroupKind::Full,
+        });
+        match groups.iter_mut().find(|(g, _)| g.idx == layout.idx) {
+            // Two sources of one rank (its engine, an offloading publisher) name the same
+            // group: their blocks are one group's, of the kind the first one named.
+            Some((_, ids)) => ids.push(id),
+            None => groups.push((layout, vec![id])),
+        }
+    }
+    groups.sort_by_key(|(g, _)| (g.kind != crate::model::GroupKind::Full, g.idx));
+    Some(HybridCursor { cursor, groups })
+}
+
 /// One row's ranks from their cursors' counts (in rank order), and the row's maxima.
 #[inline]
 fn fill_row(row: &mut InstanceHits, counts: &[[u64; 4]]) {
@@ -301,4 +394,25 @@ fn fill_row(row: &mut InstanceHits, counts: &[[u64; 4]]) {
     row.cpu_share = best[2];
     row.disk = best[3];
     row.longest_matched = best[3];
+}
+
+/// How sure the answer for a hybrid rank is, from its groups' kinds and whether the context
+/// has store backends (whose tiers a hybrid rank's answer leaves out).
+fn certainty(cursor: &HybridCursor, has_shared: bool) -> Certainty {
+    if let Some((g, _)) = cursor.groups.iter().find(|(g, _)| !g.kind.exact()) {
+        return Certainty::UpperBound {
+            reason: match g.kind {
+                crate::model::GroupKind::ChunkedLocal => {
+                    "chunked local attention: its chunk size is not in the events"
+                }
+                _ => "a KV-cache group of a kind this service does not know",
+            },
+        };
+    }
+    if has_shared {
+        return Certainty::LowerBound {
+            reason: "store tiers are not evaluated for a hybrid model",
+        };
+    }
+    Certainty::Exact
 }

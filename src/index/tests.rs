@@ -89,6 +89,7 @@ fn engine(instance: &str, rank: u32) -> Holder {
     Holder::Engine {
         instance_id: instance.to_owned(),
         dp_rank: rank,
+        group: 0,
     }
 }
 
@@ -593,6 +594,7 @@ fn the_actor_forwards_and_the_handle_queries_without_the_mailbox() {
 }
 
 mod budget;
+mod hybrid;
 mod reclaim;
 mod refs;
 mod restore;

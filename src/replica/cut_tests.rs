@@ -30,6 +30,7 @@ pub(super) fn registration(i: u32) -> PublisherConfig {
         block_size: 16,
         dp_rank: 0,
         cache_group: None,
+        hybrid_parts: Vec::new(),
         hash_profile: crate::hashing::profile::vllm_cbor_default(),
     }
 }
@@ -38,6 +39,7 @@ fn engine(i: u32) -> Holder {
     Holder::Engine {
         instance_id: format!("e{i}"),
         dp_rank: 0,
+        group: 0,
     }
 }
 

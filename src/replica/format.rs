@@ -10,12 +10,13 @@ use crate::storage::{Cf, KvOp, migrations};
 
 /// The format a snapshot carries. 6: records of store schema 6, each source resuming from the
 /// lowest watermark of its contexts. 7: the same records, and `SnapshotBegin.sources`, the
-/// position each source resumes from (taken before the contexts were listed).
-pub const FORMAT: u32 = 7;
+/// position each source resumes from (taken before the contexts were listed). 8: the same, with
+/// records of store schema 9 (holders of KV-cache groups).
+pub const FORMAT: u32 = 8;
 
 /// The records schema [`FORMAT`] carries. A new records schema is a new snapshot format: bump
 /// both (the assertion below fails the build until then).
-const RECORDS: u32 = 6;
+const RECORDS: u32 = 9;
 const _: () = assert!(
     RECORDS == migrations::RECORDS_VERSION,
     "the store's records schema changed: bump the snapshot FORMAT and its RECORDS"

@@ -36,6 +36,7 @@ fn engine(i: u32) -> Holder {
     Holder::Engine {
         instance_id: format!("e{i}"),
         dp_rank: 0,
+        group: 0,
     }
 }
 
@@ -86,6 +87,7 @@ fn write_context(store: &dyn KvStore, c: Context<'_>) {
             source: source(s),
             holder,
             raw_pairs,
+            kind: crate::model::GroupKind::Full,
         };
         ops.push(put(
             Cf::Holders,

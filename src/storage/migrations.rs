@@ -4,14 +4,15 @@ use super::{Cf, KvOp, KvStore, StorageError};
 use crate::hashing::derived::ChainTuning;
 
 /// The schema version this binary writes.
-pub const CURRENT_VERSION: u32 = 8;
+pub const CURRENT_VERSION: u32 = 9;
 
 /// The newest schema version that changed how a record (a key and value of the `KvStore`
 /// API) is encoded or what it means. Schema 4 changed only how the RocksDB store packs records
 /// into its own values (peers of schema 3 and 4 bootstrap from each other); schemas 5 and 6
 /// changed what a derived block key means, so a replica's snapshot, which carries records, is in
-/// schema 6's format and an older peer's is refused.
-pub const RECORDS_VERSION: u32 = 6;
+/// schema 6's format and an older peer's is refused. Schema 9 gave holder records a KV-cache
+/// group and its kind, which an older reader would merge into group 0.
+pub const RECORDS_VERSION: u32 = 9;
 
 const VERSION_KEY: &[u8] = b"schema_version";
 
@@ -84,6 +85,13 @@ pub const MIGRATIONS: &[Migration] = &[
                 None => vec![tuning_op(ChainTuning::UNRECORDED)],
             })
         },
+    },
+    Migration {
+        version: 9,
+        // Holder records may name a KV-cache group and its kind; older ones read as group 0
+        // of full attention (see the file).
+        description: include_str!("../../migrations/0009_cache_groups.md"),
+        apply: |_| Ok(Vec::new()),
     },
 ];
 

@@ -287,6 +287,7 @@ mod tests {
             extras: Vec::new(),
             extras_carried: true,
             tier: Tier::Device,
+            group: Default::default(),
         }
     }
 

@@ -145,6 +145,7 @@ mod tests {
                 extras: Vec::new(),
                 extras_carried: false,
                 tier: Tier::Device,
+                group: Default::default(),
             };
         (
             event(&keys, None, &tokens),

@@ -24,12 +24,12 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 
 use crate::events::{
-    BlockContents, DecodedBatch, EngineStored, EventTokens, Holder, IgnoreReason, IndexOp, KvEvent,
-    StoreObject,
+    BlockContents, CacheGroup, DecodedBatch, EngineStored, EventTokens, Holder, IgnoreReason,
+    IndexOp, KvEvent, StoreObject,
 };
 use crate::hashing::Strategy;
 use crate::hashing::derived::{self, BlockRule};
-use crate::model::{ContextKey, MAX_BLOCK_SIZE, PublisherConfig, normalize_tenant};
+use crate::model::{ContextKey, GroupKind, MAX_BLOCK_SIZE, PublisherConfig, normalize_tenant};
 
 use super::plain_proof::PlainProof;
 
@@ -73,7 +73,13 @@ fn preview(text: &str) -> String {
 #[derive(Debug)]
 pub struct Router {
     base: ContextKey,
-    engine_holder: Holder,
+    instance_id: String,
+    dp_rank: u32,
+    /// The registration's `cache_group`: events of other groups are ignored.
+    only_group: Option<u32>,
+    /// Per context, the kind of each KV-cache group this router last sent (see
+    /// [`IndexOp::GroupKind`]); a group not listed is full attention as far as it knows.
+    group_kinds: HashMap<(ContextKey, u32), GroupKind>,
     registered_lora: String,
     block_size: u32,
     model_name: String,
@@ -113,10 +119,10 @@ impl Router {
         }
         Router {
             base,
-            engine_holder: Holder::Engine {
-                instance_id: config.instance_id.clone(),
-                dp_rank: config.dp_rank,
-            },
+            instance_id: config.instance_id.clone(),
+            dp_rank: config.dp_rank,
+            only_group: config.cache_group,
+            group_kinds: HashMap::new(),
             registered_lora: config.lora_name.clone(),
             block_size: config.block_size,
             model_name: config.model_name.clone(),
@@ -250,8 +256,15 @@ impl Router {
     /// Route every admitted event; skipped events are appended to `ignored`.
     pub fn route(&mut self, batch: DecodedBatch, ignored: &mut Vec<IgnoreReason>) -> Routed {
         let mut out: Routed = Vec::new();
-        for event in batch.events {
+        let mut placements = self.sparse_placements(&batch.events);
+        for (at, event) in batch.events.into_iter().enumerate() {
             match event {
+                KvEvent::Stored(stored) if self.other_group(stored.group.idx) => {
+                    ignored.push(IgnoreReason::OtherCacheGroup);
+                }
+                KvEvent::Removed(removed) if self.other_group(removed.group) => {
+                    ignored.push(IgnoreReason::OtherCacheGroup);
+                }
                 KvEvent::Stored(stored) => {
                     // SGLang may publish a short final page (its token count); everything else
                     // must match the registration's block size.
@@ -273,8 +286,24 @@ impl Router {
                     if !self.admit(&context) {
                         continue;
                     }
-                    let holder = self.engine_holder.clone();
-                    let contents = if self.proof.derivable(&stored) {
+                    let holder = self.engine_holder(stored.group.idx);
+                    self.note_group_kind(&mut out, &context, stored.group);
+                    if let Some(placement) = placements.remove(&at) {
+                        let op = IndexOp::StoreSparse {
+                            holder,
+                            tier: stored.tier,
+                            hashes: placement.hashes,
+                            contents: placement.contents,
+                            present: placement.present,
+                        };
+                        push(&mut out, context, op);
+                        continue;
+                    }
+                    let contents = if stored.tokens.is_some() && sparse(&stored) {
+                        // Some blocks of the range are the group's null blocks and no sibling
+                        // event of the batch says which: each hash is found through its alias.
+                        None
+                    } else if self.proof.derivable(&stored) {
                         block_contents(self.rule, &stored)
                     } else {
                         self.kept_as_published += stored.hashes.len() as u64;
@@ -307,7 +336,7 @@ impl Router {
                             hashes.clone()
                         };
                         let op = IndexOp::Remove {
-                            holder: self.engine_holder.clone(),
+                            holder: self.engine_holder(removed.group),
                             tier: removed.tier,
                             hashes: hashes.unwrap_or_default(),
                         };
@@ -320,8 +349,9 @@ impl Router {
                         push(
                             &mut out,
                             context.clone(),
+                            // Clears every KV-cache group of the rank (see `IndexOp::ClearHolder`).
                             IndexOp::ClearHolder {
-                                holder: self.engine_holder.clone(),
+                                holder: self.engine_holder(0),
                             },
                         );
                     }
@@ -348,6 +378,80 @@ impl Router {
                     }
                 }
             }
+        }
+        out
+    }
+
+    /// Whether the registration's `cache_group` leaves KV-cache group `group` out.
+    fn other_group(&self, group: u32) -> bool {
+        self.only_group.is_some_and(|g| g != group)
+    }
+
+    /// The holder of this source's engine rank for KV-cache group `group`.
+    fn engine_holder(&self, group: u32) -> Holder {
+        Holder::Engine {
+            instance_id: self.instance_id.clone(),
+            dp_rank: self.dp_rank,
+            group,
+        }
+    }
+
+    /// Tell `context` the kind of `group` before its blocks, when it is not the one this
+    /// router told it last (full attention when never told).
+    fn note_group_kind(&mut self, out: &mut Routed, context: &ContextKey, group: CacheGroup) {
+        let key = (context.clone(), group.idx);
+        let known = self.group_kinds.get(&key).copied().unwrap_or_default();
+        if known == group.kind && (self.group_kinds.contains_key(&key) || group.idx == 0) {
+            return;
+        }
+        self.group_kinds.insert(key, group.kind);
+        let op = IndexOp::GroupKind {
+            holder: self.engine_holder(group.idx),
+            kind: group.kind,
+        };
+        push(out, context.clone(), op);
+    }
+
+    /// For each sparse store of `events` (see [`sparse`]), where its blocks sit in its range:
+    /// found through a store of the same batch for the same range (same parent, block size and
+    /// tokens) that publishes every block, as the full-attention group of the same step does.
+    /// The sparse store's hashes must be that store's, in order.
+    fn sparse_placements(&mut self, events: &[KvEvent]) -> HashMap<usize, Placement> {
+        let mut out = HashMap::new();
+        let stores = || {
+            events.iter().enumerate().filter_map(|(i, e)| match e {
+                KvEvent::Stored(s) => Some((i, s)),
+                _ => None,
+            })
+        };
+        if !stores().any(|(_, s)| sparse(s)) {
+            return out;
+        }
+        for (at, stored) in stores().filter(|(_, s)| sparse(s)) {
+            let sibling = stores().map(|(_, s)| s).find(|d| {
+                !sparse(d)
+                    && d.parent == stored.parent
+                    && d.block_size == stored.block_size
+                    && d.tokens == stored.tokens
+                    && d.cache_salt == stored.cache_salt
+                    && d.lora_name == stored.lora_name
+            });
+            let Some(sibling) = sibling else { continue };
+            let Some(present) = subsequence_mask(&sibling.hashes, &stored.hashes) else {
+                continue;
+            };
+            if !self.proof.derivable(sibling) {
+                continue;
+            }
+            let Some(contents) = block_contents(self.rule, sibling) else {
+                continue;
+            };
+            let placement = Placement {
+                hashes: sibling.hashes.clone(),
+                contents,
+                present,
+            };
+            out.insert(at, placement);
         }
         out
     }
@@ -423,6 +527,38 @@ impl Router {
         let lora = object.lora_name.as_deref().unwrap_or("");
         Some(ContextKey::new(&object.tenant_id, model, lora, block_size))
     }
+}
+
+/// Where a sparse store's blocks sit in the range it stores: every block's hash and contents,
+/// and which of them the store holds.
+struct Placement {
+    hashes: Vec<crate::model::BlockHash>,
+    contents: BlockContents,
+    present: Vec<bool>,
+}
+
+/// A store whose tokens cover more blocks than it publishes hashes: a sliding-window or Mamba
+/// group skipping its null blocks (`docs/engine-events.md`, "Cache groups").
+fn sparse(stored: &EngineStored) -> bool {
+    let blocks = match &stored.tokens {
+        Some(EventTokens::Flat(t)) => t.len(),
+        Some(EventTokens::Bigram(p)) => p.len(),
+        None => return false,
+    } / (stored.block_size.max(1) as usize);
+    stored.hashes.len() < blocks
+}
+
+/// Per element of `all`, whether it is in `some`, when `some` is a subsequence of `all`.
+fn subsequence_mask(
+    all: &[crate::model::BlockHash],
+    some: &[crate::model::BlockHash],
+) -> Option<Vec<bool>> {
+    let mut rest = some.iter().peekable();
+    let mask: Vec<bool> = all
+        .iter()
+        .map(|h| rest.next_if(|s| *s == h).is_some())
+        .collect();
+    rest.peek().is_none().then_some(mask)
 }
 
 /// The contents of an engine event's blocks, for the keys the index derives (see

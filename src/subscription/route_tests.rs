@@ -19,6 +19,7 @@ fn config(lora: &str, kind: PublisherType) -> PublisherConfig {
         block_size: 16,
         dp_rank: 2,
         cache_group: None,
+        hybrid_parts: Vec::new(),
         hash_profile: profile,
     }
 }
@@ -34,6 +35,7 @@ fn stored(lora: Option<&str>, block_size: u32) -> KvEvent {
         extras: Vec::new(),
         extras_carried: true,
         tier: Tier::Device,
+        group: Default::default(),
     })
 }
 
@@ -70,6 +72,7 @@ fn a_base_registration_indexes_every_adapter_in_its_own_context() {
     let removed = KvEvent::Removed(EngineRemoved {
         hashes: vec![BlockHash(1)],
         tier: Tier::Device,
+        group: 0,
     });
     let (routed, _) = route(&mut r, vec![removed, KvEvent::AllCleared]);
     assert_eq!(routed, [":2", "ad:2"]);
@@ -345,6 +348,7 @@ fn engine_event(tokens: EventTokens, n_hashes: u64, block_size: u32) -> EngineSt
         extras: Vec::new(),
         extras_carried: true,
         tier: Tier::Device,
+        group: Default::default(),
     }
 }
 

@@ -14,9 +14,11 @@ use super::medium;
 use super::msgpack::{Kind, Reader};
 pub(crate) use super::schema::Engine;
 use super::schema::{ALL_KEYS, Key, Tag};
-use crate::events::{EngineRemoved, EngineStored, EventTokens, IgnoreReason, KvEvent};
+use crate::events::{
+    CacheGroup, EngineRemoved, EngineStored, EventTokens, IgnoreReason, KvEvent, MAX_CACHE_GROUPS,
+};
 use crate::hashing::IndexProjection;
-use crate::model::BlockHash;
+use crate::model::{BlockHash, GroupKind};
 
 /// A block hash as sent: the engine's 64-bit value, or the raw digest (vLLM with
 /// `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`) that the registered projection reduces.
@@ -397,14 +399,13 @@ fn non_empty(s: Option<&str>) -> Option<String> {
     s.filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
-/// Whether blocks of this spec are keyed by the plain prefix chain we index. MLA is full
-/// attention with a compressed KV layout; every other kind (sliding window, mamba, ...) keeps
-/// sparse or non-prefix state and would yield false hits.
-fn full_attention(kind: Option<&str>, sliding_window: Option<i64>) -> bool {
-    let full = kind.is_none_or(|k| {
-        k.eq_ignore_ascii_case("full_attention") || k.eq_ignore_ascii_case("mla_attention")
-    });
-    full && sliding_window.is_none()
+/// The KV-cache group an event names (`group_idx`, 0 when absent), `None` beyond
+/// [`MAX_CACHE_GROUPS`] or negative.
+fn cache_group(group_idx: Option<i64>) -> Option<u32> {
+    match group_idx {
+        None => Some(0),
+        Some(g) => u32::try_from(g).ok().filter(|&g| g < MAX_CACHE_GROUPS),
+    }
 }
 
 /// Apply the domain rules: validation first (an invalid event is an error even when it would be
@@ -419,15 +420,16 @@ fn admit(
         Tag::Cleared => Ok(Outcome::Event(KvEvent::AllCleared)),
         Tag::Removed => {
             let hashes = project_all(&raw.block_hashes, projection)?;
-            if raw.group_idx.is_some_and(|g| g != 0) {
+            let Some(group) = cache_group(raw.group_idx) else {
                 return Ok(Outcome::Ignored(IgnoreReason::OtherCacheGroup));
-            }
+            };
             let Some(tier) = medium::engine_tier(raw.medium) else {
                 return Ok(Outcome::Ignored(IgnoreReason::UnknownMedium));
             };
             Ok(Outcome::Event(KvEvent::Removed(EngineRemoved {
                 hashes,
                 tier,
+                group,
             })))
         }
         Tag::Stored => {
@@ -449,12 +451,13 @@ fn admit(
                 .parent_block_hash
                 .map(|h| project(h, projection, "parent_block_hash"))
                 .transpose()?;
-            if raw.group_idx.is_some_and(|g| g != 0) {
+            let Some(idx) = cache_group(raw.group_idx) else {
                 return Ok(Outcome::Ignored(IgnoreReason::OtherCacheGroup));
-            }
-            if !full_attention(raw.spec_kind, raw.sliding_window) {
-                return Ok(Outcome::Ignored(IgnoreReason::NonFullAttention));
-            }
+            };
+            let group = CacheGroup {
+                idx,
+                kind: GroupKind::from_vllm(raw.spec_kind, raw.sliding_window),
+            };
             let Some(tier) = medium::engine_tier(raw.medium) else {
                 return Ok(Outcome::Ignored(IgnoreReason::UnknownMedium));
             };
@@ -481,6 +484,7 @@ fn admit(
                 extras,
                 extras_carried,
                 tier,
+                group,
             })))
         }
     }

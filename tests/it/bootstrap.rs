@@ -267,6 +267,7 @@ fn registration_record() -> pb::SnapshotRecord {
         block_size: 4,
         dp_rank: 0,
         cache_group: None,
+        hybrid_parts: Vec::new(),
         hash_profile: mooncake_conductor::hashing::HashProfile::resolve(
             Some("vllm_v1"),
             Some("sha256_cbor"),

@@ -69,8 +69,7 @@ impl Ours {
                     SubscriptionKey::new(&id, "", rank),
                     Holder::Engine {
                         instance_id: id,
-                        dp_rank: rank,
-                    },
+                        dp_rank: rank, group: 0 },
                 )
             })
             .collect();
@@ -78,8 +77,7 @@ impl Ours {
         for (source, holder) in &holders {
             if let Holder::Engine {
                 instance_id,
-                dp_rank,
-            } = holder
+                dp_rank, .. } = holder
             {
                 index.attach_rank(source, instance_id, *dp_rank);
             }

@@ -104,8 +104,7 @@ impl Ours {
                 index.attach_rank(&source, id, 0);
                 let holder = Holder::Engine {
                     instance_id: id.clone(),
-                    dp_rank: 0,
-                };
+                    dp_rank: 0, group: 0 };
                 (source, holder)
             })
             .collect();

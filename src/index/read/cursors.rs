@@ -134,6 +134,11 @@ impl Cursors {
         &self.counts
     }
 
+    /// The counts, for the cursors the walk does not count itself (`read::hybrid`).
+    pub fn counts_mut(&mut self) -> &mut [[u64; 4]] {
+        &mut self.counts
+    }
+
     /// The walk moved from a block with entries `old` to one with entries `new` (both sorted by
     /// holder; `old` empty at block 0, which is `first`), `covered` tokens before the new
     /// block: every cursor that no longer accepts it in its phase moves on.

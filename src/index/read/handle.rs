@@ -181,6 +181,13 @@ impl IndexReader {
     }
 
     /// Distinct blocks held in any tier.
+    /// How sure this context's answers are for each (instance, rank) `instance_filter`
+    /// selects, in answer order (see [`crate::index::RankStatus`]).
+    pub fn rank_statuses(&self, instance_filter: Option<&str>) -> Vec<crate::index::RankStatus> {
+        let filter = instance_filter.filter(|f| !f.is_empty());
+        self.shared.meta.plan().rank_statuses(filter)
+    }
+
     pub fn prefix_count(&self) -> u64 {
         self.shared.blocks.load(Ordering::Relaxed)
     }

@@ -6,6 +6,7 @@
 
 pub(in crate::index) mod cursors;
 pub mod handle;
+pub mod hybrid;
 pub(in crate::index) mod lookahead;
 pub(in crate::index) mod prompt_keys;
 pub mod query;

@@ -190,6 +190,9 @@ fn walk_with<K: PrefixKeys + ?Sized, R>(
         cur.finish(keys.covered(c));
     }
     drop(reading);
+    if !plan.hybrid.is_empty() {
+        super::hybrid::answer(shared, keys, plan, plan.selected(filter), cur.counts_mut());
+    }
     answer(plan, cur.counts())
 }
 

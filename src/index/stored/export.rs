@@ -24,6 +24,7 @@ impl ContextIndex {
                     source: state.key.source.clone(),
                     holder: state.key.holder.clone(),
                     raw_pairs: Some(state.raw_live),
+                    kind: state.kind,
                 });
             }
         }

@@ -42,6 +42,9 @@ pub struct HolderRecord {
     /// Of its pairs, those keyed by a published hash (see "Keys" in `src/index/README.md`);
     /// `None` in schema 1 records, whose pairs all are.
     pub raw_pairs: Option<u64>,
+    /// The kind of an engine holder's KV-cache group (full attention in records from before
+    /// schema 9, which had group 0 only).
+    pub kind: crate::model::GroupKind,
 }
 
 /// Everything a checkpoint writes for one context.

@@ -160,6 +160,7 @@ fn holder_ids_far_past_what_was_read_are_refused_without_filling_the_gap() {
             backend_id: who.into(),
         },
         raw_pairs: Some(0),
+        kind: crate::model::GroupKind::Full,
     };
     let new = || Restorer::new(new_index().key().clone(), test_profile());
     // Gaps as reclaims leave them are accepted, up to the floor plus a share per record.

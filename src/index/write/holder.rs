@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Weak;
 
 use crate::events::Holder;
-use crate::model::SubscriptionKey;
+use crate::model::{GroupKind, SubscriptionKey};
 
 use super::refs::RefList;
 use crate::index::plan::Plan;
@@ -54,8 +54,12 @@ pub(in crate::index) struct HolderState {
     /// No holder has this id (reclaimed, or left free by a reclaim before the checkpoint that
     /// was recovered); its id is in [`FreeIds`].
     pub(in crate::index) vacant: bool,
-    /// The `raw_pairs` of this holder's record on disk; `None` while no record of it is written.
+    /// The `raw_pairs` of this holder's record on disk; `None` while no record of it is written
+    /// (or while its group kind changed since it was).
     pub(in crate::index) written: Option<u64>,
+    /// The kind of an engine holder's KV-cache group (full attention unless its stores said
+    /// otherwise; see `IndexOp::GroupKind`).
+    pub(in crate::index) kind: GroupKind,
 }
 
 impl HolderState {
@@ -70,6 +74,7 @@ impl HolderState {
             repeats: HashMap::new(),
             vacant: false,
             written: None,
+            kind: GroupKind::Full,
         }
     }
 

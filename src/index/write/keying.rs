@@ -144,9 +144,38 @@ pub(in crate::index) fn store_keys(op: &IndexOp, out: KeyOut<'_>) -> Keyed {
                 aliased(keys, pending, changed, hashes);
             }
         }
+        IndexOp::StoreSparse {
+            hashes,
+            contents,
+            present,
+            ..
+        } => {
+            // The whole range is keyed (and its hashes become aliases), as the store of the
+            // group that holds every block of it does; only the blocks present are stored.
+            derived.clear();
+            if present.len() == hashes.len()
+                && chain(tuning, aliases, pending, changed, hashes, contents, derived)
+            {
+                pending
+                    .pairs
+                    .extend(hashes.iter().map(|h| h.0).zip(derived.iter().copied()));
+                let kept = derived.iter().zip(present).filter(|(_, p)| **p);
+                keys.extend(kept.map(|(&k, _)| (k, false)));
+                keyed.translated = keys.len() as u64;
+            } else {
+                let held: Vec<BlockHash> = hashes
+                    .iter()
+                    .zip(present)
+                    .filter(|(_, p)| **p)
+                    .map(|(h, _)| *h)
+                    .collect();
+                keyed.unlinked = held.len() as u64;
+                aliased(keys, pending, changed, &held);
+            }
+        }
         IndexOp::StoreAliased { hashes, .. } => aliased(keys, pending, changed, hashes),
         IndexOp::Store { hashes, .. } => raw(keys, hashes),
-        IndexOp::Remove { .. } | IndexOp::ClearHolder { .. } => {}
+        IndexOp::Remove { .. } | IndexOp::ClearHolder { .. } | IndexOp::GroupKind { .. } => {}
     }
     keyed
 }

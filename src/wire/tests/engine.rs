@@ -2,7 +2,7 @@
 
 use super::{V, arr, batch, decode_sglang, decode_vllm, i, ints, invalid_fields, map, s, with};
 use crate::events::{EventTokens, IgnoreReason, KvEvent};
-use crate::model::{BlockHash, Tier};
+use crate::model::{BlockHash, GroupKind, Tier};
 use crate::wire::EnvelopeError;
 
 /// A complete vLLM 0.33 BlockStored, as its publisher writes it.
@@ -293,7 +293,8 @@ fn stored_only_keys_on_removed_and_any_key_on_cleared_are_rejected() {
         vec![
             KvEvent::Removed(crate::events::EngineRemoved {
                 hashes: vec![BlockHash(2)],
-                tier: Tier::Device
+                tier: Tier::Device,
+                group: 0,
             }),
             KvEvent::AllCleared
         ]
@@ -317,18 +318,36 @@ fn unknown_tags_and_unknown_keys() {
 }
 
 #[test]
-fn group_spec_and_medium_filters_are_counted() {
+fn every_cache_group_is_admitted_with_its_kind_and_only_media_are_filtered() {
     let b = decode_vllm(&batch(vec![
         with(&stored(), "group_idx", Some(i(2))),
         with(&stored(), "kv_cache_spec_kind", Some(s("sliding_window"))),
         with(&stored(), "kv_cache_spec_sliding_window", Some(i(128))),
+        with(
+            &with(
+                &stored(),
+                "kv_cache_spec_kind",
+                Some(s("sliding_window_mla")),
+            ),
+            "kv_cache_spec_sliding_window",
+            Some(i(128)),
+        ),
         with(&stored(), "kv_cache_spec_kind", Some(s("MLA_ATTENTION"))),
+        with(
+            &stored(),
+            "kv_cache_spec_kind",
+            Some(s("sink_full_attention")),
+        ),
+        with(&stored(), "kv_cache_spec_kind", Some(s("mamba"))),
+        with(&stored(), "kv_cache_spec_kind", Some(s("some_new_kind"))),
+        with(&stored(), "group_idx", Some(i(64))),
         with(&stored(), "medium", Some(s("tape"))),
         with(&removed(), "group_idx", Some(i(1))),
+        with(&removed(), "group_idx", Some(i(-1))),
         with(&removed(), "medium", Some(s("tape"))),
         // Invalid wins over ignored.
         with(
-            &with(&stored(), "group_idx", Some(i(2))),
+            &with(&stored(), "group_idx", Some(i(64))),
             "block_size",
             Some(s("x")),
         ),
@@ -338,15 +357,37 @@ fn group_spec_and_medium_filters_are_counted() {
         b.ignored,
         vec![
             IgnoreReason::OtherCacheGroup,
-            IgnoreReason::NonFullAttention,
-            IgnoreReason::NonFullAttention,
             IgnoreReason::UnknownMedium,
             IgnoreReason::OtherCacheGroup,
             IgnoreReason::UnknownMedium,
         ]
     );
-    assert_eq!(b.events.len(), 1, "only the MLA event is admitted");
-    assert_eq!(invalid_fields(&b), vec![(7, "block_size".to_owned())]);
+    let groups: Vec<(u32, GroupKind)> = b
+        .events
+        .iter()
+        .map(|e| match e {
+            KvEvent::Stored(s) => (s.group.idx, s.group.kind),
+            KvEvent::Removed(r) => (r.group, GroupKind::Full),
+            other => panic!("unexpected event {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        groups,
+        vec![
+            (2, GroupKind::Full),
+            (0, GroupKind::Unknown),
+            // The base event says full attention: a window beside it contradicts it.
+            (0, GroupKind::Unknown),
+            (0, GroupKind::SlidingWindow { window: 128 }),
+            (0, GroupKind::Full),
+            (0, GroupKind::Full),
+            (0, GroupKind::Mamba),
+            (0, GroupKind::Unknown),
+            (1, GroupKind::Full),
+        ],
+        "a window without its size and a kind this service does not know are unknown kinds"
+    );
+    assert_eq!(invalid_fields(&b), vec![(13, "block_size".to_owned())]);
 }
 
 #[test]

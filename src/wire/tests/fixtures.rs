@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::{decode_sglang, decode_vllm, invalid_fields};
 use crate::events::{DecodedBatch, EventTokens, KvEvent, StoreObject};
 use crate::hashing::IndexProjection;
-use crate::model::{BlockHash, PublisherType, Tier};
+use crate::model::{BlockHash, GroupKind, PublisherType, Tier};
 use crate::wire::decode;
 
 fn dir() -> PathBuf {
@@ -69,25 +69,31 @@ fn store_json(kind: &str, o: &StoreObject) -> Value {
 
 fn event_json(ev: &KvEvent) -> Value {
     match ev {
-        KvEvent::Stored(st) => json!({
-            "kind": "stored",
-            "hashes": hashes(&st.hashes),
-            "parent": st.parent.map(|p| p.to_string()),
-            "tokens": match &st.tokens {
-                None => Value::Null,
-                Some(EventTokens::Flat(ids)) => json!({ "flat": ids }),
-                Some(EventTokens::Bigram(pairs)) => {
-                    json!({ "bigram": pairs.iter().map(|(a, b)| json!([a, b])).collect::<Vec<_>>() })
-                }
-            },
-            "block_size": st.block_size,
-            "lora_name": st.lora_name,
-            "cache_salt": st.cache_salt,
-            "tier": st.tier.as_str(),
-        }),
-        KvEvent::Removed(rm) => {
-            json!({ "kind": "removed", "hashes": hashes(&rm.hashes), "tier": rm.tier.as_str() })
-        }
+        KvEvent::Stored(st) => with_group(
+            st.group.idx,
+            Some(st.group.kind),
+            json!({
+                "kind": "stored",
+                "hashes": hashes(&st.hashes),
+                "parent": st.parent.map(|p| p.to_string()),
+                "tokens": match &st.tokens {
+                    None => Value::Null,
+                    Some(EventTokens::Flat(ids)) => json!({ "flat": ids }),
+                    Some(EventTokens::Bigram(pairs)) => {
+                        json!({ "bigram": pairs.iter().map(|(a, b)| json!([a, b])).collect::<Vec<_>>() })
+                    }
+                },
+                "block_size": st.block_size,
+                "lora_name": st.lora_name,
+                "cache_salt": st.cache_salt,
+                "tier": st.tier.as_str(),
+            }),
+        ),
+        KvEvent::Removed(rm) => with_group(
+            rm.group,
+            None,
+            json!({ "kind": "removed", "hashes": hashes(&rm.hashes), "tier": rm.tier.as_str() }),
+        ),
         KvEvent::AllCleared => json!({ "kind": "all_cleared" }),
         KvEvent::StoreStored(o) => store_json("store_stored", o),
         KvEvent::StoreRemoved(o) => store_json("store_removed", o),
@@ -98,6 +104,22 @@ fn event_json(ev: &KvEvent) -> Value {
             json!({ "kind": "store_cleared", "backend_id": backend_id, "tenant_id": tenant_id })
         }
     }
+}
+
+/// An engine event's KV-cache group, written only when it is not group 0 of full attention
+/// (so the single-group fixtures read as before): a removal's index, a store's index and kind.
+fn with_group(idx: u32, kind: Option<GroupKind>, mut event: Value) -> Value {
+    if idx == 0 && kind.unwrap_or_default() == GroupKind::Full {
+        return event;
+    }
+    event["group"] = match kind {
+        None => json!(idx),
+        Some(kind) => match kind.window() {
+            None => json!({ "idx": idx, "kind": kind.family() }),
+            Some(w) => json!({ "idx": idx, "kind": kind.family(), "sliding_window": w }),
+        },
+    };
+    event
 }
 
 fn batch_json(b: &DecodedBatch) -> Value {

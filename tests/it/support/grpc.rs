@@ -26,6 +26,7 @@ pub fn register_request(v: &serde_json::Value) -> pb::RegisterRequest {
         block_size: i("block_size"),
         dp_rank: i("dp_rank"),
         cache_group: i("cache_group"),
+        hybrid_parts: s("hybrid_parts"),
         has_hash_profile: v.get("hash_profile").is_some(),
         hash_profile: profile
             .into_iter()

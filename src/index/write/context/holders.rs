@@ -4,7 +4,7 @@
 use crate::events::Holder;
 use crate::index::table::MAX_HOLDERS;
 use crate::index::write::holder::{HolderKey, HolderState};
-use crate::model::SubscriptionKey;
+use crate::model::{GroupKind, SubscriptionKey};
 
 use super::ContextIndex;
 
@@ -48,10 +48,12 @@ impl ContextIndex {
             if let Holder::Engine {
                 instance_id,
                 dp_rank,
+                group,
             } = holder
             {
                 let ranks = meta.ranks.entry(instance_id.clone()).or_default();
                 ranks.entry(*dp_rank).or_default().holders.push(id);
+                super::groups::set_layout(&mut meta.groups, id, *group, GroupKind::Full);
             }
         }
         let state = HolderState::new(key.clone());
@@ -96,6 +98,7 @@ impl ContextIndex {
             Holder::Engine {
                 instance_id,
                 dp_rank,
+                ..
             } => !self
                 .attached
                 .get(&state.key.source)
@@ -147,9 +150,11 @@ impl ContextIndex {
                     *slot = false;
                 }
                 meta.holders = meta.holders.saturating_sub(1);
+                meta.groups.remove(&id);
                 if let Holder::Engine {
                     instance_id,
                     dp_rank,
+                    ..
                 } = &state.key.holder
                     && let Some(ranks) = meta.ranks.get_mut(instance_id)
                 {

@@ -1,6 +1,7 @@
 //! [`ContextIndex`]: the single writer of one context's prefix index, a plain struct.
 
 mod evict;
+pub mod groups;
 mod holders;
 pub mod persist;
 mod rekey;
@@ -197,13 +198,18 @@ impl ContextIndex {
                     holder,
                     tier,
                     hashes,
+                }
+                | IndexOp::StoreSparse {
+                    holder,
+                    tier,
+                    hashes,
+                    ..
                 } => {
                     let Some(id) =
                         self.store_holder(&batch.source, holder, *tier, &mut report, &mut seen)
                     else {
                         continue;
                     };
-                    report.stored += hashes.len() as u64;
                     let keyed = keying::store_keys(
                         op,
                         KeyOut {
@@ -215,10 +221,13 @@ impl ContextIndex {
                             tuning: self.shared.tuning,
                         },
                     );
+                    // One key per block stored (a sparse store's present blocks only).
+                    report.stored += keys.len() as u64;
                     report.translated += keyed.translated;
                     report.unlinked += keyed.unlinked;
                     let parent = match op {
-                        IndexOp::StoreChained { contents, .. } => contents.parent.map(|p| p.0),
+                        IndexOp::StoreChained { contents, .. }
+                        | IndexOp::StoreSparse { contents, .. } => contents.parent.map(|p| p.0),
                         _ => None,
                     };
                     let mark = (hashes.last().map(|h| h.0), parent);
@@ -242,8 +251,25 @@ impl ContextIndex {
                 }
                 IndexOp::ClearHolder { holder } => {
                     report.repeated += self.store_run(run);
-                    if let Some(id) = self.known_holder(&batch.source, holder, &mut seen) {
+                    for id in self.cleared_holders(&batch.source, holder) {
                         report.cleared += self.clear_holder(id);
+                    }
+                }
+                IndexOp::GroupKind { holder, kind } => {
+                    // Only an engine's groups have kinds; the holder is made (and its rank
+                    // listed) as by a store, so the kind is known before its first block.
+                    if !matches!(holder, Holder::Engine { .. }) {
+                        report.invalid_ops += 1;
+                        continue;
+                    }
+                    if let Some(id) = self.store_holder(
+                        &batch.source,
+                        holder,
+                        Tier::Device,
+                        &mut report,
+                        &mut seen,
+                    ) {
+                        self.set_group_kind(id, *kind);
                     }
                 }
             }
@@ -292,6 +318,7 @@ impl ContextIndex {
         if let Holder::Engine {
             instance_id,
             dp_rank,
+            ..
         } = holder
         {
             self.attach_rank(source, instance_id, *dp_rank);

@@ -166,6 +166,7 @@ impl ContextIndex {
                     source: h.key.source.clone(),
                     holder: h.key.holder.clone(),
                     raw_pairs: now,
+                    kind: h.kind,
                 })
             })
             .collect();

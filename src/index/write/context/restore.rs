@@ -188,6 +188,9 @@ impl Restorer {
         self.raw_pairs.resize(id, None);
         self.raw_pairs.push(record.raw_pairs);
         let interned = self.index.intern(&record.source, &record.holder) == Some(record.id);
+        if interned {
+            self.index.set_group_kind(record.id, record.kind);
+        }
         // Only holders at or past the known ones can have appeared: ids are restored in
         // order, and nothing is reclaimed before the build.
         let known = &mut self.pending.known;
