@@ -389,6 +389,16 @@ pub fn render(s: &Scrape<'_>) -> String {
     );
     header(
         w,
+        "conductor_index_cache_groups",
+        "gauge",
+        "KV-cache groups of hybrid models' ranks, by kind (docs/engine-events.md, Cache groups)",
+    );
+    for (i, kind) in crate::model::GroupKind::KINDS.iter().enumerate() {
+        let n: u64 = s.contexts.iter().map(|c| c.groups_by_kind[i]).sum();
+        let _ = writeln!(w, "conductor_index_cache_groups{{kind=\"{kind}\"}} {n}");
+    }
+    header(
+        w,
         "conductor_index_unlinked_blocks_total",
         "counter",
         "Stored blocks whose parent the context never saw (keyed by their hash's alias, else the hash)",

@@ -123,6 +123,26 @@ impl GroupKind {
         }
     }
 
+    /// The family names, in [`GroupKind::kind_index`] order (metrics label them).
+    pub const KINDS: [&'static str; 5] = [
+        "full_attention",
+        "sliding_window",
+        "mamba",
+        "chunked_local_attention",
+        "unknown",
+    ];
+
+    /// This kind's position in [`GroupKind::KINDS`].
+    pub const fn kind_index(self) -> usize {
+        match self {
+            GroupKind::Full => 0,
+            GroupKind::SlidingWindow { .. } => 1,
+            GroupKind::Mamba => 2,
+            GroupKind::ChunkedLocal => 3,
+            GroupKind::Unknown => 4,
+        }
+    }
+
     /// The window in tokens of a sliding-window group.
     pub const fn window(self) -> Option<u32> {
         match self {

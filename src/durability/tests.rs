@@ -50,16 +50,25 @@ fn random_batch(rng: &mut Rng, s: u32) -> IndexBatch {
         } else {
             let tier = [Tier::Device, Tier::CpuLocal, Tier::Disk][rng.below(3)];
             (
+                // A hybrid model's KV-cache groups are holders of their own.
                 Holder::Engine {
                     instance_id: format!("e{s}"),
                     dp_rank: 0,
-                    group: 0,
+                    group: [0, 0, 1, 2][rng.below(4)] as u32,
                 },
                 tier,
             )
         };
-        ops.push(match rng.below(10) {
+        ops.push(match rng.below(12) {
             0 => IndexOp::ClearHolder { holder },
+            10 | 11 if matches!(holder, Holder::Engine { .. }) => IndexOp::GroupKind {
+                holder,
+                kind: [
+                    crate::model::GroupKind::Full,
+                    crate::model::GroupKind::Mamba,
+                    crate::model::GroupKind::SlidingWindow { window: 20 },
+                ][rng.below(3)],
+            },
             1..=3 => IndexOp::Remove {
                 holder,
                 tier,
@@ -123,10 +132,24 @@ fn recovered_context(store: &MemoryStore) -> Option<ContextIndex> {
     recover(store).unwrap().contexts.into_iter().next()
 }
 
-fn state(index: &ContextIndex) -> (ContextSnapshot, Vec<Option<Watermark>>) {
+/// Everything recovery must reproduce: the content, the positions, and what queries see (the
+/// ranks' KV-cache groups and an answer over every block, hybrid ranks' included).
+type State = (
+    ContextSnapshot,
+    Vec<Option<Watermark>>,
+    Vec<crate::index::RankStatus>,
+    String,
+);
+
+fn state(index: &ContextIndex) -> State {
+    let reader = index.reader();
+    let prompt: Vec<u64> = (0..64).collect();
     (
         ContextSnapshot::of(index),
         (0..3).map(|s| index.watermark(&source(s))).collect(),
+        reader.rank_statuses(None),
+        // The plan's id in the answer's shape differs between processes; the hits do not.
+        format!("{:?}", reader.query_hashes(&prompt, None).hits),
     )
 }
 

@@ -43,8 +43,8 @@ pub fn registration_from_http(mut f: Fields) -> Result<RegistrationInput, OpErro
     let tenant_id = f.opt_str("tenant_id")?;
     let cache_group = match f.get("cache_group") {
         None | Some(Val::Null) => None,
-        // Its range is checked with the other fields (`RegistrationInput::validate`).
-        Some(Val::Int(g)) => Some(*g),
+        // Checked here as well as by `validate`: HTTP reports it before `dp_rank`.
+        Some(Val::Int(g)) => Some(crate::gateway::registration::cache_group(*g)?.into()),
         Some(_) => {
             let message = "cache_group must be an integer or null";
             return Err(OpError::invalid("cache_group", "invalid_type", message));

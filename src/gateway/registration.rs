@@ -116,23 +116,7 @@ impl RegistrationInput {
                 ));
             }
         };
-        // A hybrid model's groups are all indexed; `cache_group` keeps one of them (its answer
-        // is then that group's alone, a bound for a hybrid: see `docs/engine-events.md`).
-        let groups = 0..i128::from(crate::events::MAX_CACHE_GROUPS);
-        let cache_group = match self.cache_group {
-            None => None,
-            Some(g) if groups.contains(&g) => Some(g as u32),
-            Some(_) => {
-                return Err(OpError::invalid(
-                    "cache_group",
-                    "out_of_range",
-                    format!(
-                        "cache_group must be in 0..{} (or null: every group)",
-                        crate::events::MAX_CACHE_GROUPS
-                    ),
-                ));
-            }
-        };
+        let cache_group = self.cache_group.map(cache_group).transpose()?;
         let hybrid_parts = hybrid_parts(publisher_type, self.hybrid_parts.unwrap_or_default())?;
         let pairs = self.hash_profile.ok_or_else(|| {
             OpError::invalid("hash_profile", "missing", "hash_profile is required")
@@ -155,6 +139,20 @@ impl RegistrationInput {
             hash_profile,
         })
     }
+}
+
+/// A registration's `cache_group`: one of a hybrid model's KV-cache groups (its answer is then
+/// that group's alone, a bound for a hybrid: see `docs/engine-events.md`, "Cache groups").
+pub fn cache_group(g: i128) -> Result<u32, OpError> {
+    let max = crate::events::MAX_CACHE_GROUPS;
+    if (0..i128::from(max)).contains(&g) {
+        return Ok(g as u32);
+    }
+    Err(OpError::invalid(
+        "cache_group",
+        "out_of_range",
+        format!("cache_group must be in 0..{max} (or null: every group)"),
+    ))
 }
 
 /// The parts an SGLang hybrid model has besides full attention: known names, each once. Only

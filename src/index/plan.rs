@@ -292,6 +292,15 @@ impl Plan {
         out
     }
 
+    /// The groups of this plan's hybrid ranks, counted by kind (`GroupKind::KINDS` order).
+    pub(crate) fn groups_by_kind(&self) -> [u64; 5] {
+        let mut out = [0; 5];
+        for (group, _) in self.hybrid.iter().flat_map(|h| &h.groups) {
+            out[group.kind.kind_index()] += 1;
+        }
+        out
+    }
+
     /// The answer for `counts` as owned maps.
     pub(crate) fn answer(&self, filter: Option<&str>, counts: &[[u64; 4]]) -> QueryHits {
         let mut out = self.view(filter, counts).to_hits();

@@ -63,9 +63,16 @@ async fn register_errors_name_reason_and_field() {
             Some("dp_rank"),
         ),
         (
-            with("cache_group", json!(1)),
-            "unsupported",
+            // Groups 0..64 are a hybrid model's KV-cache groups; any other is no group.
+            with("cache_group", json!(64)),
+            "out_of_range",
             Some("cache_group"),
+        ),
+        (
+            // vLLM's events name their groups' kinds: a declared hybrid is SGLang's only.
+            with("hybrid_parts", json!("mamba")),
+            "invalid_value",
+            Some("hybrid_parts"),
         ),
         (
             with("cache_group", json!("0")),

@@ -28,6 +28,7 @@ mod hostile;
 mod http_api;
 mod http_errors;
 mod http_golden;
+mod hybrid;
 mod ingest;
 mod liveness;
 mod play_hostile;

@@ -42,6 +42,9 @@ pub struct IndexStats {
     pub unlinked: u64,
     /// Blocks the memory budget evicted.
     pub evicted: u64,
+    /// KV-cache groups of hybrid ranks, by kind (`GroupKind::KINDS` order): engine holders
+    /// other than group 0 of full attention, and the group 0 of a rank that has such a one.
+    pub groups_by_kind: [u64; 5],
 }
 
 /// Evaluate `$walk` with `$keys` bound to the keys of `$tokens`: the index's derived keys, and
@@ -221,6 +224,7 @@ impl IndexReader {
             raw_pairs: self.shared.raw_pairs.load(Ordering::Relaxed),
             unlinked: self.shared.unlinked.load(Ordering::Relaxed),
             evicted: self.shared.evicted.load(Ordering::Relaxed),
+            groups_by_kind: self.shared.meta.plan().groups_by_kind(),
         }
     }
 

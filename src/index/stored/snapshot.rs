@@ -48,6 +48,17 @@ impl ContextSnapshot {
         let mut batches: HashMap<SubscriptionKey, Vec<IndexOp>> = HashMap::new();
         for (state, mut tiers) in ix.holders.iter().zip(per_holder) {
             tiers.iter_mut().for_each(|hashes| hashes.sort_unstable());
+            // A KV-cache group's kind comes before its blocks, as a publisher's stores say it.
+            if state.kind != crate::model::GroupKind::Full && !state.vacant {
+                let op = IndexOp::GroupKind {
+                    holder: state.key.holder.clone(),
+                    kind: state.kind,
+                };
+                batches
+                    .entry(state.key.source.clone())
+                    .or_default()
+                    .push(op);
+            }
             // Repeated announcements replay as the same store made again, after the first.
             let mut repeats: Vec<(u8, u64, u32)> = state
                 .repeats

@@ -168,6 +168,44 @@ pub fn vllm_store_prompt(
     )
 }
 
+/// `event` (a map) with `key` set to `value`, replacing it when present.
+pub fn with_field(event: Value, key: &str, value: Value) -> Value {
+    let Value::Map(mut fields) = event else {
+        return event;
+    };
+    match fields.iter_mut().find(|(k, _)| k.as_str() == Some(key)) {
+        Some((_, v)) => *v = value,
+        None => fields.push((s(key), value)),
+    }
+    Value::Map(fields)
+}
+
+/// Store the blocks of `tokens` as a window-first hybrid model does (Gemma: group 0 a sliding
+/// window of `window` tokens, group 1 full attention), in one step: the window group keeps only
+/// its last `window_blocks` blocks (the others are its null blocks, left out of its
+/// `block_hashes` while its `token_ids` cover the whole range), the full group every block.
+pub fn vllm_store_prompt_window_first(
+    profile: &serde_json::Value,
+    tokens: &[i32],
+    block_size: u32,
+    window: u32,
+    window_blocks: usize,
+) -> Vec<u8> {
+    let keys = block_keys(profile, tokens, block_size, "");
+    let used = keys.len() * block_size as usize;
+    let kept = &keys[keys.len().saturating_sub(window_blocks)..];
+    let mut window_group = vllm_stored(kept, None, &tokens[..used], block_size, "GPU", None);
+    window_group = with_field(window_group, "kv_cache_spec_kind", s("sliding_window"));
+    window_group = with_field(
+        window_group,
+        "kv_cache_spec_sliding_window",
+        Value::from(window),
+    );
+    let full = vllm_stored(&keys, None, &tokens[..used], block_size, "GPU", None);
+    let full = with_field(full, "group_idx", Value::from(1));
+    batch(vec![window_group, full], 0)
+}
+
 /// A Mooncake store object event (dev/conductor publisher maps).
 pub fn mooncake_event(
     kind: &str,
