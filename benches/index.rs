@@ -18,7 +18,7 @@ mod support;
 use mooncake_conductor::events::{Holder, IndexBatch, IndexOp};
 use mooncake_conductor::hashing::PrefixKeys;
 use mooncake_conductor::index::{ContextIndex, HashList, IndexReader, QueryHits};
-use mooncake_conductor::model::{BlockHash, ContextKey, SubscriptionKey, Tier};
+use mooncake_conductor::model::{BlockHash, ContextKey, GroupKind, SubscriptionKey, Tier};
 use support::profile;
 
 const MEM_ENV: &str = "INDEX_BENCH_MEM";
@@ -219,12 +219,21 @@ fn rss_bytes() -> u64 {
 /// resident bytes per pair. Spec `pairs,k`: the holders of a 16-block op are k consecutive ones
 /// of 128 engine holders (as when a fleet shares prefixes). Spec `pairs,k,scattered`: every
 /// block gets its own random k of 1,024 holders, so nearly every block has a holder set no other
-/// block has (the worst case for interned sets).
+/// block has (the worst case for interned sets). Spec `pairs,k,hybrid`: as `pairs,k`, and each
+/// rank is a window-first hybrid whose window group also keeps the last 2 blocks of each op
+/// (a window of 2 blocks' worth); spec `pairs,k,hybrid-full`: its second group keeps every
+/// block (two full-attention groups of an n:1 layer pattern).
 fn mem_child(spec: &str) {
     let mut it = spec.split(',');
     let pairs = it.next().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     let k: usize = it.next().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let scattered = it.next() == Some("scattered");
+    let layout = it.next().unwrap_or("");
+    let scattered = layout == "scattered";
+    let second_group = match layout {
+        "hybrid" => Some(2),
+        "hybrid-full" => Some(OP_LEN),
+        _ => None,
+    };
     let n_holders = if scattered { 1024 } else { 128 };
     let k = k.clamp(1, n_holders);
     let blocks = pairs / k;
@@ -264,7 +273,44 @@ fn mem_child(spec: &str) {
             chunk.clear();
             chunk.extend((start..(start + OP_LEN).min(blocks)).map(|b| BlockHash(mix(b as u64))));
             for j in 0..k {
-                put(&mut ix, (start / OP_LEN + j) % n_holders, &chunk);
+                let h = (start / OP_LEN + j) % n_holders;
+                put(&mut ix, h, &chunk);
+                if let Some(kept) = second_group {
+                    let (source, holder) = &holders[h];
+                    let Holder::Engine {
+                        instance_id,
+                        dp_rank,
+                        ..
+                    } = holder
+                    else {
+                        continue;
+                    };
+                    let group = Holder::Engine {
+                        instance_id: instance_id.clone(),
+                        dp_rank: *dp_rank,
+                        group: 1,
+                    };
+                    let kind = if kept == OP_LEN {
+                        GroupKind::Full
+                    } else {
+                        GroupKind::SlidingWindow { window: 2 * BS }
+                    };
+                    let ops = vec![
+                        IndexOp::GroupKind {
+                            holder: group.clone(),
+                            kind,
+                        },
+                        IndexOp::Store {
+                            holder: group,
+                            tier: Tier::Device,
+                            hashes: chunk[chunk.len().saturating_sub(kept)..].to_vec(),
+                        },
+                    ];
+                    ix.apply(&IndexBatch {
+                        source: source.clone(),
+                        ops,
+                    });
+                }
             }
         }
     }
@@ -409,6 +455,49 @@ fn summary() {
     println!(
         "query 1M tokens full hit (62,500 blocks): walk {walk50:?}; hashing + walk {hashed50:?}"
     );
+    drop(reader);
+
+    // The same rank as a window-first hybrid: its window group (2 blocks) keeps the last two
+    // blocks, so the answer is the engine's fixed point over both groups, looked up block by
+    // block (docs/engine-events.md, "Cache groups").
+    let mut ix = ix;
+    let (s, h) = engine(0, 0);
+    let Holder::Engine { instance_id, .. } = h else {
+        unreachable!("an engine holder")
+    };
+    let window = Holder::Engine {
+        instance_id,
+        dp_rank: 0,
+        group: 1,
+    };
+    ix.apply(&IndexBatch {
+        source: s,
+        ops: vec![
+            IndexOp::GroupKind {
+                holder: window.clone(),
+                kind: GroupKind::SlidingWindow { window: 2 * BS },
+            },
+            IndexOp::Store {
+                holder: window,
+                tier: Tier::Device,
+                hashes: full[full.len() - 2..].to_vec(),
+            },
+        ],
+    });
+    let reader = ix.reader();
+    let mut hybrid = Vec::new();
+    for _ in 0..10 {
+        let mut k = HashList {
+            hashes: full.clone(),
+            block_size: BS,
+        };
+        let t = Instant::now();
+        let hits = reader.query(&mut k, None);
+        hybrid.push(t.elapsed());
+        assert_eq!(hits.hits["inst-0"].device, 1_000_000);
+    }
+    let (hybrid50, _) = percentiles(hybrid);
+    println!("query 1M tokens full hit, window-first hybrid rank: walk {hybrid50:?}");
 
     for (pairs, k, layout) in [
         (1_000_000, 1, ""),
@@ -419,6 +508,10 @@ fn summary() {
         (10_000_000, 4, ""),
         (1_000_000, 2, "scattered"),
         (1_000_000, 4, "scattered"),
+        (1_000_000, 1, "hybrid"),
+        (1_000_000, 4, "hybrid"),
+        (1_000_000, 1, "hybrid-full"),
+        (1_000_000, 4, "hybrid-full"),
     ] {
         let out = std::env::current_exe().ok().and_then(|exe| {
             std::process::Command::new(exe)
