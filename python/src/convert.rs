@@ -91,20 +91,32 @@ fn token(item: &Bound<'_, PyAny>) -> PyResult<Option<i32>> {
     }
 }
 
+/// Which optional entries a query's result carries, as the call asked for them.
+#[derive(Clone, Copy)]
+pub struct Extras {
+    /// `include_load`: the `loads` entry.
+    pub load: bool,
+    /// `include_status`: the `status` entry.
+    pub status: bool,
+}
+
 pub fn query_result<'py>(
     py: Python<'py>,
     ret: i32,
     hits: Option<pb::QueryResponse>,
-    include_load: bool,
+    extras: Extras,
 ) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("ret", ret)?;
-    let (hits, loads) = match hits {
-        Some(r) => (r.hits, r.loads),
+    let (hits, loads, status) = match hits {
+        Some(r) => (r.hits, r.loads, r.status),
         None => Default::default(),
     };
-    if include_load {
+    if extras.load {
         out.set_item("loads", loads_dict(py, loads)?)?;
+    }
+    if extras.status {
+        out.set_item("status", status_dict(py, status)?)?;
     }
     let hits_dict = PyDict::new(py);
     for (instance, h) in hits {
@@ -249,6 +261,41 @@ fn loads_dict<'py>(
             load.set_item("num_waiting_reqs", r.num_waiting_reqs)?;
             load.set_item("token_usage", r.token_usage)?;
             ranks.set_item(rank, load)?;
+        }
+        entry.set_item("ranks", ranks)?;
+        out.set_item(instance, entry)?;
+    }
+    Ok(out)
+}
+
+/// `query(include_status=True)`'s `status`: instance id -> {"status", "reason", "ranks"}, each
+/// rank {"status", "reason", "state", "lag_ms", "groups"}, as the HTTP answer's `status`.
+fn status_dict<'py>(
+    py: Python<'py>,
+    status: std::collections::HashMap<String, pb::InstanceStatus>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    for (instance, s) in status {
+        let entry = PyDict::new(py);
+        entry.set_item("status", s.status)?;
+        entry.set_item("reason", s.reason)?;
+        let ranks = PyDict::new(py);
+        for (rank, r) in s.ranks {
+            let rank_entry = PyDict::new(py);
+            rank_entry.set_item("status", r.status)?;
+            rank_entry.set_item("reason", r.reason)?;
+            rank_entry.set_item("state", r.state)?;
+            rank_entry.set_item("lag_ms", r.lag_ms)?;
+            let groups = PyList::empty(py);
+            for g in r.groups {
+                let group = PyDict::new(py);
+                group.set_item("group", g.group)?;
+                group.set_item("kind", g.kind)?;
+                group.set_item("sliding_window", g.sliding_window)?;
+                groups.append(group)?;
+            }
+            rank_entry.set_item("groups", groups)?;
+            ranks.set_item(rank, rank_entry)?;
         }
         entry.set_item("ranks", ranks)?;
         out.set_item(instance, entry)?;

@@ -302,9 +302,13 @@ impl ConductorClient {
     /// Returns {"ret": int, "hits": dict}: hits maps instance IDs to longest_matched, dp,
     /// rank_matches, device, cpu_local, cpu_share and disk (cumulative token counts; rank keys are
     /// decimal strings). On failure ret is negative and hits is {}. Token IDs that are not
-    /// representable as signed 32-bit integers give INVALID_PARAMS.
+    /// representable as signed 32-bit integers give INVALID_PARAMS. With include_load=True the
+    /// result also has "loads", with include_status=True "status": per instance how sure its
+    /// figures are ("exact", "upper_bound" or "lower_bound", with a reason), per rank with the
+    /// state and lag of its subscription and the KV-cache groups of a hybrid model. Both are {}
+    /// on failure.
     #[pyo3(
-        text_signature = "(self, model_name, *, lora_name='', block_size, tenant_id='default', token_ids, cache_salt='', instance_filter='', include_load=False)"
+        text_signature = "(self, model_name, *, lora_name='', block_size, tenant_id='default', token_ids, cache_salt='', instance_filter='', include_load=False, include_status=False)"
     )]
     #[pyo3(signature = (
         model_name,
@@ -316,6 +320,7 @@ impl ConductorClient {
         cache_salt = String::new(),
         instance_filter = String::new(),
         include_load = false,
+        include_status = false,
     ))]
     #[allow(clippy::too_many_arguments)] // The keyword-only signature is the documented API.
     fn query<'py>(
@@ -329,9 +334,14 @@ impl ConductorClient {
         cache_salt: String,
         instance_filter: String,
         include_load: bool,
+        include_status: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let extras = convert::Extras {
+            load: include_load,
+            status: include_status,
+        };
         let Some(token_ids) = convert::token_ids(token_ids)? else {
-            return convert::query_result(py, INVALID_PARAMS, None, include_load);
+            return convert::query_result(py, INVALID_PARAMS, None, extras);
         };
         let msg = pb::QueryRequest {
             model_name,
@@ -342,15 +352,15 @@ impl ConductorClient {
             cache_salt,
             instance_filter,
             include_load,
-            include_status: false,
+            include_status,
         };
         match self.call(
             py,
             |mut c, t| async move { c.query(request(msg, &t)).await },
         ) {
-            Ok(resp) if resp.ret == OK => convert::query_result(py, OK, Some(resp), include_load),
-            Ok(resp) => convert::query_result(py, resp.ret, None, include_load),
-            Err(code) => convert::query_result(py, code, None, include_load),
+            Ok(resp) if resp.ret == OK => convert::query_result(py, OK, Some(resp), extras),
+            Ok(resp) => convert::query_result(py, resp.ret, None, extras),
+            Err(code) => convert::query_result(py, code, None, extras),
         }
     }
 
@@ -390,9 +400,10 @@ impl ConductorClient {
         model_name = None,
         block_size = None,
         hash_profile = None,
+        hybrid_parts = None,
     ))]
     #[pyo3(
-        text_signature = "(self, url, publisher_type='vLLM', *, instance_id=None, tenant_id='default', model_name=None, block_size=None, hash_profile=None)"
+        text_signature = "(self, url, publisher_type='vLLM', *, instance_id=None, tenant_id='default', model_name=None, block_size=None, hash_profile=None, hybrid_parts=None)"
     )]
     #[allow(clippy::too_many_arguments)] // The keyword arguments are the documented API.
     fn register_engine<'py>(
@@ -405,7 +416,12 @@ impl ConductorClient {
         model_name: Option<String>,
         block_size: Option<i64>,
         hash_profile: Option<&Bound<'py, PyAny>>,
+        hybrid_parts: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let hybrid_parts = match hybrid_parts {
+            Some(p) => register::hybrid_parts(p)?,
+            None => None,
+        };
         let profile = match hash_profile {
             Some(p) if !p.is_none() => Some(register::hash_profile(p)?),
             _ => None,
@@ -419,6 +435,7 @@ impl ConductorClient {
             block_size,
             has_hash_profile: profile.is_some(),
             hash_profile: profile.unwrap_or_default(),
+            hybrid_parts,
         };
         match self.call(py, |mut c, t| async move {
             c.register_engine(request(msg, &t)).await

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt, PyString};
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::pb::RegisterRequest;
 
@@ -51,6 +51,7 @@ pub fn parse(config: &Bound<'_, PyAny>) -> PyResult<RegisterRequest> {
                     Some(int64(&key, &value, "an int or None")?)
                 };
             }
+            "hybrid_parts" => req.hybrid_parts = hybrid_parts(&value)?,
             "hash_profile" => {
                 req.hash_profile = hash_profile(&value)?;
                 req.has_hash_profile = true;
@@ -84,6 +85,37 @@ pub fn parse(config: &Bound<'_, PyAny>) -> PyResult<RegisterRequest> {
         }
     }
     Ok(req)
+}
+
+/// `hybrid_parts`: a str sent as written, a list or tuple of str joined with ",", or None (absent
+/// on the wire). The part names are the server's to judge.
+pub fn hybrid_parts(value: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    const EXPECTED: &str = "a str, a list or tuple of str, or None";
+    if value.is_none() {
+        return Ok(None);
+    }
+    if let Ok(s) = value.cast::<PyString>() {
+        return Ok(Some(s.to_cow()?.into_owned()));
+    }
+    if !(value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>()) {
+        return Err(PyValueError::new_err(format!(
+            "hybrid_parts must be {EXPECTED}, got {}",
+            type_name(value)
+        )));
+    }
+    let mut names = Vec::new();
+    for item in value.try_iter()? {
+        let item = item?;
+        let Ok(name) = item.cast::<PyString>() else {
+            return Err(PyValueError::new_err(format!(
+                "hybrid_parts must be {EXPECTED}, got a {} containing {}",
+                type_name(value),
+                type_name(&item)
+            )));
+        };
+        names.push(name.to_cow()?.into_owned());
+    }
+    Ok(Some(names.join(",")))
 }
 
 pub fn hash_profile(value: &Bound<'_, PyAny>) -> PyResult<HashMap<String, String>> {

@@ -60,6 +60,7 @@ def test_query_arguments_after_model_name_are_keyword_only():
         "cache_salt",
         "instance_filter",
         "include_load",
+        "include_status",
     ]
     assert params["model_name"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
     for name in names[1:]:
@@ -68,6 +69,7 @@ def test_query_arguments_after_model_name_are_keyword_only():
     assert defaults["lora_name"] == "" and defaults["tenant_id"] == "default"
     assert defaults["cache_salt"] == "" and defaults["instance_filter"] == ""
     assert defaults["include_load"] is False
+    assert defaults["include_status"] is False
     assert defaults["block_size"] is inspect.Parameter.empty
     assert defaults["token_ids"] is inspect.Parameter.empty
 

@@ -77,6 +77,15 @@ BAD_CONFIGS = {
     "block_size_underflow": with_field("block_size", -(2**63) - 1),
     "dp_rank_overflow": with_field("dp_rank", 2**64),
     "cache_group_overflow": with_field("cache_group", 2**100),
+    # hybrid_parts: a str, a list or tuple of str, or None
+    "hybrid_parts_int": with_field("hybrid_parts", 1),
+    "hybrid_parts_bytes": with_field("hybrid_parts", b"mamba"),
+    "hybrid_parts_set": with_field("hybrid_parts", {"mamba"}),
+    "hybrid_parts_dict": with_field("hybrid_parts", {"mamba": True}),
+    "hybrid_parts_generator": with_field("hybrid_parts", (p for p in ["mamba"])),
+    "hybrid_parts_list_of_int": with_field("hybrid_parts", ["mamba", 2]),
+    "hybrid_parts_list_of_none": with_field("hybrid_parts", [None]),
+    "hybrid_parts_nested": with_field("hybrid_parts", [["mamba"]]),
     # publisher types are case-sensitive
     "publisher_vllm_lower": with_field("publisher_type", "vllm"),
     "publisher_sglang_lower": with_field("publisher_type", "sglang"),
@@ -136,6 +145,10 @@ def test_messages_name_the_problem():
         client.register(BAD_CONFIGS["publisher_vllm_lower"])
     with pytest.raises(ValueError, match="root_digest"):
         client.register(BAD_CONFIGS["profile_root_digest"])
+    with pytest.raises(ValueError, match="hybrid_parts"):
+        client.register(BAD_CONFIGS["hybrid_parts_int"])
+    with pytest.raises(ValueError, match="hybrid_parts"):
+        client.register(BAD_CONFIGS["hybrid_parts_list_of_int"])
 
 
 ACCEPTED = {
@@ -146,6 +159,14 @@ ACCEPTED = {
     "partial_hash_profile": with_profile(python_hash_seed=...),
     "cache_group_none": with_field("cache_group", None),
     "cache_group_zero": with_field("cache_group", 0),
+    "cache_group_other": with_field("cache_group", 63),
+    "cache_group_out_of_range": with_field("cache_group", 64),  # the server's to judge
+    "hybrid_parts_str": with_field("hybrid_parts", "sliding_window,mamba"),
+    "hybrid_parts_list": with_field("hybrid_parts", ["sliding_window", "mamba"]),
+    "hybrid_parts_tuple": with_field("hybrid_parts", ("mamba",)),
+    "hybrid_parts_none": with_field("hybrid_parts", None),
+    "hybrid_parts_empty_list": with_field("hybrid_parts", []),
+    "hybrid_parts_unknown_name": with_field("hybrid_parts", "linear"),  # the server's to judge
     "int64_max": with_field("block_size", 2**63 - 1),
     "int64_min": with_field("dp_rank", -(2**63)),
     "negative_rank": with_field("dp_rank", -1),  # a value problem: the server's to judge
@@ -217,3 +238,22 @@ def test_empty_hash_profile_is_distinguished_from_none():
 
 def test_cache_group_none_is_absent():
     assert register_fields({"cache_group": None}) == []
+
+
+@pytest.mark.parametrize(
+    "parts,sent",
+    [
+        ("mamba", b"mamba"),
+        ("sliding_window, mamba", b"sliding_window, mamba"),  # a str is sent as written
+        (["sliding_window", "mamba"], b"sliding_window,mamba"),
+        (("mamba",), b"mamba"),
+        ([], b""),
+        ("", b""),
+    ],
+)
+def test_hybrid_parts_travel_as_one_comma_separated_string(parts, sent):
+    assert register_fields({"hybrid_parts": parts}) == [(13, sent)]
+
+
+def test_hybrid_parts_none_is_absent():
+    assert register_fields({"hybrid_parts": None}) == []

@@ -467,14 +467,20 @@ fn registered_in(services: &[ServiceInfo], spec: &EngineSpec) -> BTreeMap<u32, R
         .iter()
         .map(|s| &*s.config)
         .filter(|c| c.instance_id == spec.instance_id && c.tenant_id == spec.tenant_id)
-        .map(|c| (c.dp_rank, as_plan(c, profile.as_ref())))
+        .map(|c| (c.dp_rank, as_plan(c, profile.as_ref(), &spec.hybrid_parts)))
         .collect()
 }
 
 /// A registered rank as the plan that would have registered it (compared with
 /// [`RankPlan::registers_as`]: the topic is not part of a registration).
-fn as_plan(config: &PublisherConfig, profile: Option<&HashProfile>) -> RankPlan {
-    let same_recipe = profile.is_some_and(|p| *p == config.hash_profile);
+fn as_plan(
+    config: &PublisherConfig,
+    profile: Option<&HashProfile>,
+    hybrid_parts: &[crate::model::HybridPart],
+) -> RankPlan {
+    // Declared hybrid parts are part of the recipe: a change registers the rank again.
+    let same_recipe =
+        profile.is_some_and(|p| *p == config.hash_profile) && config.hybrid_parts == hybrid_parts;
     RankPlan {
         endpoint: config.endpoint.clone(),
         replay_endpoint: config.replay_endpoint.clone(),

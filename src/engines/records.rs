@@ -28,6 +28,9 @@ struct Record {
     model_name: Option<String>,
     block_size: Option<u32>,
     hash_profile: Vec<(String, String)>,
+    /// Absent in records written before hybrid parts existed: none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    hybrid_parts: String,
     origin: Origin,
 }
 
@@ -146,6 +149,7 @@ pub fn encode(spec: &EngineSpec) -> Result<Vec<u8>, OpError> {
         model_name: spec.model_name.clone(),
         block_size: spec.block_size,
         hash_profile: spec.hash_profile.clone(),
+        hybrid_parts: super::spec::parts_text(&spec.hybrid_parts),
         origin: spec.origin,
     };
     serde_json::to_vec(&record).map_err(|e| OpError::internal(e.to_string()))
@@ -172,6 +176,7 @@ pub fn decode(value: &[u8]) -> Result<EngineSpec, String> {
         model_name: r.model_name,
         block_size: r.block_size.map(i128::from),
         hash_profile: Some(r.hash_profile),
+        hybrid_parts: Some(r.hybrid_parts),
     };
     EngineSpec::from_request(request, "type", r.origin).map_err(|e| e.message)
 }

@@ -9,7 +9,7 @@ use crate::error::OpError;
 use crate::gateway::engines_api::{EngineRequest, RankRegistration};
 use crate::gateway::registration::{MAX_BLOCK_SIZE, RegistrationInput};
 use crate::hashing::HashProfile;
-use crate::model::normalize_tenant;
+use crate::model::{HybridPart, PublisherType, normalize_tenant};
 
 use super::address::{EngineUrl, reachable_endpoint};
 use super::describe::Description;
@@ -99,6 +99,9 @@ pub struct EngineSpec {
     pub block_size: Option<u32>,
     /// As requested, else the kind's default.
     pub hash_profile: Vec<(String, String)>,
+    /// An SGLang hybrid model's parts besides full attention, as requested (SGLang's
+    /// description does not say them), each rank registered with them.
+    pub hybrid_parts: Vec<HybridPart>,
     pub origin: Origin,
 }
 
@@ -148,6 +151,14 @@ impl EngineSpec {
             .unwrap_or_else(|| kind.default_profile());
         HashProfile::from_pairs(hash_profile.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(|e| OpError::invalid(e.field, e.reason, e.to_string()))?;
+        let publisher = match kind {
+            EngineKind::Vllm => PublisherType::Vllm,
+            EngineKind::Sglang => PublisherType::Sglang,
+        };
+        let hybrid_parts = crate::gateway::registration::hybrid_parts(
+            publisher,
+            request.hybrid_parts.unwrap_or_default(),
+        )?;
         Ok(EngineSpec {
             url,
             kind,
@@ -156,6 +167,7 @@ impl EngineSpec {
             model_name: request.model_name,
             block_size,
             hash_profile,
+            hybrid_parts,
             origin,
         })
     }
@@ -215,7 +227,7 @@ impl RankPlan {
             block_size: Some(self.block_size as i128),
             dp_rank: Some(dp_rank as i128),
             cache_group: None,
-            hybrid_parts: None,
+            hybrid_parts: Some(parts_text(&spec.hybrid_parts)),
             hash_profile: Some(spec.hash_profile.clone()),
         }
     }
@@ -284,4 +296,13 @@ pub fn wanted_ranks(
         wanted.insert(*rank, plan);
     }
     Ok(wanted)
+}
+
+/// Hybrid parts as a registration names them: comma-separated.
+pub fn parts_text(parts: &[HybridPart]) -> String {
+    parts
+        .iter()
+        .map(|p| p.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
 }

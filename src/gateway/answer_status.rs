@@ -63,7 +63,8 @@ pub fn statuses(
                 certainty = Certainty::UpperBound {
                     reason: SGLANG_HYBRID,
                 };
-            } else if s.config.cache_group.is_some() && !rank.groups.is_empty() {
+            } else if s.config.cache_group.is_some() && (!rank.groups.is_empty() || other_groups(s))
+            {
                 certainty = Certainty::UpperBound { reason: ONE_GROUP };
             }
         }
@@ -86,6 +87,13 @@ pub fn statuses(
         instance.ranks.push(status);
     }
     out
+}
+
+/// Whether the subscription left events of other KV-cache groups out (its `cache_group`): the
+/// model is a hybrid even when the group it keeps is group 0 of full attention.
+fn other_groups(service: &ServiceInfo) -> bool {
+    let reason = crate::events::IgnoreReason::OtherCacheGroup.as_str();
+    service.status.ignored.get(reason).is_some_and(|&n| n > 0)
 }
 
 /// An instance's status from its ranks': exact when both are, the bound when only one is a

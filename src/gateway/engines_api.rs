@@ -18,6 +18,8 @@ pub struct EngineRequest {
     pub model_name: Option<String>,
     pub block_size: Option<i128>,
     pub hash_profile: Option<Vec<(String, String)>>,
+    /// An SGLang hybrid model's parts, comma-separated (its description does not say them).
+    pub hybrid_parts: Option<String>,
 }
 
 /// One DP rank registered for an engine.

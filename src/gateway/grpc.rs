@@ -131,6 +131,7 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             model_name: r.model_name,
             block_size: r.block_size.map(i128::from),
             hash_profile: profile_pairs(r.has_hash_profile, r.hash_profile),
+            hybrid_parts: r.hybrid_parts,
         };
         let result = match self.ops.engines() {
             Ok(engines) => engines.register(input).await,

@@ -19,6 +19,7 @@ use crate::gateway::value::{Fields, Val};
 pub const ENGINE_SCHEMA: Schema = &[
     ("block_size", Kind::Scalar),
     ("hash_profile", Kind::Pairs),
+    ("hybrid_parts", Kind::Scalar),
     ("instance_id", Kind::Scalar),
     ("model_name", Kind::Scalar),
     ("tenant_id", Kind::Scalar),
@@ -59,6 +60,7 @@ pub fn engine_request(mut f: Fields) -> Result<EngineRequest, OpError> {
         model_name: text("model_name")?,
         block_size,
         hash_profile,
+        hybrid_parts: text("hybrid_parts")?,
     })
 }
 

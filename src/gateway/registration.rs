@@ -157,7 +157,7 @@ pub fn cache_group(g: i128) -> Result<u32, OpError> {
 
 /// The parts an SGLang hybrid model has besides full attention: known names, each once. Only
 /// SGLang's events leave them unsaid (vLLM names each group's kind on its events).
-fn hybrid_parts(kind: PublisherType, names: String) -> Result<Vec<HybridPart>, OpError> {
+pub fn hybrid_parts(kind: PublisherType, names: String) -> Result<Vec<HybridPart>, OpError> {
     if names.is_empty() {
         return Ok(Vec::new());
     }

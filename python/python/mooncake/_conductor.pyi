@@ -1,7 +1,7 @@
 """Native part of :mod:`mooncake.conductor` (use that module; see its documentation)."""
 
 from types import TracebackType
-from typing import Any, Final, Iterable, Mapping, Optional, Type
+from typing import Any, Final, Iterable, Mapping, Optional, Sequence, Type
 
 from mooncake._types import (
     EngineRegistration,
@@ -60,11 +60,15 @@ class ConductorClient:
         cache_salt: str = "",
         instance_filter: str = "",
         include_load: bool = False,
+        include_status: bool = False,
     ) -> QueryResult:
         """Prefix-cache hits per instance. ``{"ret": <negative>, "hits": {}}`` on failure;
         token IDs outside the signed 32-bit range give INVALID_PARAMS. With
         ``include_load=True`` the result also has ``loads``: per instance registered by URL,
-        its engine's last load figures and their age."""
+        its engine's last load figures and their age. With ``include_status=True`` it also has
+        ``status``: per instance whether its figures are ``"exact"``, an ``"upper_bound"`` or a
+        ``"lower_bound"`` (with a reason), per rank with its subscription's state and lag and a
+        hybrid model's KV-cache groups."""
     def register(self, config: RegisterConfig | Mapping[str, Any]) -> int:
         """Register one publisher. Returns OK or a negative code (INVALID_PARAMS from the
         server for missing or invalid values). Raises ValueError for a non-dict, unknown or
@@ -83,6 +87,7 @@ class ConductorClient:
         model_name: str | None = None,
         block_size: int | None = None,
         hash_profile: HashProfileConfig | Mapping[str, str] | None = None,
+        hybrid_parts: str | Sequence[str] | None = None,
     ) -> EngineRegistration:
         """Register an engine by its HTTP URL: one subscription per DP rank its own
         description names, kept in step with the engine. On failure ret is negative."""

@@ -4,7 +4,7 @@ These are ``TypedDict`` declarations for type checkers and readers; at run time 
 accepts and returns plain ``dict`` objects.
 """
 
-from typing import Dict, List, Optional, Set, TypedDict
+from typing import Dict, List, Optional, Set, Tuple, TypedDict, Union
 
 
 class TierCounts(TypedDict):
@@ -59,6 +59,46 @@ class QueryResultWithLoads(QueryResult):
     loads: Dict[str, InstanceLoad]
 
 
+class CacheGroupStatus(TypedDict):
+    """One KV-cache group of a hybrid model's rank: its index, its kind (``"full_attention"``,
+    ``"sliding_window"``, ``"mamba"``, ``"chunked_local_attention"`` or ``"unknown"``) and, for
+    a sliding window, its size in tokens (else ``None``)."""
+
+    group: int
+    kind: str
+    sliding_window: Optional[int]
+
+
+class RankStatus(TypedDict):
+    """How sure one DP rank's figures are, with the state of the subscription that feeds it
+    (``""`` when none does) and the milliseconds since its last batch (``None`` before the
+    first); ``groups`` lists a hybrid model's KV-cache groups in the order the engine checks
+    them (full attention first) and is ``[]`` for a single full-attention group."""
+
+    status: str
+    reason: str
+    state: str
+    lag_ms: Optional[int]
+    groups: List[CacheGroupStatus]
+
+
+class InstanceStatus(TypedDict):
+    """How sure an instance's figures are (``query(include_status=True)``): ``"exact"``,
+    ``"upper_bound"`` or ``"lower_bound"``, with a ``reason`` (``""`` when exact); exact only
+    when every rank is. Rank keys are decimal strings."""
+
+    status: str
+    reason: str
+    ranks: Dict[str, RankStatus]
+
+
+class QueryResultWithStatus(QueryResult):
+    """``query(include_status=True)`` result: ``status`` maps the instances of ``hits`` to how
+    sure their figures are (``{}`` on failure)."""
+
+    status: Dict[str, InstanceStatus]
+
+
 class HashProfileConfig(TypedDict, total=False):
     """The ``hash_profile`` accepted by ``register()`` (exactly these keys, string values)."""
 
@@ -83,6 +123,7 @@ class RegisterConfig(TypedDict, total=False):
     tenant_id: str
     dp_rank: int
     cache_group: Optional[int]
+    hybrid_parts: Union[str, List[str], Tuple[str, ...], None]
 
 
 class HashProfile(TypedDict):
