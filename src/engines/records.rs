@@ -184,6 +184,7 @@ pub fn decode(value: &[u8]) -> Result<EngineSpec, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::HybridPart;
     use crate::storage::memory::MemoryStore;
 
     fn spec(instance: &str) -> EngineSpec {
@@ -215,5 +216,28 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(records.load(), vec![spec("b")]);
+    }
+
+    #[test]
+    fn declared_hybrid_parts_are_kept_and_an_older_record_has_none() {
+        let request = EngineRequest {
+            url: Some("http://sglang-host:30000".into()),
+            engine_type: Some("SGLang".into()),
+            hybrid_parts: Some("mamba,sliding_window".into()),
+            ..Default::default()
+        };
+        let hybrid = EngineSpec::from_request(request, "type", Origin::Request).unwrap();
+        assert_eq!(
+            hybrid.hybrid_parts,
+            [HybridPart::SlidingWindow, HybridPart::Mamba]
+        );
+        assert_eq!(decode(&encode(&hybrid).unwrap()), Ok(hybrid));
+        let plain = spec("a");
+        let bytes = encode(&plain).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("hybrid_parts"),
+            "a record without parts is written as before"
+        );
+        assert_eq!(decode(&bytes), Ok(plain));
     }
 }

@@ -92,7 +92,10 @@ pub fn registration_from_http(mut f: Fields) -> Result<RegistrationInput, OpErro
         block_size: Some(block_size),
         dp_rank: Some(dp_rank),
         cache_group,
-        hybrid_parts: f.opt_str("hybrid_parts")?,
+        hybrid_parts: match f.get("hybrid_parts") {
+            None | Some(Val::Null) => None,
+            Some(_) => f.opt_str("hybrid_parts")?,
+        },
         hash_profile: Some(hash_profile),
     })
 }

@@ -117,13 +117,13 @@ impl RegistrationInput {
             }
         };
         let cache_group = self.cache_group.map(cache_group).transpose()?;
-        let hybrid_parts = hybrid_parts(publisher_type, self.hybrid_parts.unwrap_or_default())?;
         let pairs = self.hash_profile.ok_or_else(|| {
             OpError::invalid("hash_profile", "missing", "hash_profile is required")
         })?;
         let hash_profile =
             HashProfile::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .map_err(|e| OpError::invalid(e.field, e.reason, e.to_string()))?;
+        let hybrid_parts = hybrid_parts(publisher_type, self.hybrid_parts.unwrap_or_default())?;
         Ok(PublisherConfig {
             instance_id,
             endpoint,
