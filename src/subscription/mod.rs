@@ -21,6 +21,7 @@ pub mod plain_proof;
 pub mod route;
 pub mod settings;
 pub mod socket;
+pub mod sparse;
 pub mod state;
 pub mod status;
 pub mod warn_limit;

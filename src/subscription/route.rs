@@ -32,6 +32,7 @@ use crate::hashing::derived::{self, BlockRule};
 use crate::model::{ContextKey, GroupKind, MAX_BLOCK_SIZE, PublisherConfig, normalize_tenant};
 
 use super::plain_proof::PlainProof;
+use super::sparse::{self, Placement};
 
 /// Bounds on what one source's events may create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,7 +257,7 @@ impl Router {
     /// Route every admitted event; skipped events are appended to `ignored`.
     pub fn route(&mut self, batch: DecodedBatch, ignored: &mut Vec<IgnoreReason>) -> Routed {
         let mut out: Routed = Vec::new();
-        let mut placements = self.sparse_placements(&batch.events);
+        let mut placements = self.placements(&batch.events);
         for (at, event) in batch.events.into_iter().enumerate() {
             match event {
                 KvEvent::Stored(stored) if self.other_group(stored.group.idx) => {
@@ -299,7 +300,7 @@ impl Router {
                         push(&mut out, context, op);
                         continue;
                     }
-                    let contents = if stored.tokens.is_some() && sparse(&stored) {
+                    let contents = if stored.tokens.is_some() && sparse::sparse(&stored) {
                         // Some blocks of the range are the group's null blocks and no sibling
                         // event of the batch says which: each hash is found through its alias.
                         None
@@ -412,46 +413,28 @@ impl Router {
         push(out, context.clone(), op);
     }
 
-    /// For each sparse store of `events` (see [`sparse`]), where its blocks sit in its range:
-    /// found through a store of the same batch for the same range (same parent, block size and
-    /// tokens) that publishes every block, as the full-attention group of the same step does.
-    /// The sparse store's hashes must be that store's, in order.
-    fn sparse_placements(&mut self, events: &[KvEvent]) -> HashMap<usize, Placement> {
+    /// Where each sparse store of `events` sits in its range ([`sparse::siblings`]), with the
+    /// contents of the whole range, when the sibling that places it may have derived keys.
+    fn placements(&mut self, events: &[KvEvent]) -> HashMap<usize, Placement> {
         let mut out = HashMap::new();
-        let stores = || {
-            events.iter().enumerate().filter_map(|(i, e)| match e {
-                KvEvent::Stored(s) => Some((i, s)),
-                _ => None,
-            })
-        };
-        if !stores().any(|(_, s)| sparse(s)) {
-            return out;
-        }
-        for (at, stored) in stores().filter(|(_, s)| sparse(s)) {
-            let sibling = stores().map(|(_, s)| s).find(|d| {
-                !sparse(d)
-                    && d.parent == stored.parent
-                    && d.block_size == stored.block_size
-                    && d.tokens == stored.tokens
-                    && d.cache_salt == stored.cache_salt
-                    && d.lora_name == stored.lora_name
-            });
-            let Some(sibling) = sibling else { continue };
-            let Some(present) = subsequence_mask(&sibling.hashes, &stored.hashes) else {
+        for (at, (index, present)) in sparse::siblings(events) {
+            let Some(KvEvent::Stored(sibling)) = events.get(index) else {
                 continue;
             };
             if !self.proof.derivable(sibling) {
                 continue;
             }
-            let Some(contents) = block_contents(self.rule, sibling) else {
-                continue;
-            };
-            let placement = Placement {
-                hashes: sibling.hashes.clone(),
-                contents,
-                present,
-            };
-            out.insert(at, placement);
+            if let Some(contents) = block_contents(self.rule, sibling) {
+                let hashes = sibling.hashes.clone();
+                out.insert(
+                    at,
+                    Placement {
+                        hashes,
+                        contents,
+                        present,
+                    },
+                );
+            }
         }
         out
     }
@@ -527,38 +510,6 @@ impl Router {
         let lora = object.lora_name.as_deref().unwrap_or("");
         Some(ContextKey::new(&object.tenant_id, model, lora, block_size))
     }
-}
-
-/// Where a sparse store's blocks sit in the range it stores: every block's hash and contents,
-/// and which of them the store holds.
-struct Placement {
-    hashes: Vec<crate::model::BlockHash>,
-    contents: BlockContents,
-    present: Vec<bool>,
-}
-
-/// A store whose tokens cover more blocks than it publishes hashes: a sliding-window or Mamba
-/// group skipping its null blocks (`docs/engine-events.md`, "Cache groups").
-fn sparse(stored: &EngineStored) -> bool {
-    let blocks = match &stored.tokens {
-        Some(EventTokens::Flat(t)) => t.len(),
-        Some(EventTokens::Bigram(p)) => p.len(),
-        None => return false,
-    } / (stored.block_size.max(1) as usize);
-    stored.hashes.len() < blocks
-}
-
-/// Per element of `all`, whether it is in `some`, when `some` is a subsequence of `all`.
-fn subsequence_mask(
-    all: &[crate::model::BlockHash],
-    some: &[crate::model::BlockHash],
-) -> Option<Vec<bool>> {
-    let mut rest = some.iter().peekable();
-    let mask: Vec<bool> = all
-        .iter()
-        .map(|h| rest.next_if(|s| *s == h).is_some())
-        .collect();
-    rest.peek().is_none().then_some(mask)
 }
 
 /// The contents of an engine event's blocks, for the keys the index derives (see

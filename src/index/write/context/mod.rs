@@ -551,34 +551,6 @@ impl ContextIndex {
         self.rekey_new_aliases();
         added.repeats
     }
-
-    /// Remove every entry of holder `id`; returns the pairs removed.
-    fn clear_holder(&mut self, id: u32) -> u64 {
-        let Some(state) = self.holders.get_mut(id as usize) else {
-            return 0;
-        };
-        let refs = std::mem::take(&mut state.blocks);
-        state.gone = Vec::new();
-        state.checkpointed = 0;
-        state.repeats = HashMap::new();
-        let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
-        for r in refs.iter() {
-            // A stale reference names a pair already gone (and recorded when it went).
-            if let Some((key, removed)) = self.shared.table.clear_at(r, id) {
-                self.dirty.push((id, key));
-                gone_pairs += u64::from(removed.holder_gone);
-                gone_blocks += u64::from(removed.block_gone);
-            }
-        }
-        state.live = 0;
-        let gone_raw = std::mem::take(&mut state.raw_live);
-        self.shared.raw_pairs.fetch_sub(gone_raw, Ordering::Relaxed);
-        self.shared.blocks.fetch_sub(gone_blocks, Ordering::Relaxed);
-        self.shared
-            .holder_blocks
-            .fetch_sub(gone_pairs, Ordering::Relaxed);
-        gone_pairs
-    }
 }
 
 /// Aliases beyond twice the block count before a sweep (keeps small contexts from sweeping).

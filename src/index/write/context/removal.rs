@@ -1,5 +1,6 @@
 //! Removals by published hash: which table key each names, and taking one announcement away.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use crate::model::BlockHash;
@@ -133,4 +134,34 @@ impl ContextIndex {
 /// again appears twice).
 fn compact(table: &Table, id: u32, blocks: &mut RefList) {
     blocks.compact(|&r| table.held_key(r, id).is_some());
+}
+
+impl ContextIndex {
+    /// Remove every entry of holder `id`; returns the pairs removed.
+    pub(super) fn clear_holder(&mut self, id: u32) -> u64 {
+        let Some(state) = self.holders.get_mut(id as usize) else {
+            return 0;
+        };
+        let refs = std::mem::take(&mut state.blocks);
+        state.gone = Vec::new();
+        state.checkpointed = 0;
+        state.repeats = HashMap::new();
+        let (mut gone_blocks, mut gone_pairs) = (0u64, 0u64);
+        for r in refs.iter() {
+            // A stale reference names a pair already gone (and recorded when it went).
+            if let Some((key, removed)) = self.shared.table.clear_at(r, id) {
+                self.dirty.push((id, key));
+                gone_pairs += u64::from(removed.holder_gone);
+                gone_blocks += u64::from(removed.block_gone);
+            }
+        }
+        state.live = 0;
+        let gone_raw = std::mem::take(&mut state.raw_live);
+        self.shared.raw_pairs.fetch_sub(gone_raw, Ordering::Relaxed);
+        self.shared.blocks.fetch_sub(gone_blocks, Ordering::Relaxed);
+        self.shared
+            .holder_blocks
+            .fetch_sub(gone_pairs, Ordering::Relaxed);
+        gone_pairs
+    }
 }
