@@ -319,6 +319,26 @@ def test_query_by_hash_over_http_has_the_same_status(client, conductor, publishe
 
 
 @pytest.mark.server
+def test_a_hybrid_whose_recipe_is_not_the_registered_one_is_a_lower_bound(client, conductor, publisher):
+    # The publisher hashes with seed "0"; registered with seed "7", the hash check finds the
+    # recipe wrong: a window store without a full-attention sibling would be unfindable.
+    profile = dict(VLLM_CBOR_PROFILE, python_hash_seed="7")
+    assert client.register(vllm_config(publisher, instance_id="gemma", hash_profile=profile)) == OK
+    publish_until(client, lambda: publisher.hybrid_stored(PROMPT, BS, SLIDING_LAYOUT), "gemma", groups=2)
+
+    def settled():
+        status, raw = http(conductor, "/services/status")
+        (service,) = json.loads(raw)["services"]
+        return service["hash_check"] == "mismatch"
+
+    wait_until(settled, timeout=15)
+    result = client.query(MODEL, block_size=BS, token_ids=PROMPT, include_status=True)
+    rank = result["status"]["gemma"]["ranks"]["0"]
+    assert rank["status"] == "lower_bound" and "hash_profile" in rank["reason"], rank
+    assert result["hits"]["gemma"]["longest_matched"] == 32, "the tokens still key the blocks"
+
+
+@pytest.mark.server
 def test_a_sliding_window_layout_is_exact_and_lists_its_groups(client, conductor, publisher):
     assert client.register(vllm_config(publisher, instance_id="gemma")) == OK
     result = publish_until(client, lambda: publisher.hybrid_stored(PROMPT, BS, SLIDING_LAYOUT), "gemma", groups=2)

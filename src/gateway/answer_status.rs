@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use crate::index::{Certainty, GroupLayout, RankStatus};
 use crate::model::{ContextKey, SubscriptionKey};
 use crate::registry::ServiceInfo;
+use crate::subscription::status::HashCheckState;
 
 /// What a declared SGLang hybrid's answer can be: SGLang evicts a hybrid's window and Mamba
 /// parts without an event, so the full-attention prefix its events show is at least the truth.
@@ -18,6 +19,13 @@ pub const SGLANG_HYBRID: &str =
 /// A registration's `cache_group` keeps one group of a hybrid model: the others' rules are
 /// not applied.
 pub const ONE_GROUP: &str = "the registration's cache_group indexes one KV-cache group only";
+
+/// A hybrid rank whose engine hashes with another recipe than the registered one: a window or
+/// Mamba store that no full-attention store of its step places (a layout without full
+/// attention, a state stored again alone) is kept under its published hashes, which the query's
+/// chain of the registered recipe does not find.
+pub const UNPLACED: &str = "the registered hash_profile does not reproduce the engine's hashes: \
+     window or Mamba blocks stored without a full-attention sibling may be missed";
 
 /// One rank's status in an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +74,8 @@ pub fn statuses(
             } else if s.config.cache_group.is_some() && (!rank.groups.is_empty() || other_groups(s))
             {
                 certainty = Certainty::UpperBound { reason: ONE_GROUP };
+            } else if !rank.groups.is_empty() && s.status.hash_check == HashCheckState::Mismatch {
+                certainty = Certainty::LowerBound { reason: UNPLACED };
             }
         }
         let status = RankAnswerStatus {
