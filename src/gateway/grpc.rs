@@ -10,7 +10,7 @@ use crate::gateway::answer_status::InstanceAnswerStatus;
 use crate::gateway::auth::Access;
 use crate::gateway::engines_api::EngineRequest;
 use crate::gateway::grpc_wire::{QueryByHashRequestIn, QueryReply, QueryRequestIn, error_detail};
-use crate::gateway::ops::{Ops, QueryByHashInput, QueryInput};
+use crate::gateway::ops::{Ops, QueryByHashInput, QueryContext, QueryInput};
 use crate::gateway::pb;
 use crate::gateway::registration::{PYTHON_NAMES, RegistrationInput};
 use crate::hashing::HashProfile;
@@ -48,6 +48,18 @@ fn reply_with<'a>(
             reply = reply.with_status(status);
         }
         reply
+    }
+}
+
+/// How sure the answer is, when the query asks (`include_status`).
+async fn status_if(
+    ops: &Ops,
+    asked: bool,
+    q: QueryContext<'_>,
+) -> Result<Option<std::collections::BTreeMap<String, InstanceAnswerStatus>>, OpError> {
+    match asked {
+        false => Ok(None),
+        true => ops.answer_status(q).await.map(Some),
     }
 }
 
@@ -219,21 +231,9 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             cache_salt: r.cache_salt,
             instance_filter: r.instance_filter,
         };
-        let status = match r.include_status {
-            false => None,
-            true => {
-                let (m, l, b, t, f) = (
-                    &input.model_name,
-                    &input.lora_name,
-                    input.block_size,
-                    &input.tenant_id,
-                    &input.instance_filter,
-                );
-                match self.ops.answer_status(m, l, b, t, f).await {
-                    Ok(s) => Some(s),
-                    Err(e) => return Ok(Response::new(QueryReply::error(&e))),
-                }
-            }
+        let status = match status_if(&self.ops, r.include_status, input.context()).await {
+            Ok(status) => status,
+            Err(e) => return Ok(Response::new(QueryReply::error(&e))),
         };
         let answer = reply_with(&self.ops, &input.tenant_id, r.include_load, status);
         let reply = self.ops.query_with(&input, Transport::Grpc, answer);
@@ -256,21 +256,9 @@ impl crate::gateway::pb_server::conductor_server::Conductor for GrpcService {
             block_hashes: r.block_hashes,
             instance_filter: r.instance_filter,
         };
-        let status = match r.include_status {
-            false => None,
-            true => {
-                let (m, l, b, t, f) = (
-                    &input.model_name,
-                    &input.lora_name,
-                    input.block_size,
-                    &input.tenant_id,
-                    &input.instance_filter,
-                );
-                match self.ops.answer_status(m, l, b, t, f).await {
-                    Ok(s) => Some(s),
-                    Err(e) => return Ok(Response::new(QueryReply::error(&e))),
-                }
-            }
+        let status = match status_if(&self.ops, r.include_status, input.context()).await {
+            Ok(status) => status,
+            Err(e) => return Ok(Response::new(QueryReply::error(&e))),
         };
         let answer = reply_with(&self.ops, &input.tenant_id, r.include_load, status);
         let reply = (self.ops).query_by_hash_with(&input, Transport::Grpc, answer);

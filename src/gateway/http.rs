@@ -143,15 +143,12 @@ fn flag(f: &Fields, name: &'static str) -> Result<bool, OpError> {
 async fn status_entry(
     ops: &Ops,
     f: &Fields,
-    context: (&str, &str, i128, &str, &str),
+    q: crate::gateway::ops::QueryContext<'_>,
 ) -> Result<Option<serde_json::Value>, OpError> {
     if !flag(f, "include_status")? {
         return Ok(None);
     }
-    let (model, lora, block_size, tenant, filter) = context;
-    let statuses = ops
-        .answer_status(model, lora, block_size, tenant, filter)
-        .await?;
+    let statuses = ops.answer_status(q).await?;
     Ok(Some(crate::gateway::answer_status::to_json(&statuses)))
 }
 
@@ -345,14 +342,7 @@ async fn query(State(state): State<Http>, request: Request) -> Response {
             instance_filter: instance_filter(&f)?,
         };
         let (reply, loads, ops) = (d.reply, flag(&f, "include_load")?, &state.ops);
-        let context = (
-            input.model_name.as_str(),
-            input.lora_name.as_str(),
-            input.block_size,
-            input.tenant_id.as_str(),
-            input.instance_filter.as_str(),
-        );
-        let status = status_entry(ops, &f, context).await?;
+        let status = status_entry(ops, &f, input.context()).await?;
         ops.query_with(&input, Transport::Http, |a| {
             answer_response(ops, &input.tenant_id, loads, status, a, reply)
         })
@@ -384,14 +374,7 @@ async fn query_by_hash(State(state): State<Http>, request: Request) -> Response 
             instance_filter,
         };
         let (reply, loads, ops) = (d.reply, flag(&f, "include_load")?, &state.ops);
-        let context = (
-            input.model_name.as_str(),
-            input.lora_name.as_str(),
-            input.block_size,
-            input.tenant_id.as_str(),
-            input.instance_filter.as_str(),
-        );
-        let status = status_entry(ops, &f, context).await?;
+        let status = status_entry(ops, &f, input.context()).await?;
         ops.query_by_hash_with(&input, Transport::Http, |a| {
             answer_response(ops, &input.tenant_id, loads, status, a, reply)
         })

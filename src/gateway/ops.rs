@@ -46,6 +46,41 @@ pub struct QueryInput {
     pub instance_filter: String,
 }
 
+/// What names a query's context and instances, shared by both queries (`include_status`
+/// reads the status of the same ranks).
+#[derive(Debug, Clone, Copy)]
+pub struct QueryContext<'a> {
+    pub model_name: &'a str,
+    pub lora_name: &'a str,
+    pub block_size: i128,
+    pub tenant_id: &'a str,
+    pub instance_filter: &'a str,
+}
+
+impl QueryInput {
+    pub fn context(&self) -> QueryContext<'_> {
+        QueryContext {
+            model_name: &self.model_name,
+            lora_name: &self.lora_name,
+            block_size: self.block_size,
+            tenant_id: &self.tenant_id,
+            instance_filter: &self.instance_filter,
+        }
+    }
+}
+
+impl QueryByHashInput {
+    pub fn context(&self) -> QueryContext<'_> {
+        QueryContext {
+            model_name: &self.model_name,
+            lora_name: &self.lora_name,
+            block_size: self.block_size,
+            tenant_id: &self.tenant_id,
+            instance_filter: &self.instance_filter,
+        }
+    }
+}
+
 /// A query over already-projected block hashes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueryByHashInput {
@@ -395,18 +430,14 @@ impl Ops {
     /// unknown context has no instances.
     pub async fn answer_status(
         &self,
-        model_name: &str,
-        lora_name: &str,
-        block_size: i128,
-        tenant_id: &str,
-        instance_filter: &str,
+        q: QueryContext<'_>,
     ) -> Result<BTreeMap<String, InstanceAnswerStatus>, OpError> {
-        let key = context_key(model_name, lora_name, block_size, tenant_id)?;
+        let key = context_key(q.model_name, q.lora_name, q.block_size, q.tenant_id)?;
         let Some((key, handle)) = key.and_then(|k| Some((k.clone(), self.contexts.get(&k)?)))
         else {
             return Ok(BTreeMap::new());
         };
-        let ranks = handle.reader().rank_statuses(Some(instance_filter));
+        let ranks = handle.reader().rank_statuses(Some(q.instance_filter));
         let services = self.list_services().await?;
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
