@@ -164,6 +164,9 @@ pub(crate) struct Plan {
     /// attention: the walk routes none of their holders, and `read::hybrid` answers them with
     /// the engine's rule over all their groups.
     pub(crate) hybrid: Vec<HybridCursor>,
+    /// Holder id → (index in `hybrid`, index of its group there), sorted by id: where a hybrid
+    /// answer puts a block's entries (each holder is one group of one rank).
+    pub(crate) hybrid_slots: Vec<(u32, u32, u32)>,
     /// The context has store backends (their tiers are not part of a hybrid rank's answer).
     pub(crate) has_shared: bool,
 }
@@ -228,6 +231,7 @@ impl Plan {
             route,
             cursors: cursor as usize,
             direct,
+            hybrid_slots: hybrid_slots(&hybrid),
             hybrid,
             has_shared,
         }
@@ -360,6 +364,22 @@ impl Plan {
         }
         rest.is_empty()
     }
+}
+
+/// Every hybrid cursor's holders as (holder id, cursor index, group index), sorted by id.
+fn hybrid_slots(hybrid: &[HybridCursor]) -> Vec<(u32, u32, u32)> {
+    let mut slots: Vec<(u32, u32, u32)> = hybrid
+        .iter()
+        .enumerate()
+        .flat_map(|(c, h)| {
+            h.groups
+                .iter()
+                .enumerate()
+                .flat_map(move |(g, (_, ids))| ids.iter().map(move |&id| (id, c as u32, g as u32)))
+        })
+        .collect();
+    slots.sort_unstable();
+    slots
 }
 
 /// The hybrid cursor of a rank whose `holders` include a group other than group 0 of full

@@ -48,27 +48,16 @@ pub(crate) fn answer<K: PrefixKeys + ?Sized>(
     selected: std::ops::Range<u32>,
     counts: &mut [[u64; 4]],
 ) {
-    let cursors: Vec<&HybridCursor> = plan
-        .hybrid
+    let cursors: Vec<&HybridCursor> = plan.hybrid.iter().collect();
+    let chosen: Vec<bool> = cursors
         .iter()
-        .filter(|h| selected.contains(&h.cursor))
+        .map(|h| selected.contains(&h.cursor))
         .collect();
-    if cursors.is_empty() {
+    if !chosen.contains(&true) {
         return;
     }
-    // Holder id → (cursor slot, group slot), for the entries a lookup returns.
-    let mut slot_of: Vec<(u32, Vec<(usize, usize)>)> = Vec::new();
-    for (c, h) in cursors.iter().enumerate() {
-        for (g, (_, ids)) in h.groups.iter().enumerate() {
-            for &id in ids {
-                match slot_of.iter_mut().find(|(i, _)| *i == id) {
-                    Some((_, slots)) => slots.push((c, g)),
-                    None => slot_of.push((id, vec![(c, g)])),
-                }
-            }
-        }
-    }
-    slot_of.sort_unstable_by_key(|(id, _)| *id);
+    // Holder id → (hybrid cursor, group), sorted by id: the plan's, built once per plan.
+    let slot_of = &plan.hybrid_slots;
     let mut held: Vec<Vec<Held>> = cursors
         .iter()
         .map(|h| vec![Held::new(); h.groups.len()])
@@ -79,7 +68,7 @@ pub(crate) fn answer<K: PrefixKeys + ?Sized>(
     let reading = shared.table.reading();
     // A rank whose full-attention groups all ended their leading run can gain nothing past it:
     // its fixed point is at most that run. Stop once every rank is so bounded.
-    let mut bounded_at: Vec<Option<usize>> = vec![None; cursors.len()];
+    let mut bounded_at: Vec<Option<usize>> = chosen.iter().map(|&c| (!c).then_some(0)).collect();
     for i in 0..n {
         if bounded_at.iter().all(Option::is_some) {
             break;
@@ -88,15 +77,18 @@ pub(crate) fn answer<K: PrefixKeys + ?Sized>(
             let mut at = shared.table.locate(key);
             shared.table.lookup(&reading, &mut at, |_, _| true, entries);
             for &e in entries.iter() {
-                let Ok(k) = slot_of.binary_search_by_key(&entry_id(e), |(id, _)| *id) else {
+                let Ok(k) = slot_of.binary_search_by_key(&entry_id(e), |&(id, _, _)| id) else {
                     continue;
                 };
-                for &(c, g) in &slot_of[k].1 {
-                    let list = &mut held[c][g];
-                    match list.last_mut() {
-                        Some((at, bits)) if *at == i => *bits |= entry_bits(e),
-                        _ => list.push((i, entry_bits(e))),
-                    }
+                let (_, c, g) = slot_of[k];
+                let (c, g) = (c as usize, g as usize);
+                if !chosen[c] {
+                    continue;
+                }
+                let list = &mut held[c][g];
+                match list.last_mut() {
+                    Some((at, bits)) if *at == i => *bits |= entry_bits(e),
+                    _ => list.push((i, entry_bits(e))),
                 }
             }
         };
@@ -128,7 +120,7 @@ pub(crate) fn answer<K: PrefixKeys + ?Sized>(
     }
     drop(reading);
     let block_size = shared.key.block_size.max(1) as usize;
-    for (c, h) in cursors.iter().enumerate() {
+    for (c, h) in cursors.iter().enumerate().filter(|&(c, _)| chosen[c]) {
         let Some(row) = counts.get_mut(h.cursor as usize) else {
             continue;
         };

@@ -304,3 +304,33 @@ fn random_layouts_match_the_engines_rule() {
     }
     assert_eq!(checked, 3000);
 }
+
+#[test]
+fn an_instance_filter_answers_its_hybrid_rank_alone() {
+    let mut ix = new_index();
+    let p = prompt(4);
+    for (instance, window_keeps) in [("a", &p[3..]), ("b", &p[..1])] {
+        apply(
+            &mut ix,
+            instance,
+            0,
+            vec![
+                kind_op(instance, 1, GroupKind::Mamba),
+                store(instance, 0, Tier::Device, &p),
+                store(instance, 1, Tier::Device, window_keeps),
+            ],
+        );
+    }
+    let rank = |filter: Option<&str>, instance: &str| {
+        ix.query(&mut TestKeys::full(&p), filter)
+            .hits
+            .get(instance)
+            .map(|row| row.rank_matches[&0].device / BS)
+    };
+    assert_eq!((rank(None, "a"), rank(None, "b")), (Some(4), Some(1)));
+    assert_eq!(
+        (rank(Some("b"), "b"), rank(Some("b"), "a")),
+        (Some(1), None)
+    );
+    assert_eq!(rank(Some("a"), "a"), Some(4));
+}
