@@ -425,12 +425,18 @@ async fn follow_engines(
     fleet
         .set_origin(Origin::Config, config.engines.entries.clone())
         .await;
-    if let Some(dns) = &config.engines.dns {
-        tokio::spawn(crate::engines::dns::follow(
-            fleet.clone(),
-            dns.clone(),
-            stop.clone(),
-        ));
+    match &config.engines.dns {
+        Some(dns) => {
+            tokio::spawn(crate::engines::dns::follow(
+                fleet.clone(),
+                dns.clone(),
+                stop.clone(),
+            ));
+        }
+        // The configuration is the source of truth for what it declares: the addresses a name
+        // it no longer has resolved to (kept in the store) are followed no more, their ranks
+        // unregistered now.
+        None => fleet.set_origin(Origin::Dns, Vec::new()).await,
     }
     tokio::spawn(fleet.clone().run_loads(stop.clone()));
     tokio::spawn(fleet.run(stop));

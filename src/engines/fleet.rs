@@ -146,12 +146,18 @@ impl Fleet {
             self.records.put(&spec).await?;
         }
         let before = self.registered(&spec).await?;
-        if let Err(e) = self.converge(&spec, &before, &wanted).await {
+        let mut made = Vec::new();
+        if let Err(e) = self.converge(&spec, &before, &wanted, &mut made).await {
             match &previous {
-                // A new engine leaves nothing behind.
+                // A new engine leaves nothing behind, and takes nothing away: only the ranks
+                // this call registered go (a rank registered by hand before, which the
+                // description names as it is, keeps its registration and its blocks).
                 None => {
-                    let now = self.registered(&spec).await.unwrap_or_default();
-                    let _ = self.converge(&spec, &now, &BTreeMap::new()).await;
+                    for rank in made {
+                        let _ = (self.ops)
+                            .unregister(&spec.instance_id, &spec.tenant_id, i128::from(rank))
+                            .await;
+                    }
                     let _ = self.records.delete(&key).await;
                 }
                 // A followed one keeps what it was asked as; the next refresh brings it in step.
@@ -184,7 +190,7 @@ impl Fleet {
             }
         };
         let registered = self.registered(&spec).await?;
-        self.converge(&spec, &registered, &BTreeMap::new()).await?;
+        (self.converge(&spec, &registered, &BTreeMap::new(), &mut Vec::new())).await?;
         self.records.delete(&key).await?;
         self.engines.lock().unwrap().remove(&key);
         Ok(registered.len())
@@ -338,7 +344,7 @@ impl Fleet {
             Ok(description) => match wanted_ranks(spec, &description) {
                 Ok(wanted) => match services.map(|s| registered_in(s, spec)) {
                     Some(before) => self
-                        .converge(spec, &before, &wanted)
+                        .converge(spec, &before, &wanted, &mut Vec::new())
                         .await
                         .map(|()| (description, wanted))
                         .map_err(|e| e.message),
@@ -378,7 +384,8 @@ impl Fleet {
         if expired {
             // Past the grace its blocks would answer for an engine that is gone.
             let registered = self.registered(spec).await.unwrap_or_default();
-            let cleared = self.converge(spec, &registered, &BTreeMap::new()).await;
+            let cleared =
+                (self.converge(spec, &registered, &BTreeMap::new(), &mut Vec::new())).await;
             if let Some(engine) = self.engines.lock().unwrap().get_mut(&key) {
                 engine.dropped = cleared.is_ok();
                 engine.ranks_registered = if cleared.is_ok() { 0 } else { registered.len() };
@@ -387,12 +394,14 @@ impl Fleet {
     }
 
     /// Unregister what `before` has and `wanted` does not (or has otherwise), then register
-    /// what `wanted` adds; stops at the first refusal.
+    /// what `wanted` adds, noting each rank it registered in `made`; stops at the first
+    /// refusal.
     async fn converge(
         &self,
         spec: &EngineSpec,
         before: &BTreeMap<u32, RankPlan>,
         wanted: &BTreeMap<u32, RankPlan>,
+        made: &mut Vec<u32>,
     ) -> Result<(), OpError> {
         for (rank, plan) in before {
             if !wanted.get(rank).is_some_and(|w| w.registers_as(plan)) {
@@ -412,6 +421,7 @@ impl Fleet {
                 self.ops
                     .register(plan.input(spec, *rank), PYTHON_NAMES)
                     .await?;
+                made.push(*rank);
             }
         }
         Ok(())

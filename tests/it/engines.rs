@@ -425,7 +425,7 @@ async fn every_address_of_a_name_is_an_engine() {
     let engine = EngineHttp::start().await;
     engine.vllm(&[(0, wildcard(&player.endpoint))], "m");
     let port = engine.url.rsplit(':').next().unwrap().to_owned();
-    let server = Server::start_with(json!({
+    let mut server = Server::start_with(json!({
         "engines_dns": {"name": format!("localhost:{port}"), "type": "vLLM", "block_size": 4,
                         "refresh_ms": 200},
         "engine_refresh_ms": 200,
@@ -451,6 +451,20 @@ async fn every_address_of_a_name_is_an_engine() {
         (row["origin"].as_str(), row["state"].as_str()),
         (Some("dns"), Some("ok"))
     );
+
+    // The configuration is the source of truth for what it declares: started again without
+    // `engines_dns`, the addresses the name resolved to are followed no more, and their ranks
+    // are unregistered.
+    assert_eq!(server.terminate(), Some(0));
+    let server = Server::start_in(server.into_dir(), json!({"engine_refresh_ms": 200})).await;
+    until(WAIT, async || {
+        let listed = engines(&server).await;
+        match (services(&server).await.is_empty(), listed["count"] == 0) {
+            (true, true) => Ok(()),
+            _ => Err(format!("still followed: {listed}")),
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -522,4 +536,50 @@ async fn the_load_is_read_on_its_own_interval() {
         (body["loads"]["e1"]["server_load"] == 9).then_some(())
     })
     .await;
+}
+
+/// A refused POST /engines undoes only what it did: a rank registered by hand before, which the
+/// engine's description names exactly as it is registered, keeps its registration and its
+/// blocks when another rank of the request is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_engine_request_leaves_a_prior_hand_registration_and_its_hits() {
+    // Room for one subscription: the engine's second rank is refused.
+    let mut server = Server::start_with(json!({"max_subscriptions": 1})).await;
+    let (mut rank0, rank1) = (Player::start(false, 0).await, Player::start(false, 0).await);
+    let hand = engine::Registration::vllm("e1", &rank0.endpoint).json();
+    server.register_ok(&hand).await;
+    let tokens: Vec<i32> = (1..=12).collect();
+    let stored = engine::vllm_store_prompt(&vllm_cbor_profile(), &tokens, 4, "GPU", 0);
+    handshake(&server, &mut rank0, "e1|default|0", stored).await;
+    let held = || async {
+        let r = grpc_query(&server, "m", tokens.clone(), 4).await;
+        r.hits.get("e1").map(|row| row.device)
+    };
+    eventually("the hand registration's hits", WAIT, || async {
+        (held().await == Some(12)).then_some(())
+    })
+    .await;
+
+    let engine = EngineHttp::start().await;
+    engine.vllm(
+        &[
+            (0, wildcard(&rank0.endpoint)),
+            (1, wildcard(&rank1.endpoint)),
+        ],
+        "m",
+    );
+    let r = http::post_json(server.http_port, "/engines", &register_body(&engine.url)).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("max_subscriptions"), "{}", r.text());
+    assert_eq!(services(&server).await, ["e1|default|0"]);
+    assert_eq!(
+        held().await,
+        Some(12),
+        "the hand registration's blocks stay"
+    );
+    assert_eq!(
+        engines(&server).await["count"],
+        0,
+        "the engine is not followed"
+    );
 }
