@@ -105,15 +105,7 @@ impl Fleet {
     /// refusal, the ranks this call registered are unregistered again and the engine is not
     /// followed (an engine followed before keeps its ranks).
     pub async fn add(&self, spec: EngineSpec) -> Result<EngineReply, OpError> {
-        // The Conductor connects where the URL says: the same hosts as endpoints may name.
-        if !self
-            .policy
-            .host_allowed(&format!("tcp://{}:1", spec.url.host))
-        {
-            let message = format!(
-                "url {:?}: the host is not in allowed_endpoint_hosts",
-                spec.url.to_url()
-            );
+        if let Err(message) = self.allowed(&spec) {
             return Err(OpError::invalid("url", "not_allowed", message));
         }
         let key = spec.key();
@@ -260,6 +252,7 @@ impl Fleet {
             let engines = self.engines.lock().unwrap();
             (engines.values())
                 .filter(|e| e.failing.is_none() && e.last_read.is_some())
+                .filter(|e| self.allowed(&e.spec).is_ok())
                 .map(|e| e.spec.clone())
                 .collect()
         };
@@ -433,7 +426,25 @@ impl Fleet {
         Ok(registered_in(&self.ops.list_services().await?, spec))
     }
 
+    /// The Conductor connects where the URL says: the same hosts as endpoints may name. One
+    /// policy at every entrance: an engine from a request, the configuration, a DNS name, the
+    /// store or another replica is checked before each read, so one outside the policy is
+    /// reported and never read (and its ranks go after the unreadable grace).
+    fn allowed(&self, spec: &EngineSpec) -> Result<(), String> {
+        if self
+            .policy
+            .host_allowed(&format!("tcp://{}:1", spec.url.host))
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "url {:?}: the host is not in allowed_endpoint_hosts",
+            spec.url.to_url()
+        ))
+    }
+
     async fn read(&self, spec: &EngineSpec) -> Result<Description, String> {
+        self.allowed(spec)?;
         read_description(
             spec,
             self.settings.fetch,

@@ -544,7 +544,7 @@ async fn the_load_is_read_on_its_own_interval() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_engine_request_leaves_a_prior_hand_registration_and_its_hits() {
     // Room for one subscription: the engine's second rank is refused.
-    let mut server = Server::start_with(json!({"max_subscriptions": 1})).await;
+    let server = Server::start_with(json!({"max_subscriptions": 1})).await;
     let (mut rank0, rank1) = (Player::start(false, 0).await, Player::start(false, 0).await);
     let hand = engine::Registration::vllm("e1", &rank0.endpoint).json();
     server.register_ok(&hand).await;
@@ -581,5 +581,52 @@ async fn a_refused_engine_request_leaves_a_prior_hand_registration_and_its_hits(
         engines(&server).await["count"],
         0,
         "the engine is not followed"
+    );
+}
+
+/// One policy at every entrance: an engine of the configuration, and one registered by request
+/// before `allowed_endpoint_hosts` was tightened (restored from the store), are checked before
+/// every read: outside the policy they are reported and never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_outside_allowed_endpoint_hosts_are_never_read_whatever_their_origin() {
+    let player = Player::start(false, 0).await;
+    let (configured, requested) = (EngineHttp::start().await, EngineHttp::start().await);
+    for engine in [&configured, &requested] {
+        engine.vllm(&[(0, wildcard(&player.endpoint))], "m");
+    }
+    // Registered by request while every host is allowed.
+    let mut server = Server::start_with(json!({"engine_refresh_ms": 200})).await;
+    let r = http::post_json(server.http_port, "/engines", &register_body(&requested.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(server.terminate(), Some(0));
+
+    let policy = json!({
+        "allowed_endpoint_hosts": ["10.0.0.0/8"],
+        "engine_refresh_ms": 200,
+        "engine_load_refresh_ms": 200,
+        "engines": [{"url": configured.url, "type": "vLLM", "instance_id": "c1", "block_size": 4,
+                     "hash_profile": vllm_cbor_profile()}],
+    });
+    let before = requested.requests();
+    let server = Server::start_in(server.into_dir(), policy).await;
+    let refused = |row: &Value| {
+        row["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("allowed_endpoint_hosts"))
+    };
+    until(WAIT, async || {
+        let listed = engines(&server).await;
+        let rows = listed["engines"].as_array().cloned().unwrap_or_default();
+        match rows.len() == 2 && rows.iter().all(refused) {
+            true => Ok(()),
+            false => Err(format!("not both reported as refused: {listed}")),
+        }
+    })
+    .await;
+    assert_eq!(configured.requests(), 0, "the configured engine was read");
+    assert_eq!(
+        requested.requests(),
+        before,
+        "the stored engine was read again"
     );
 }

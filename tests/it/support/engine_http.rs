@@ -30,6 +30,8 @@ struct Shared {
     /// The route's body by path.
     routes: Arc<Mutex<Vec<(String, Value)>>>,
     mode: Arc<Mutex<Mode>>,
+    /// Requests received, any route.
+    requests: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 pub struct EngineHttp {
@@ -43,6 +45,7 @@ impl EngineHttp {
         let shared = Shared {
             routes: Arc::default(),
             mode: Arc::new(Mutex::new(Mode::Serve)),
+            requests: Arc::default(),
         };
         let app = Router::new()
             .route("/kv_event_sources", get(answer))
@@ -67,6 +70,13 @@ impl EngineHttp {
         let mut routes = self.shared.routes.lock().unwrap();
         routes.retain(|(p, _)| p != path);
         routes.push((path.to_owned(), body));
+    }
+
+    /// Requests received so far, any route.
+    pub fn requests(&self) -> usize {
+        self.shared
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn mode(&self, mode: Mode) {
@@ -122,6 +132,7 @@ pub fn wildcard(endpoint: &str) -> String {
 }
 
 async fn answer(State(shared): State<Shared>, uri: axum::http::Uri) -> Response {
+    (shared.requests).fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let mode = shared.mode.lock().unwrap().clone();
     match mode {
         Mode::Serve => {}
