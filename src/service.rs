@@ -164,6 +164,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     }
     let storage_health = Arc::new(StorageHealth::default());
     let export_counts = Arc::new(crate::replica::serve::ExportCounts::default());
+    // Incomplete once the bootstrap failed for good: `/health` says degraded until caught up.
+    let completeness = Arc::new(crate::replica::complete::Completeness::default());
     let connection_limits = config.connection_limits();
     let connections =
         crate::gateway::connections::Connections::new(connection_limits.max_connections);
@@ -172,6 +174,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .with_shared(shared.clone())
         .with_storage_health(storage_health.clone())
         .with_metrics_section(replica.clone())
+        .with_metrics_section(completeness.clone())
+        .with_degraded_source(completeness.clone())
         .with_metrics_section(export_counts.clone())
         .with_metrics_section(connections.clone());
     // Engines registered by URL register their ranks through these same operations.
@@ -279,7 +283,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
                 source_records = recovered.sources;
                 bootstrapped = true;
             }
-            Outcome::StartEmpty => started_empty = true,
+            Outcome::StartEmpty { attempts, error } => {
+                completeness.started_empty(peer, attempts, &error);
+                started_empty = true;
+            }
             Outcome::Stopped => {
                 tracing::info!(
                     "shutting down during the bootstrap; the next start bootstraps again"
@@ -370,8 +377,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     } else {
         tokio::spawn(checkpointer.run(interval, checkpoint_stop.clone()))
     };
+    let listed = config.shared_registry.is_some().then_some(listed_rx);
+    if started_empty {
+        // After the static registrations: those the start brings are running (with etcd, the
+        // watch waits for its first listing too), so none is missed by a look that finds the
+        // others caught up.
+        tokio::spawn(completeness.watch(registry.clone(), listed.clone(), shutdown.clone()));
+    }
     if bootstrapped || started_empty {
-        let listed = config.shared_registry.is_some().then_some(listed_rx);
         crate::replica::catch_up(&registry, &readiness, &replica, listed).await;
     }
     readiness.set_ready();

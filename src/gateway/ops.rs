@@ -11,7 +11,7 @@ use crate::error::OpError;
 use crate::gateway::answer_status::{self, InstanceAnswerStatus};
 use crate::gateway::auth::{Access, Auth};
 use crate::gateway::engines_api::EngineControl;
-use crate::gateway::readiness::Readiness;
+use crate::gateway::readiness::{DegradedSource, Readiness};
 use crate::gateway::registration::{FieldNames, MAX_BLOCK_SIZE, RegistrationInput};
 use crate::index::{AnswerView, ContextView, IndexStats, QueryHits};
 use crate::metrics::{QueryMetrics, Scrape, Transport};
@@ -114,6 +114,8 @@ pub struct Ops {
     shared: Option<Arc<crate::registry::shared::etcd::EtcdRegistry>>,
     /// Further `/metrics` sections (the replica's id and bootstrap progress).
     sections: Vec<Arc<dyn crate::metrics::Section>>,
+    /// Further reasons to say degraded (a replica that started empty after its bootstrap failed).
+    degraded: Vec<Arc<dyn DegradedSource>>,
     auth: Arc<Auth>,
     /// Engines registered by URL; set once the service has built them (they call back here).
     engines: Arc<std::sync::OnceLock<Arc<dyn EngineControl>>>,
@@ -135,6 +137,7 @@ impl Ops {
             storage: Arc::default(),
             shared: None,
             sections: Vec::new(),
+            degraded: Vec::new(),
             auth: Arc::new(auth),
             engines: Arc::default(),
         }
@@ -182,20 +185,28 @@ impl Ops {
         self
     }
 
+    pub fn with_degraded_source(mut self, source: Arc<dyn DegradedSource>) -> Self {
+        self.degraded.push(source);
+        self
+    }
+
     pub fn with_storage_health(mut self, storage: Arc<StorageHealth>) -> Self {
         self.storage = storage;
         self
     }
 
     /// Why the service is degraded while it keeps serving: checkpoints not landing,
-    /// registrations served that etcd lost in a suspected reset, or the memory budget evicting.
+    /// registrations served that etcd lost in a suspected reset, the memory budget evicting, or
+    /// what a further source says (see [`Ops::with_degraded_source`]).
     pub fn degraded_reason(&self) -> Option<String> {
         let held = (self.shared.as_ref())
             .and_then(|e| e.reset_report().held())
             .map(|h| h.describe());
         let budget = self.contexts.budget().degraded();
+        let further = self.degraded.iter().map(|d| d.degraded());
         let reasons: Vec<String> = [self.storage.degraded(), held, budget]
             .into_iter()
+            .chain(further)
             .flatten()
             .collect();
         (!reasons.is_empty()).then(|| reasons.join("; "))

@@ -7,6 +7,14 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+/// A part of the service that may have `/health` (and gRPC `Health`) say degraded while it
+/// serves. The gateway asks it without knowing what it is, as it renders a `metrics::Section`,
+/// so that the modules above the gateway (the replica's bootstrap) report through it.
+pub trait DegradedSource: Send + Sync {
+    /// Why the service is degraded, while it is.
+    fn degraded(&self) -> Option<String>;
+}
+
 #[derive(Debug)]
 pub struct Readiness {
     /// `None` once ready; otherwise what the service is still doing.

@@ -31,8 +31,8 @@ pub enum Outcome {
     /// A snapshot is loaded: the replica starts from it.
     Loaded(Recovered),
     /// Every allowed attempt failed: the replica starts empty (its directory was cleared and
-    /// is no longer marked pending).
-    StartEmpty,
+    /// is no longer marked pending). The attempts made and the last one's error.
+    StartEmpty { attempts: u64, error: PullError },
     /// The service is shutting down; the directory stays marked pending.
     Stopped,
 }
@@ -96,10 +96,14 @@ impl Attempts<'_> {
                 progress.abandoned(why);
             }
             if self.limit != 0 && attempt >= u64::from(self.limit) {
+                // The usual cause is a peer that refuses every snapshot for want of a token:
+                // the log says so and how to fix it, beside the error.
+                let hint = e.hint().map(|h| format!(" ({h})")).unwrap_or_default();
                 tracing::error!(
                     peer,
                     attempts = attempt,
-                    "bootstrap failed, starting empty: {e}"
+                    "bootstrap failed, starting empty: {e}{hint}; /health says degraded until \
+                     every subscription has replayed what its publisher buffers"
                 );
                 // The failed attempt cleared what it wrote: the directory is empty and this
                 // replica's own from now on.
@@ -107,7 +111,10 @@ impl Attempts<'_> {
                     tracing::error!("cannot clear the bootstrap-pending mark: {e}");
                 }
                 progress.set_phase(Phase::Failed);
-                return Outcome::StartEmpty;
+                return Outcome::StartEmpty {
+                    attempts: attempt,
+                    error: e,
+                };
             }
             let wait = backoff(attempt.min(u64::from(u32::MAX)) as u32);
             tracing::warn!(

@@ -7,7 +7,8 @@
 //! (receive, write, load); [`receive`] the stream's checks against this replica's bounds; [`failure`] why an
 //! attempt failed; [`build`] the contexts made from the records as they arrive;
 //! [`pending`] the data directory's "bootstrap pending" mark; [`progress`] the replica id and
-//! bootstrap phase for `/health` and `/metrics`.
+//! bootstrap phase for `/health` and `/metrics`; [`complete`] whether a replica that started
+//! empty after its bootstrap failed has caught up (`/health` degraded until then).
 //!
 //! A bootstrap runs when `bootstrap_from` is set and the data directory held nothing (recovery
 //! found no registration and no context), or held a bootstrap that did not complete (its
@@ -21,6 +22,7 @@ pub mod attempts;
 pub mod build;
 #[cfg(test)]
 mod build_tests;
+pub mod complete;
 pub mod cut;
 #[cfg(test)]
 mod cut_order_tests;
@@ -103,12 +105,15 @@ pub fn plan<'a>(
 /// Whether every subscription has caught up with its publisher: live, nothing pending. One
 /// whose replay could not reach its position (resyncing) has nothing more to wait for.
 fn caught_up(services: &[ServiceInfo]) -> bool {
-    services.iter().all(|s| {
-        matches!(
-            s.status.phase,
-            Some(SubscriptionPhase::Live | SubscriptionPhase::Resyncing)
-        ) && s.status.pending_batches == 0
-    })
+    services.iter().all(caught_up_one)
+}
+
+/// [`caught_up`] for one subscription.
+fn caught_up_one(s: &ServiceInfo) -> bool {
+    matches!(
+        s.status.phase,
+        Some(SubscriptionPhase::Live | SubscriptionPhase::Resyncing)
+    ) && s.status.pending_batches == 0
 }
 
 /// Whether no subscription has a replay left to apply: [`caught_up`], or still connecting (it

@@ -179,6 +179,7 @@ async fn fetch(
         })?
         .map_err(|s| PullError::Refused {
             peer: peer.to_owned(),
+            code: s.code(),
             reason: format!("{:?}: {}", s.code(), s.message()),
         })?
         .into_inner();

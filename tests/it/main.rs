@@ -7,6 +7,7 @@ mod auth;
 mod backpressure;
 mod bootstrap;
 mod bootstrap_deadline;
+mod bootstrap_empty;
 mod bootstrap_retry;
 mod bounded_requests;
 mod budget;
