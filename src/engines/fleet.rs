@@ -11,9 +11,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures::StreamExt;
-use tokio_util::sync::CancellationToken;
-
 use crate::error::OpError;
 use crate::gateway::engines_api::{EngineLoad, EngineReply, EngineStatus, LoadReport};
 use crate::gateway::ops::Ops;
@@ -26,30 +23,32 @@ use super::EngineSettings;
 use super::describe::Description;
 use super::read::read_description;
 use super::records::Records;
+use super::schedule::Due;
 use super::spec::{EngineSpec, Origin, RankPlan, wanted_ranks};
 
-/// Descriptions read at once during a refresh.
-const CONCURRENT_READS: usize = 16;
 /// An engine failing on every refresh logs once a minute.
 const WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 type Key = (String, String);
 
-struct Engine {
-    spec: EngineSpec,
+pub(super) struct Engine {
+    pub(super) spec: EngineSpec,
     model_name: String,
     ranks_found: usize,
     ranks_registered: usize,
-    last_read: Option<Instant>,
+    pub(super) last_read: Option<Instant>,
     /// Since when, and why, the description cannot be read (or asks for what cannot be
     /// registered).
-    failing: Option<(Instant, String)>,
+    pub(super) failing: Option<(Instant, String)>,
     /// Unreadable past the grace: its ranks are unregistered until it reads again.
     dropped: bool,
     /// When its last warning was logged (one per [`WARN_EVERY`]).
     warned: Option<Instant>,
     /// Its last load read, and when.
-    load: Option<(Instant, EngineLoad)>,
+    pub(super) load: Option<(Instant, EngineLoad)>,
+    /// When its description and its load are read next (see `schedule`).
+    pub(super) describe_due: Due,
+    pub(super) load_due: Due,
 }
 
 impl Engine {
@@ -64,16 +63,18 @@ impl Engine {
             dropped: false,
             warned: None,
             load: None,
+            describe_due: Due::default(),
+            load_due: Due::default(),
         }
     }
 }
 
 pub struct Fleet {
-    ops: Ops,
+    pub(super) ops: Ops,
     policy: RegistrationPolicy,
-    settings: EngineSettings,
+    pub(super) settings: EngineSettings,
     records: Records,
-    engines: Mutex<BTreeMap<Key, Engine>>,
+    pub(super) engines: Mutex<BTreeMap<Key, Engine>>,
     changes: tokio::sync::Mutex<()>,
     errors: std::sync::atomic::AtomicU64,
 }
@@ -181,9 +182,11 @@ impl Fleet {
                 return Err(OpError::not_found(message));
             }
         };
+        // The record goes first: another replica that reads the engine meanwhile finds it
+        // gone and does not register its ranks again.
+        self.records.delete(&key).await?;
         let registered = self.registered(&spec).await?;
         (self.converge(&spec, &registered, &BTreeMap::new(), &mut Vec::new())).await?;
-        self.records.delete(&key).await?;
         self.engines.lock().unwrap().remove(&key);
         Ok(registered.len())
     }
@@ -221,81 +224,9 @@ impl Fleet {
         }
     }
 
-    /// Read every engine's description again and bring each in step, until `stop`.
-    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(self.settings.refresh);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tick.tick() => self.refresh_all().await,
-            }
-        }
-    }
-
-    /// Read every readable engine's load every `load_refresh`, until `stop`: a router weighs
-    /// queues that change within seconds, more often than descriptions are read.
-    pub async fn run_loads(self: Arc<Self>, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(self.settings.load_refresh);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tick.tick() => self.read_loads().await,
-            }
-        }
-    }
-
-    /// One read of every readable engine's load.
-    pub async fn read_loads(&self) {
-        let specs: Vec<EngineSpec> = {
-            let engines = self.engines.lock().unwrap();
-            (engines.values())
-                .filter(|e| e.failing.is_none() && e.last_read.is_some())
-                .filter(|e| self.allowed(&e.spec).is_ok())
-                .map(|e| e.spec.clone())
-                .collect()
-        };
-        let (limits, ranks) = (self.settings.fetch, self.settings.max_ranks_per_engine);
-        futures::stream::iter(specs)
-            .for_each_concurrent(CONCURRENT_READS, |spec| async move {
-                let Some(load) = super::load::read_load(&spec, limits, ranks).await else {
-                    return;
-                };
-                let mut engines = self.engines.lock().unwrap();
-                if let Some(e) = engines.get_mut(&spec.key()).filter(|e| e.spec == spec) {
-                    e.load = Some((Instant::now(), load));
-                }
-            })
-            .await;
-    }
-
-    /// One refresh of every engine.
-    pub async fn refresh_all(&self) {
-        self.follow_shared().await;
-        let specs: Vec<EngineSpec> = {
-            let engines = self.engines.lock().unwrap();
-            engines.values().map(|e| e.spec.clone()).collect()
-        };
-        let reads = futures::stream::iter(specs)
-            .map(|spec| async move {
-                let read = self.read(&spec).await;
-                (spec, read)
-            })
-            .buffer_unordered(CONCURRENT_READS)
-            .collect::<Vec<_>>()
-            .await;
-        // One listing for the whole refresh: a step changes only its own engine's ranks, and
-        // a rank another change registered meanwhile is registered again as `Unchanged`.
-        let services = self.ops.list_services().await.ok();
-        for (spec, read) in reads {
-            self.step(&spec, read, services.as_deref()).await;
-        }
-    }
-
     /// With etcd: follow the engines other replicas registered, and stop following those
     /// another replica removed (their ranks left through the shared registrations already).
-    async fn follow_shared(&self) {
+    pub(super) async fn follow_shared(&self) {
         if !self.records.is_shared() {
             return;
         }
@@ -316,7 +247,7 @@ impl Fleet {
     }
 
     /// Bring one engine in step with what was just read of it.
-    async fn step(
+    pub(super) async fn step(
         &self,
         spec: &EngineSpec,
         read: Result<Description, String>,
@@ -332,6 +263,14 @@ impl Fleet {
             .is_none_or(|e| e.spec != *spec)
         {
             return; // Removed or replaced while it was read.
+        }
+        // With etcd, another replica may have removed the engine since the last listing: its
+        // ranks must not be registered again (nor anything changed while etcd cannot say).
+        if spec.origin == Origin::Request
+            && self.records.is_shared()
+            && self.records.still_shared(spec).await != Some(true)
+        {
+            return;
         }
         let outcome = match read {
             Ok(description) => match wanted_ranks(spec, &description) {
@@ -430,7 +369,7 @@ impl Fleet {
     /// policy at every entrance: an engine from a request, the configuration, a DNS name, the
     /// store or another replica is checked before each read, so one outside the policy is
     /// reported and never read (and its ranks go after the unreadable grace).
-    fn allowed(&self, spec: &EngineSpec) -> Result<(), String> {
+    pub(super) fn allowed(&self, spec: &EngineSpec) -> Result<(), String> {
         if self
             .policy
             .host_allowed(&format!("tcp://{}:1", spec.url.host))
@@ -443,7 +382,7 @@ impl Fleet {
         ))
     }
 
-    async fn read(&self, spec: &EngineSpec) -> Result<Description, String> {
+    pub(super) async fn read(&self, spec: &EngineSpec) -> Result<Description, String> {
         self.allowed(spec)?;
         read_description(
             spec,

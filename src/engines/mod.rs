@@ -18,6 +18,8 @@ pub mod fleet;
 pub mod load;
 pub mod read;
 pub mod records;
+pub mod runner;
+pub mod schedule;
 pub mod spec;
 
 use std::time::Duration;

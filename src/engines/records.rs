@@ -65,6 +65,14 @@ impl Records {
     }
 
     /// Whether engines registered by request are shared through etcd.
+    /// With etcd: whether `spec`'s record is still there (another replica may have removed
+    /// the engine since this one last listed them); `None` without etcd or when it cannot be
+    /// read.
+    pub async fn still_shared(&self, spec: &EngineSpec) -> Option<bool> {
+        let shared = self.shared.as_ref()?;
+        shared.engine_listed(&shared_name(&spec.key())).await.ok()
+    }
+
     pub fn is_shared(&self) -> bool {
         self.shared.is_some()
     }

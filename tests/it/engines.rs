@@ -630,3 +630,67 @@ async fn engines_outside_allowed_endpoint_hosts_are_never_read_whatever_their_or
         "the stored engine was read again"
     );
 }
+
+/// No head-of-line blocking: 48 engines that accept and never answer do not hold up a healthy
+/// one. Its load keeps being read about every interval (age at most three intervals), and a
+/// rank it adds is registered within three description intervals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_engines_do_not_hold_up_a_healthy_one() {
+    let slow = EngineHttp::start().await;
+    slow.mode(Mode::Slow(Duration::from_secs(600)));
+    let entries: Vec<Value> = (0..48)
+        .map(|i| {
+            json!({"url": slow.url, "type": "vLLM", "instance_id": format!("slow{i}"),
+                        "block_size": 4, "hash_profile": vllm_cbor_profile()})
+        })
+        .collect();
+    let server = Server::start_with(json!({
+        "engines": entries, "engine_refresh_ms": 1000, "engine_load_refresh_ms": 1000,
+    }))
+    .await;
+    let (rank0, rank1) = (Player::start(false, 0).await, Player::start(false, 0).await);
+    let engine = EngineHttp::start().await;
+    engine.vllm(&[(0, wildcard(&rank0.endpoint))], "m");
+    engine.set("/load", json!({"server_load": 1}));
+    let r = http::post_json(server.http_port, "/engines", &register_body(&engine.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Load ages over six intervals, sampled every 100 ms.
+    let query = json!({"model_name": "m", "block_size": 4, "token_ids": [1, 2, 3, 4], "include_load": true});
+    let started = std::time::Instant::now();
+    let mut oldest = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        let body = http::post_json(server.http_port, "/query", &query)
+            .await
+            .json();
+        let age = body["loads"]["e1"]["age_ms"].as_u64().expect("e1's load");
+        oldest = oldest.max(age);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        oldest <= 3000,
+        "e1's load was {oldest} ms old with 48 slow engines"
+    );
+
+    // A new rank is registered within three description intervals.
+    engine.vllm(
+        &[
+            (0, wildcard(&rank0.endpoint)),
+            (1, wildcard(&rank1.endpoint)),
+        ],
+        "m",
+    );
+    let asked = std::time::Instant::now();
+    until(Duration::from_secs(10), async || {
+        match services(&server).await.contains(&"e1|default|1".to_owned()) {
+            true => Ok(()),
+            false => Err("rank 1 not registered".to_owned()),
+        }
+    })
+    .await;
+    let took = asked.elapsed();
+    assert!(
+        took <= Duration::from_secs(3),
+        "rank 1 took {took:?} with 48 slow engines"
+    );
+}

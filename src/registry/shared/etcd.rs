@@ -414,6 +414,17 @@ impl EtcdRegistry {
             .map(|_| ())
     }
 
+    /// Whether an engine's record is there.
+    pub async fn engine_listed(&self, name: &str) -> Result<bool, OpError> {
+        let key = format!("{}{name}", self.engines_prefix());
+        let get = TxnOp::get(key, Some(GetOptions::new().with_count_only()));
+        let resp = self.txn(Txn::new().and_then([get])).await?;
+        Ok(resp.op_responses().iter().any(|op| match op {
+            TxnOpResponse::Get(g) => g.count() > 0,
+            _ => false,
+        }))
+    }
+
     /// Every engine record, by name.
     pub async fn list_engines(&self) -> Result<Vec<(String, Vec<u8>)>, OpError> {
         let prefix = self.engines_prefix();
