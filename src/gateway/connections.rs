@@ -3,10 +3,14 @@
 //! protects against is in `docs/connections.md`.
 //!
 //! Every accepted connection, HTTP or gRPC, takes a [`Ticket`] from one shared [`Connections`]
-//! before it is handed to a worker, and gives it back when it closes. At the cap, the connection
-//! idle the longest (at least [`EVICTABLE_IDLE`], with no request in flight) is closed to admit
-//! the new one; without such a connection the new one is refused (closed at once), so that a
-//! flood of idle sockets cannot keep `/health` out, and busy connections are never cut.
+//! before it is handed to a worker, and gives it back when it closes: from accept, so a TLS
+//! handshake under way holds one. At the cap, an idle connection (no request in flight, or a
+//! handshake not yet complete) is closed to admit the new one, whatever its age: the longest
+//! idle of the peer address that holds the most idle connections. Without an idle connection
+//! the new one is refused (closed at once). So a flood of idle sockets, however fast, cannot
+//! keep `/health` out (a new connection reads its request within moments, long before the flood
+//! has gone round every slot), a flooding address evicts its own sockets first, and busy
+//! connections are never cut.
 //!
 //! A connection is idle once, for the idle timeout, either nothing was read from its peer, or it
 //! had no request in flight and none began. The second half matters on HTTP/2: a peer answering
@@ -14,8 +18,9 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -23,8 +28,10 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
-/// A connection idle at least this long may be closed to admit a new one at the cap.
-pub const EVICTABLE_IDLE: Duration = Duration::from_secs(1);
+/// Connections closed to make room whose socket their worker has not dropped yet, at most: the
+/// accept loops wait beyond this, so that open sockets stay within the cap plus a small margin
+/// however far the workers fall behind a flood (`docs/connections.md`).
+pub const EVICTED_UNCLOSED_MAX: usize = 8;
 
 /// How long an accept loop pauses when the process (or the system) is out of descriptors.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -128,6 +135,11 @@ impl Activity {
         Some(self.now().saturating_sub(last))
     }
 
+    /// Resolves once the connection has been chosen to make room (at once if it already was).
+    pub async fn evicted(&self) {
+        self.close.notified().await
+    }
+
     /// Resolves once the connection is idle for `idle`, or has been chosen to make room.
     pub async fn closing(&self, idle: Duration) -> Closed {
         loop {
@@ -169,13 +181,41 @@ pub struct Connections {
     max: usize,
     epoch: Instant,
     open: Mutex<Open>,
+    /// Connections evicted whose ticket (and socket) is not dropped yet, and its decrease.
+    evicted_unclosed: AtomicUsize,
+    evicted_closed: Notify,
     pub counts: ConnectionCounts,
 }
 
 #[derive(Debug, Default)]
 struct Open {
     next_id: u64,
-    by_id: HashMap<u64, Arc<Activity>>,
+    by_id: HashMap<u64, (IpAddr, Arc<Activity>)>,
+}
+
+impl Open {
+    /// The connection to close at the cap: of the peer address holding the most idle
+    /// connections, the one idle the longest; `None` when every one has a request in flight.
+    /// Preferring the address that holds the most, rather than capping each address, keeps
+    /// clients that share one (a proxy, a NAT, every client on this host) from being refused
+    /// while slots are free, and still makes a flooding address pay with its own sockets.
+    fn victim(&self) -> Option<u64> {
+        // A scan of the open connections, only at the cap: cheaper than keeping them ordered
+        // by activity on every read.
+        let mut idle = Vec::with_capacity(self.by_id.len());
+        let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
+        for (id, (peer, activity)) in &self.by_id {
+            if let Some(for_ms) = activity.idle_for() {
+                idle.push((*id, *peer, for_ms));
+                *per_peer.entry(*peer).or_default() += 1;
+            }
+        }
+        let (&peer, _) = per_peer.iter().max_by_key(|(_, n)| **n)?;
+        idle.into_iter()
+            .filter(|(_, p, _)| *p == peer)
+            .max_by_key(|(_, _, for_ms)| *for_ms)
+            .map(|(id, _, _)| id)
+    }
 }
 
 /// Counters for `/metrics`.
@@ -198,7 +238,13 @@ pub struct Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut open = self.registry.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.by_id.remove(&self.id);
+        if open.by_id.remove(&self.id).is_none() {
+            // Evicted: out of the count already; its socket goes with this ticket's task.
+            drop(open);
+            let registry = &self.registry;
+            registry.evicted_unclosed.fetch_sub(1, Ordering::Relaxed);
+            registry.evicted_closed.notify_waiters();
+        }
     }
 }
 
@@ -208,6 +254,8 @@ impl Connections {
             max: max.max(1),
             epoch: Instant::now(),
             open: Mutex::default(),
+            evicted_unclosed: AtomicUsize::new(0),
+            evicted_closed: Notify::new(),
             counts: ConnectionCounts::default(),
         })
     }
@@ -220,25 +268,34 @@ impl Connections {
             .len()
     }
 
-    /// Admit a new connection, closing the one idle the longest at the cap; `None`: refused
-    /// (and counted).
-    pub fn admit(self: &Arc<Self>) -> Option<Ticket> {
+    /// Resolves once fewer than [`EVICTED_UNCLOSED_MAX`] evicted connections still hold their
+    /// socket; an accept loop waits for this before accepting.
+    pub async fn evictions_closed(&self) {
+        loop {
+            let closed = self.evicted_closed.notified();
+            tokio::pin!(closed);
+            // Registered before the check, so that a drop between the two is not missed.
+            closed.as_mut().enable();
+            if self.evicted_unclosed.load(Ordering::Relaxed) < EVICTED_UNCLOSED_MAX {
+                return;
+            }
+            closed.await;
+        }
+    }
+
+    /// Admit a new connection from `peer`, closing an idle one at the cap ([`Open::victim`]);
+    /// `None`: refused (and counted).
+    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Ticket> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if open.by_id.len() >= self.max {
-            // A scan of the open connections, only at the cap: cheaper than keeping them
-            // ordered by activity on every read.
-            let victim = open
-                .by_id
-                .iter()
-                .filter_map(|(id, a)| Some((*id, a.idle_for()?)))
-                .filter(|(_, idle)| *idle >= EVICTABLE_IDLE.as_millis() as u64)
-                .max_by_key(|(_, idle)| *idle);
-            let Some((id, _)) = victim else {
+            let Some(id) = open.victim() else {
                 self.counts.refused.fetch_add(1, Ordering::Relaxed);
                 return None;
             };
-            // Out of the count now, so that it is chosen once; its worker closes it at once.
-            if let Some(activity) = open.by_id.remove(&id) {
+            // Out of the count now, so that it is chosen once; its worker drops its socket on
+            // its next turn, in a handshake or not (the margin in `docs/connections.md`).
+            if let Some((_, activity)) = open.by_id.remove(&id) {
+                self.evicted_unclosed.fetch_add(1, Ordering::Relaxed);
                 activity.close.notify_one();
             }
             self.counts.evicted.fetch_add(1, Ordering::Relaxed);
@@ -246,7 +303,7 @@ impl Connections {
         let id = open.next_id;
         open.next_id += 1;
         let activity = Arc::new(Activity::new(self.epoch));
-        open.by_id.insert(id, activity.clone());
+        open.by_id.insert(id, (peer, activity.clone()));
         Some(Ticket {
             id,
             activity,
@@ -327,6 +384,10 @@ impl<T> Watched<T> {
     pub fn new(inner: T, activity: Arc<Activity>) -> Watched<T> {
         Watched { inner, activity }
     }
+
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
@@ -387,27 +448,61 @@ mod tests {
         assert_eq!(effective_max_connections(10_000, Some(10)), 16);
     }
 
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
+
     #[tokio::test]
-    async fn at_the_cap_the_longest_idle_makes_room_and_busy_ones_never_do() {
+    async fn at_the_cap_the_longest_idle_makes_room_whatever_its_age_and_busy_ones_never_do() {
         let connections = Connections::new(2);
-        let first = connections.admit().expect("room");
+        let first = connections.admit(A).expect("room");
         std::thread::sleep(Duration::from_millis(10));
-        let second = connections.admit().expect("room");
-        let _busy = second.activity.begin();
-        // Nothing idle for a second yet: refused.
-        assert!(connections.admit().is_none());
-        assert_eq!(connections.counts.refused.load(Ordering::Relaxed), 1);
-        std::thread::sleep(EVICTABLE_IDLE + Duration::from_millis(50));
-        let third = connections.admit().expect("the idle one makes room");
+        let second = connections.admit(A).expect("room");
+        let busy = second.activity.begin();
+        // Idle for milliseconds only: still the one to go.
+        let third = connections.admit(A).expect("the idle one makes room");
         assert_eq!(
             first.activity.closing(Duration::from_secs(3600)).await,
             Closed::Evicted
         );
         assert_eq!(connections.counts.evicted.load(Ordering::Relaxed), 1);
-        // The busy one stays; the new one is not idle yet: refused.
-        assert!(connections.admit().is_none());
-        drop((first, third));
+        let _busy_too = third.activity.begin();
+        // Every open one is busy: refused.
+        assert!(connections.admit(A).is_none());
+        assert_eq!(connections.counts.refused.load(Ordering::Relaxed), 1);
+        drop(busy);
+        let fourth = connections
+            .admit(A)
+            .expect("the one no longer busy makes room");
+        second.activity.evicted().await;
+        assert_eq!(connections.open(), 2);
+        // Both evicted still hold their sockets; the accept loops wait once enough do.
+        assert_eq!(connections.evicted_unclosed.load(Ordering::Relaxed), 2);
+        drop((first, second, third));
+        assert_eq!(connections.evicted_unclosed.load(Ordering::Relaxed), 0);
+        connections.evictions_closed().await;
         assert_eq!(connections.open(), 1);
+        drop(fourth);
+        assert_eq!(connections.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_address_holding_the_most_idle_connections_gives_one_up_first() {
+        let connections = Connections::new(4);
+        let quiet = connections.admit(B).expect("room");
+        std::thread::sleep(Duration::from_millis(20));
+        let flood: Vec<_> = (0..3)
+            .map(|_| connections.admit(A).expect("room"))
+            .collect();
+        // `quiet` is idle the longest, but A holds three idle connections to its one.
+        let _new = connections.admit(B).expect("room made");
+        let registered = |ticket: &Ticket| {
+            let open = connections.open.lock().unwrap();
+            open.by_id.contains_key(&ticket.id)
+        };
+        assert!(registered(&quiet));
+        assert_eq!(flood.iter().filter(|t| !registered(t)).count(), 1);
+        assert_eq!(connections.open(), 4);
+        assert_eq!(connections.counts.evicted.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test]

@@ -27,6 +27,8 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+use crate::gateway::connections::Watched;
+
 /// A handshake must complete within this by default: a client on a slow link needs a few round
 /// trips; a client that sends nothing holds a task and a socket until then.
 pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
@@ -332,10 +334,10 @@ impl ServerTls {
     /// fails or does not complete in time.
     pub async fn handshake(
         &self,
-        stream: TcpStream,
+        stream: Watched<TcpStream>,
         port: Port,
-    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
-        let peer = stream.peer_addr().ok();
+    ) -> Option<tokio_rustls::server::TlsStream<Watched<TcpStream>>> {
+        let peer = stream.get_ref().peer_addr().ok();
         let handshake = self.acceptor(port).accept(stream);
         match tokio::time::timeout(self.timeout, handshake).await {
             Ok(Ok(stream)) => Some(stream),

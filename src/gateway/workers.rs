@@ -143,12 +143,18 @@ async fn accept(
 ) {
     let mut next = 0;
     loop {
+        // New connections wait in the listen queue, holding no descriptor of this process,
+        // while the workers have yet to drop the sockets of those closed to make room.
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = connections.evictions_closed() => {}
+        }
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) if out_of_resources(&e) => {
                 let backoffs = connections
                     .counts
@@ -168,7 +174,7 @@ async fn accept(
                 continue;
             }
         };
-        let Some(ticket) = connections.admit() else {
+        let Some(ticket) = connections.admit(peer.ip()) else {
             tracing::debug!("connection refused: max_connections reached and none idle");
             continue;
         };
@@ -227,7 +233,10 @@ fn run_worker(
 
 /// One connection, after its TLS handshake when TLS is configured (run here, in the
 /// connection's own task: a slow handshake holds up no other connection). The ticket is held
-/// meanwhile, so handshakes under way count against `max_connections`.
+/// meanwhile, so handshakes under way count against `max_connections`; one chosen to make room
+/// ends the handshake and drops its socket at once, so that the descriptors open stay within
+/// the cap (a handshake left to its timeout would hold its socket outside the count). The
+/// handshake's reads count as activity: a client that is handshaking is not the idle one.
 async fn serve(stream: TcpStream, port: Port, ticket: Ticket, serving: Serving) {
     let tls = match &serving.tls {
         None => {
@@ -238,7 +247,14 @@ async fn serve(stream: TcpStream, port: Port, ticket: Ticket, serving: Serving) 
         }
         Some(tls) => tls.clone(),
     };
-    let Some(stream) = tls.handshake(stream, port).await else {
+    let stream = Watched::new(stream, ticket.activity.clone());
+    let stream = tokio::select! {
+        // Checked first: a connection evicted while queued for this worker never handshakes.
+        biased;
+        _ = ticket.activity.evicted() => return,
+        stream = tls.handshake(stream, port) => stream,
+    };
+    let Some(stream) = stream else {
         return;
     };
     match port {

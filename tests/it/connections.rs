@@ -1,6 +1,7 @@
 //! The transport's bounds against the real binary: gRPC refuses unauthenticated and oversized
 //! messages before buffering them, and a flood of idle connections at a low descriptor limit
-//! neither spins the accept loop nor keeps `/health` out, and is closed after the idle timeouts.
+//! neither spins the accept loop nor keeps `/health` out, and is closed after the idle timeouts;
+//! nor does a flood that opens connections faster than the cap can age.
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,7 @@ use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
+use crate::support::flood::idle_flood;
 use crate::support::memory::{memory, reset_peak};
 use crate::support::server::Server;
 use crate::support::{http, poll};
@@ -99,8 +101,7 @@ fn cpu_ticks(pid: u32) -> u64 {
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
-/// `/health` answers 200 within 3 s. A connection may be refused at first: at the cap, only a
-/// connection idle for a second makes room, so a flood younger than that turns a probe away.
+/// `/health` answers 200 within 3 s.
 async fn health_answers(port: u16) -> bool {
     let answered = poll(Duration::from_secs(3), async || {
         let r = http::try_request(port, "GET", "/health", &[], b"");
@@ -184,4 +185,47 @@ async fn an_idle_flood_at_a_low_descriptor_limit_keeps_health_up_and_is_closed()
     assert!(turned_away > 0, "300 connections over a cap of {max}");
     assert!(count("conductor_connections_idle_closed_total") > 0);
     assert!(health_answers(server.http_port).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_faster_than_the_cap_can_age_keeps_health_and_queries_up() {
+    let server = Server::start_with(json!({"max_connections": 64})).await;
+    let ports = [server.http_port, server.rpc_port];
+    // 1,500 a second for 3 s: every slot is younger than a tenth of a second throughout.
+    let flood =
+        tokio::spawn(async move { idle_flood(&ports, 1_500, Duration::from_secs(3), 256).await });
+    let query = json!({"model": "m", "block_size": 4, "token_ids": (1..9).collect::<Vec<i32>>()});
+    let query = serde_json::to_vec(&query).expect("JSON");
+    let json = [("Content-Type", "application/json")];
+    // Per path: probes sent, and answered 200.
+    let (mut health, mut queries) = ((0u32, 0u32), (0u32, 0u32));
+    while !flood.is_finished() {
+        let on_health = health.0 <= queries.0;
+        let probe = if on_health {
+            http::try_request(server.http_port, "GET", "/health", &[], b"")
+        } else {
+            http::try_request(server.http_port, "POST", "/query", &json, &query)
+        };
+        // A bound on a probe that is never answered, not a latency requirement.
+        let ok = matches!(
+            tokio::time::timeout(Duration::from_secs(5), probe).await,
+            Ok(Ok(r)) if r.status == 200
+        );
+        let counts = if on_health { &mut health } else { &mut queries };
+        counts.0 += 1;
+        counts.1 += u32::from(ok);
+    }
+    let flooded = flood.await.expect("flood task");
+    assert!(
+        flooded.per_second() >= 1_000.0,
+        "the flood opened only {flooded:?}: not the flood this test is about"
+    );
+    for (path, (probes, answered)) in [("/health", health), ("/query", queries)] {
+        assert!(probes >= 5, "{probes} {path} probes in {flooded:?}");
+        assert!(
+            f64::from(answered) >= 0.8 * f64::from(probes),
+            "{path} answered {answered} of {probes} probes during {flooded:?}:\n{}",
+            server.log()
+        );
+    }
 }

@@ -1,11 +1,14 @@
 //! TLS on both servers and on a replica's bootstrap: with `tls` configured, a client that trusts
 //! the CA registers and queries over gRPC and HTTPS, and a plain client is refused on both ports
 //! (and counted); a bad certificate file, or a plain `http://` bootstrap to another host, stops
-//! the start with an error naming the key; a replica bootstraps from a TLS peer over `https://`.
+//! the start with an error naming the key; a replica bootstraps from a TLS peer over `https://`;
+//! clients that never finish a handshake hold no descriptors beyond `max_connections`.
 //! The certificates are made at test time with the `openssl` command.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use mooncake_conductor::gateway::pb;
@@ -13,6 +16,7 @@ use mooncake_conductor::gateway::pb::conductor_client::ConductorClient;
 use serde_json::json;
 
 use crate::support::engine::Registration;
+use crate::support::flood::{idle_flood, open_descriptors};
 use crate::support::grpc::register_request;
 use crate::support::player::Player;
 use crate::support::server::Server;
@@ -208,5 +212,61 @@ async fn a_replica_bootstraps_from_a_tls_peer_over_https() {
         serde_json::Value::Null,
         "{}",
         b.log()
+    );
+}
+
+/// Descriptors the service may hold beyond `max_connections` and those it holds without clients:
+/// up to 8 connections closed to make room whose worker has not yet dropped them, one socket in
+/// each accept loop, and slack for the service's own files (`docs/connections.md`).
+const DESCRIPTOR_MARGIN: usize = 16;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_handshakes_keep_descriptors_within_the_cap_and_health_answers() {
+    let certs_dir = tempfile::tempdir().expect("temp dir");
+    let certs = make_certs(certs_dir.path());
+    let server = start_tls(&certs, json!({"max_connections": 32})).await;
+    let pid = server.pid();
+    let allowed = open_descriptors(pid) + 32 + DESCRIPTOR_MARGIN;
+    let ports = [server.http_port, server.rpc_port];
+    // Connections that never send a byte: each waits for a handshake that never comes.
+    let flood =
+        tokio::spawn(async move { idle_flood(&ports, 1_000, Duration::from_secs(3), 512).await });
+    let (done, most) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let sampler = tokio::spawn({
+        let (done, most) = (done.clone(), most.clone());
+        async move {
+            while !done.load(Ordering::Relaxed) {
+                most.fetch_max(open_descriptors(pid), Ordering::Relaxed);
+                // The sampling's pacing.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    });
+    let (mut probes, mut answered) = (0u32, 0u32);
+    while !flood.is_finished() {
+        let probe = https_request(&certs.ca, server.http_port, "GET", "/health", b"");
+        // A bound on a probe that is never answered, not a latency requirement.
+        let ok = matches!(
+            tokio::time::timeout(Duration::from_secs(5), probe).await,
+            Ok(Ok(r)) if r.status == 200
+        );
+        probes += 1;
+        answered += u32::from(ok);
+    }
+    let flooded = flood.await.expect("flood task");
+    done.store(true, Ordering::Relaxed);
+    sampler.await.expect("sampler");
+    let most = most.load(Ordering::Relaxed);
+    assert!(
+        most <= allowed,
+        "{most} descriptors open during {flooded:?}, more than {allowed}"
+    );
+    assert!(
+        f64::from(answered) >= 0.8 * f64::from(probes),
+        "/health over TLS answered {answered} of {probes} probes during {flooded:?}:\n{}",
+        server.log()
     );
 }

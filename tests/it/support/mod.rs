@@ -11,6 +11,7 @@ pub mod engine;
 pub mod engine_http;
 pub mod etcd;
 pub mod fleet;
+pub mod flood;
 pub mod grpc;
 pub mod heartbeat_pub;
 pub mod http;
