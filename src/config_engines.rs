@@ -49,6 +49,13 @@ impl EngineConfig {
             "engine_load_refresh_ms" => ms(100).map(|d| s.load_refresh = d),
             "engine_unreadable_grace_ms" => ms(0).map(|d| s.unreadable_grace = d),
             "engine_read_timeout_ms" => ms(10).map(|d| s.fetch.deadline = d),
+            "allow_local_engine_addresses" => match value.as_bool() {
+                Some(allow) => {
+                    s.fetch.allow_local = allow;
+                    Ok(())
+                }
+                None => Err((key.to_owned(), "must be a boolean".to_owned())),
+            },
             "max_description_bytes" => count(1 << 30).map(|n| s.fetch.max_body_bytes = n),
             "max_ranks_per_engine" => count(1 << 16).map(|n| s.max_ranks_per_engine = n),
             "max_engines" => count(1 << 20).map(|n| s.max_engines = n),

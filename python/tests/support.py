@@ -335,6 +335,8 @@ class ConductorProcess:
             "bind_address": "127.0.0.1",
             "kvevent_instance": {},
             "data_dir": str(data_dir),
+            # The tests' engines serve on loopback (the default refuses loopback engine URLs).
+            "allow_local_engine_addresses": True,
             **(extra_config or {}),
         }
         config.write_text(json.dumps(self._config))

@@ -61,6 +61,7 @@ impl Default for EngineSettings {
             fetch: FetchLimits {
                 deadline: Duration::from_millis(DEFAULT_READ_TIMEOUT_MS),
                 max_body_bytes: DEFAULT_MAX_DESCRIPTION_BYTES as usize,
+                allow_local: false,
             },
             max_ranks_per_engine: DEFAULT_MAX_RANKS_PER_ENGINE as usize,
             max_engines: DEFAULT_MAX_ENGINES as usize,

@@ -251,10 +251,8 @@ pub fn wanted_ranks(
             asked.clone()
         }
         (Some(asked), _) => {
-            let message = format!(
-                "model_name {asked:?}: the engine at {url} serves {:?}",
-                description.models
-            );
+            // Which models it serves is the engine's answer: not echoed to the caller.
+            let message = format!("model_name {asked:?}: the engine at {url} does not serve it");
             return Err(OpError::invalid("model_name", "conflict", message));
         }
         (None, Some(served)) => served.clone(),
@@ -277,7 +275,12 @@ pub fn wanted_ranks(
         };
         let rewrite = |reported: &str| {
             reachable_endpoint(reported, &spec.url).map_err(|why| {
-                let message = format!("the engine at {url} describes DP rank {rank}: {why}");
+                // The endpoint is the engine's answer: logged, not echoed to the caller.
+                tracing::debug!("the engine at {url} describes DP rank {rank}: {why}");
+                let message = format!(
+                    "the engine at {url} describes DP rank {rank} with an endpoint that is not \
+                     a tcp://host:port another host can subscribe to"
+                );
                 OpError::invalid("url", "bad_description", message)
             })
         };

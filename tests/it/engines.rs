@@ -151,7 +151,14 @@ async fn ranks_that_appear_and_go_are_followed_and_a_gone_engine_is_dropped_afte
         (row["state"] == "unreadable").then_some(row)
     })
     .await;
-    assert!(row["last_error"].as_str().unwrap().contains("500"), "{row}");
+    // Its class, not its answer (the status it answered is not the caller's to learn).
+    assert!(
+        row["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("could not be read"),
+        "{row}"
+    );
     eventually("engine dropped", WAIT, || async {
         let row = engines(&server).await["engines"][0].clone();
         (row["state"] == "dropped").then_some(())
@@ -203,12 +210,10 @@ async fn hostile_descriptions_are_bounded_and_refused_with_the_field_named() {
         "{e}"
     );
 
+    // A slow engine and a huge answer get the same class: no timing, no port state.
     engine.mode(Mode::Slow(Duration::from_secs(3)));
-    let e = refused(&body).await;
-    assert!(
-        e["error"].as_str().unwrap().contains("within 300 ms"),
-        "{e}"
-    );
+    let slow = refused(&body).await;
+    assert_eq!(slow["error"], e["error"], "{slow}");
 
     engine.mode(Mode::Serve);
     let many: Vec<(u32, String)> = (0..100)
@@ -216,7 +221,13 @@ async fn hostile_descriptions_are_bounded_and_refused_with_the_field_named() {
         .collect();
     engine.vllm(&many, "m");
     let e = refused(&body).await;
-    assert!(e["error"].as_str().unwrap().contains("limit is 8"), "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("max_ranks_per_engine"),
+        "{e}"
+    );
 
     // An endpoint on a host the policy does not allow: the registration's own refusal.
     engine.vllm(&[(0, "tcp://10.9.9.9:5557".into())], "m");
@@ -693,4 +704,62 @@ async fn slow_engines_do_not_hold_up_a_healthy_one() {
         took <= Duration::from_secs(3),
         "rank 1 took {took:?} with 48 slow engines"
     );
+}
+
+/// Safe by default: an engine URL on a loopback or link-local address is refused unless
+/// `allow_local_engine_addresses` allows it, without a request sent; and whatever an engine
+/// answers, the errors name a class, never the answer (a key, an endpoint, a model list).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_reads_are_not_a_proxy_and_never_echo_an_answer() {
+    let engine = EngineHttp::start().await;
+    engine.vllm(&[(0, "tcp://*:5557".into())], "m");
+    let strict = Server::start_with(json!({"allow_local_engine_addresses": false})).await;
+    for url in [engine.url.clone(), "http://169.254.169.254:80".to_owned()] {
+        let r = http::post_json(strict.http_port, "/engines", &register_body(&url)).await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(
+            r.text().contains("allow_local_engine_addresses"),
+            "{}",
+            r.text()
+        );
+    }
+    assert_eq!(
+        engine.requests(),
+        0,
+        "a refused address is never connected to"
+    );
+
+    // Allowed (the tests' default): a hostile engine that answers secrets at every route.
+    let server = Server::start().await;
+    let no_secret = |text: &str| assert!(!text.contains("SECRET"), "echoed: {text}");
+    let answers = [
+        // A key that is not a rank.
+        (
+            json!({"SECRET-key": {"endpoint": "tcp://*:5557"}}),
+            json!({"data": [{"id": "m"}]}),
+        ),
+        // An endpoint nobody can subscribe to.
+        (
+            json!({"0": {"endpoint": "tcp://SECRET-host:0"}}),
+            json!({"data": [{"id": "m"}]}),
+        ),
+        // Models other than the one asked for.
+        (
+            json!({"0": {"endpoint": "tcp://*:5557"}}),
+            json!({"data": [{"id": "SECRET-model"}]}),
+        ),
+        // Not JSON at all.
+        (json!("SECRET-text"), json!("SECRET-text")),
+    ];
+    for (sources, models) in answers {
+        engine.set("/kv_event_sources", sources);
+        engine.set("/v1/models", models);
+        let mut body = register_body(&engine.url);
+        body["model_name"] = json!("m");
+        let r = http::post_json(server.http_port, "/engines", &body).await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        no_secret(&r.text());
+    }
+    no_secret(&http::get(server.http_port, "/engines").await.text());
+    no_secret(&http::get(server.http_port, "/services/status").await.text());
 }

@@ -161,6 +161,8 @@ impl Server {
             "bind_address": "127.0.0.1",
             "kvevent_instance": {},
             "data_dir": dir.path().join("data"),
+            // The tests' engines serve on loopback; the default refusal has its own test.
+            "allow_local_engine_addresses": true,
         });
         if let (Some(base), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
             for (k, v) in extra {
