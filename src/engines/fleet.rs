@@ -117,7 +117,7 @@ impl Fleet {
                 format!("the engine's description: {why}"),
             )
         })?;
-        let wanted = wanted_ranks(&spec, &description)?;
+        let wanted = wanted_ranks(&spec, &description, self.settings.fetch.allow_local)?;
         let (limits, ranks) = (self.settings.fetch, self.settings.max_ranks_per_engine);
         let load = super::load::read_load(&spec, limits, ranks).await;
         // Nothing slow below: the lock serialises registration changes only.
@@ -273,17 +273,19 @@ impl Fleet {
             return;
         }
         let outcome = match read {
-            Ok(description) => match wanted_ranks(spec, &description) {
-                Ok(wanted) => match services.map(|s| registered_in(s, spec)) {
-                    Some(before) => self
-                        .converge(spec, &before, &wanted, &mut Vec::new())
-                        .await
-                        .map(|()| (description, wanted))
-                        .map_err(|e| e.message),
-                    None => Err("the registry did not list its services".to_owned()),
-                },
-                Err(e) => Err(e.message),
-            },
+            Ok(description) => {
+                match wanted_ranks(spec, &description, self.settings.fetch.allow_local) {
+                    Ok(wanted) => match services.map(|s| registered_in(s, spec)) {
+                        Some(before) => self
+                            .converge(spec, &before, &wanted, &mut Vec::new())
+                            .await
+                            .map(|()| (description, wanted))
+                            .map_err(|e| e.message),
+                        None => Err("the registry did not list its services".to_owned()),
+                    },
+                    Err(e) => Err(e.message),
+                }
+            }
             Err(why) => Err(why),
         };
         let now = Instant::now();

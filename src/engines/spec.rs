@@ -235,9 +235,13 @@ impl RankPlan {
 
 /// The rank registrations `description` asks for under `spec`. An engine that names no
 /// source, or a request that contradicts it, is an error naming the field.
+/// `allow_local`: endpoints may name loopback, link-local, multicast or unspecified addresses
+/// (`allow_local_engine_addresses`; a loopback or wildcard endpoint already stands for the
+/// engine's own host and becomes the URL's host).
 pub fn wanted_ranks(
     spec: &EngineSpec,
     description: &Description,
+    allow_local: bool,
 ) -> Result<BTreeMap<u32, RankPlan>, OpError> {
     let url = spec.url.to_url();
     if description.sources.is_empty() {
@@ -274,7 +278,7 @@ pub fn wanted_ranks(
             (None, None) => DEFAULT_VLLM_BLOCK_SIZE,
         };
         let rewrite = |reported: &str| {
-            reachable_endpoint(reported, &spec.url).map_err(|why| {
+            let endpoint = reachable_endpoint(reported, &spec.url).map_err(|why| {
                 // The endpoint is the engine's answer: logged, not echoed to the caller.
                 tracing::debug!("the engine at {url} describes DP rank {rank}: {why}");
                 let message = format!(
@@ -282,7 +286,16 @@ pub fn wanted_ranks(
                      a tcp://host:port another host can subscribe to"
                 );
                 OpError::invalid("url", "bad_description", message)
-            })
+            })?;
+            if !allow_local && local_endpoint(&endpoint) {
+                let message = format!(
+                    "the engine at {url} describes DP rank {rank} with an endpoint on a \
+                     link-local, multicast or unspecified address (allow_local_engine_addresses \
+                     allows it)"
+                );
+                return Err(OpError::invalid("url", "not_allowed", message));
+            }
+            Ok(endpoint)
         };
         let endpoint = rewrite(&source.endpoint)?;
         let replay_endpoint = match &source.replay_endpoint {
@@ -301,6 +314,21 @@ pub fn wanted_ranks(
     Ok(wanted)
 }
 
+/// Whether a `tcp://host:port` endpoint names a loopback, link-local, multicast or unspecified
+/// IP address (a host name is checked by the registration policy, never resolved here).
+fn local_endpoint(endpoint: &str) -> bool {
+    let host = endpoint
+        .strip_prefix("tcp://")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .map_or("", |(host, _)| host);
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    bare.parse::<std::net::IpAddr>()
+        .is_ok_and(super::fetch::local_address)
+}
+
 /// Hybrid parts as a registration names them: comma-separated.
 pub fn parts_text(parts: &[HybridPart]) -> String {
     parts
@@ -308,4 +336,27 @@ pub fn parts_text(parts: &[HybridPart]) -> String {
         .map(|p| p.as_str())
         .collect::<Vec<_>>()
         .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_endpoint;
+
+    #[test]
+    fn endpoints_on_local_addresses_are_told_apart_from_the_rest() {
+        for e in [
+            "tcp://169.254.1.2:5557",
+            "tcp://224.0.0.1:5557",
+            "tcp://[fe80::1]:5557",
+        ] {
+            assert!(local_endpoint(e), "{e}");
+        }
+        for e in [
+            "tcp://10.0.0.5:5557",
+            "tcp://[fd00::5]:5557",
+            "tcp://vllm-0.ns.svc:5557",
+        ] {
+            assert!(!local_endpoint(e), "{e}");
+        }
+    }
 }
