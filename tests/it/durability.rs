@@ -311,7 +311,7 @@ async fn a_schema_4_database_rebuilds_its_derived_blocks_from_the_publishers_rep
 
 /// Start the binary on `dir` and expect it to refuse; returns its log.
 fn expect_refusal(dir: &std::path::Path, extra: serde_json::Value) -> (Option<i32>, String) {
-    let mut config = json!({"http_server_port": crate::support::free_port(), "rpc_server_port": crate::support::free_port(),
+    let mut config = json!({"http_server_port": 0, "rpc_server_port": 0,
         "bind_address": "127.0.0.1", "data_dir": dir.join("data")});
     for (k, v) in extra.as_object().unwrap() {
         config[k] = v.clone();

@@ -17,7 +17,7 @@ use crate::support::{WAIT, eventually, free_port, http};
 /// stop with an error. Returns its log.
 fn second_service_refuses(dir: &std::path::Path, extra: serde_json::Value) -> String {
     let mut config = json!({
-        "http_server_port": free_port(), "rpc_server_port": free_port(),
+        "http_server_port": 0, "rpc_server_port": 0,
         "bind_address": "127.0.0.1", "data_dir": dir.join("data"),
     });
     for (k, v) in extra.as_object().unwrap() {

@@ -35,7 +35,7 @@ pub async fn idle_flood(ports: &[u16], rate: u32, span: Duration, held: usize) -
         }
         let port = ports[attempts as usize % ports.len()];
         attempts += 1;
-        let connect = TcpStream::connect(("127.0.0.1", port));
+        let connect = from_another_loopback(port);
         if let Ok(Ok(socket)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
             open.push_back(socket);
             if open.len() > held {
@@ -48,6 +48,15 @@ pub async fn idle_flood(ports: &[u16], rate: u32, span: Duration, held: usize) -
         opened,
         took: start.elapsed(),
     }
+}
+
+/// A connection to 127.0.0.1:`port` from 127.0.0.2: the flood's thousands of ephemeral ports
+/// are then 127.0.0.2's, so a test that starts a service again on a port of 127.0.0.1 while a
+/// flood runs beside it never finds that port taken by one of them.
+async fn from_another_loopback(port: u16) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(([127, 0, 0, 2], 0).into())?;
+    socket.connect(([127, 0, 0, 1], port).into()).await
 }
 
 /// The descriptors process `pid` has open.
