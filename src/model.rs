@@ -101,14 +101,19 @@ impl GroupKind {
                 Some(_) => windowed(window),
             };
         };
-        match kind.to_ascii_lowercase().as_str() {
-            "full_attention" | "mla_attention" | "sink_full_attention" if window.is_none() => {
-                GroupKind::Full
-            }
-            "sliding_window" | "sliding_window_mla" => windowed(window),
-            "mamba" => GroupKind::Mamba,
-            "chunked_local_attention" => GroupKind::ChunkedLocal,
-            _ => GroupKind::Unknown,
+        // Compared in place, case-insensitively: every stored event names its kind, and a
+        // lower-cased copy of it would be an allocation per event.
+        let is = |names: &[&str]| names.iter().any(|n| kind.eq_ignore_ascii_case(n));
+        if is(&["full_attention", "mla_attention", "sink_full_attention"]) && window.is_none() {
+            GroupKind::Full
+        } else if is(&["sliding_window", "sliding_window_mla"]) {
+            windowed(window)
+        } else if is(&["mamba"]) {
+            GroupKind::Mamba
+        } else if is(&["chunked_local_attention"]) {
+            GroupKind::ChunkedLocal
+        } else {
+            GroupKind::Unknown
         }
     }
 

@@ -74,7 +74,7 @@ pub struct Fleet {
     policy: RegistrationPolicy,
     pub(super) settings: EngineSettings,
     records: Records,
-    pub(super) engines: Mutex<BTreeMap<Key, Engine>>,
+    engines: Mutex<BTreeMap<Key, Engine>>,
     changes: tokio::sync::Mutex<()>,
     errors: std::sync::atomic::AtomicU64,
 }
@@ -123,7 +123,7 @@ impl Fleet {
         // Nothing slow below: the lock serialises registration changes only.
         let _changes = self.changes.lock().await;
         let previous = {
-            let engines = self.engines.lock().unwrap();
+            let engines = self.lock_engines();
             let previous = engines.get(&key).map(|e| e.spec.clone());
             if previous.is_none() && engines.len() >= self.settings.max_engines {
                 let message = format!(
@@ -164,8 +164,14 @@ impl Fleet {
         let mut engine = Engine::new(spec.clone());
         note_read(&mut engine, &description, &wanted);
         engine.load = load.map(|load| (Instant::now(), load));
-        self.engines.lock().unwrap().insert(key, engine);
+        self.lock_engines().insert(key, engine);
         Ok(reply(&spec, &wanted))
+    }
+
+    /// The engines followed. Each change under this lock is one map operation or one engine's
+    /// fields, never a half-done whole: a panic elsewhere that poisoned it leaves a usable map.
+    pub(super) fn lock_engines(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, Engine>> {
+        self.engines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stop following an engine and unregister its ranks.
@@ -175,7 +181,7 @@ impl Fleet {
             instance_id.to_owned(),
         );
         let _changes = self.changes.lock().await;
-        let spec = match self.engines.lock().unwrap().get(&key) {
+        let spec = match self.lock_engines().get(&key) {
             Some(engine) => engine.spec.clone(),
             None => {
                 let message = format!("no engine {instance_id:?} of tenant {:?}", key.0);
@@ -187,7 +193,7 @@ impl Fleet {
         self.records.delete(&key).await?;
         let registered = self.registered(&spec).await?;
         (self.converge(&spec, &registered, &BTreeMap::new(), &mut Vec::new())).await?;
-        self.engines.lock().unwrap().remove(&key);
+        self.lock_engines().remove(&key);
         Ok(registered.len())
     }
 
@@ -197,7 +203,7 @@ impl Fleet {
     pub async fn set_origin(&self, origin: Origin, specs: Vec<EngineSpec>) {
         let wanted: BTreeMap<Key, EngineSpec> = specs.into_iter().map(|s| (s.key(), s)).collect();
         let gone: Vec<Key> = {
-            let mut engines = self.engines.lock().unwrap();
+            let mut engines = self.lock_engines();
             for (key, spec) in &wanted {
                 let replace = engines.get(key).is_none_or(|e| e.spec != *spec);
                 if replace
@@ -236,7 +242,7 @@ impl Fleet {
             return;
         };
         let listed: BTreeMap<Key, EngineSpec> = shared.into_iter().map(|s| (s.key(), s)).collect();
-        let mut engines = self.engines.lock().unwrap();
+        let mut engines = self.lock_engines();
         engines.retain(|key, e| e.spec.origin != Origin::Request || listed.contains_key(key));
         for (key, spec) in listed {
             let replace = engines.get(&key).is_none_or(|e| e.spec != spec);
@@ -290,7 +296,7 @@ impl Fleet {
         };
         let now = Instant::now();
         let expired = {
-            let mut engines = self.engines.lock().unwrap();
+            let mut engines = self.lock_engines();
             let Some(engine) = engines.get_mut(&key) else {
                 return;
             };
@@ -320,7 +326,7 @@ impl Fleet {
             let registered = self.registered(spec).await.unwrap_or_default();
             let cleared =
                 (self.converge(spec, &registered, &BTreeMap::new(), &mut Vec::new())).await;
-            if let Some(engine) = self.engines.lock().unwrap().get_mut(&key) {
+            if let Some(engine) = self.lock_engines().get_mut(&key) {
                 engine.dropped = cleared.is_ok();
                 engine.ranks_registered = if cleared.is_ok() { 0 } else { registered.len() };
             }
@@ -397,14 +403,14 @@ impl Fleet {
     /// Every engine followed, by (tenant, instance id).
     pub fn list(&self) -> Vec<EngineStatus> {
         let now = Instant::now();
-        let engines = self.engines.lock().unwrap();
+        let engines = self.lock_engines();
         engines.values().map(|e| status(e, now)).collect()
     }
 
     /// The last load read of an engine, with its age.
     pub fn load(&self, tenant_id: &str, instance_id: &str) -> Option<LoadReport> {
         let key = (tenant_id.to_owned(), instance_id.to_owned());
-        let engines = self.engines.lock().unwrap();
+        let engines = self.lock_engines();
         let (at, load) = engines.get(&key)?.load.as_ref()?;
         Some(LoadReport {
             age_ms: at.elapsed().as_millis() as u64,

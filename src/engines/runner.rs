@@ -81,7 +81,7 @@ impl Fleet {
                     let load = super::load::read_load(&spec, limits, ranks).await;
                     let ok = load.is_some();
                     if let Some(load) = load {
-                        let mut engines = fleet.engines.lock().unwrap();
+                        let mut engines = fleet.lock_engines();
                         if let Some(e) = engines.get_mut(&spec.key()).filter(|e| e.spec == spec) {
                             e.load = Some((Instant::now(), load));
                         }
@@ -102,7 +102,7 @@ impl Fleet {
         due: impl Fn(&mut Engine) -> &mut Due,
         eligible: impl Fn(&Engine) -> bool,
     ) -> Vec<(EngineSpec, bool)> {
-        let mut engines = self.engines.lock().unwrap();
+        let mut engines = self.lock_engines();
         engines
             .values_mut()
             .filter(|e| eligible(e))
@@ -115,7 +115,7 @@ impl Fleet {
 
     /// Mark `spec`'s read of one kind running; false when the engine went or changed.
     fn start(&self, spec: &EngineSpec, due: impl Fn(&mut Engine) -> &mut Due) -> bool {
-        let mut engines = self.engines.lock().unwrap();
+        let mut engines = self.lock_engines();
         match engines.get_mut(&spec.key()).filter(|e| e.spec == *spec) {
             Some(e) => {
                 due(e).running = true;
@@ -134,7 +134,7 @@ impl Fleet {
         ok: bool,
         interval: std::time::Duration,
     ) {
-        let mut engines = self.engines.lock().unwrap();
+        let mut engines = self.lock_engines();
         if let Some(e) = engines.get_mut(&spec.key()).filter(|e| e.spec == *spec) {
             due(e).done(ok, interval, Instant::now());
         }

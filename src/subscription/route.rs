@@ -80,7 +80,7 @@ pub struct Router {
     only_group: Option<u32>,
     /// Per context, the kind of each KV-cache group this router last sent (see
     /// [`IndexOp::GroupKind`]); a group not listed is full attention as far as it knows.
-    group_kinds: HashMap<(ContextKey, u32), GroupKind>,
+    group_kinds: HashMap<ContextKey, HashMap<u32, GroupKind>>,
     registered_lora: String,
     block_size: u32,
     model_name: String,
@@ -400,12 +400,17 @@ impl Router {
     /// Tell `context` the kind of `group` before its blocks, when it is not the one this
     /// router told it last (full attention when never told).
     fn note_group_kind(&mut self, out: &mut Routed, context: &ContextKey, group: CacheGroup) {
-        let key = (context.clone(), group.idx);
-        let known = self.group_kinds.get(&key).copied().unwrap_or_default();
-        if known == group.kind && (self.group_kinds.contains_key(&key) || group.idx == 0) {
+        // Looked up by reference: every store passes here, and most are group 0 of full
+        // attention, which needs no op and no entry.
+        let known = (self.group_kinds.get(context)).and_then(|groups| groups.get(&group.idx));
+        let told = match known {
+            Some(&kind) => kind == group.kind,
+            None => group.idx == 0 && group.kind == GroupKind::Full,
+        };
+        if told {
             return;
         }
-        self.group_kinds.insert(key, group.kind);
+        (self.group_kinds.entry(context.clone()).or_default()).insert(group.idx, group.kind);
         let op = IndexOp::GroupKind {
             holder: self.engine_holder(group.idx),
             kind: group.kind,

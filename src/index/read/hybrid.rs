@@ -24,17 +24,10 @@ use std::sync::atomic::Ordering;
 use crate::hashing::PrefixKeys;
 use crate::model::GroupKind;
 
+use super::cursors::PHASE_MASK;
 use crate::index::plan::{HybridCursor, Plan};
 use crate::index::shared::Shared;
-use crate::index::table::{CPU_LOCAL, CPU_SHARE, DEVICE, DISK, entry_bits, entry_id};
-
-/// The tier bits a block may be held in to count at each tier of the answer, in walk order.
-const CUMULATIVE: [u8; 4] = [
-    DEVICE,
-    DEVICE | CPU_LOCAL,
-    DEVICE | CPU_LOCAL | CPU_SHARE,
-    DEVICE | CPU_LOCAL | CPU_SHARE | DISK,
-];
+use crate::index::table::{entry_bits, entry_id};
 
 /// The positions (block indexes) of the prompt's blocks one group holds, each with the tier
 /// bits it is held in, in increasing order.
@@ -48,7 +41,7 @@ pub(crate) fn answer<K: PrefixKeys + ?Sized>(
     selected: std::ops::Range<u32>,
     counts: &mut [[u64; 4]],
 ) {
-    let cursors: Vec<&HybridCursor> = plan.hybrid.iter().collect();
+    let cursors = &plan.hybrid;
     let chosen: Vec<bool> = cursors
         .iter()
         .map(|h| selected.contains(&h.cursor))
@@ -67,10 +60,10 @@ pub(crate) fn answer<K: PrefixKeys + ?Sized>(
     let mut entries = Vec::new();
     let reading = shared.table.reading();
     // A rank whose full-attention groups all ended their leading run can gain nothing past it:
-    // its fixed point is at most that run. Stop once every rank is so bounded.
-    let mut bounded_at: Vec<Option<usize>> = chosen.iter().map(|&c| (!c).then_some(0)).collect();
+    // its fixed point is at most that run. Stop once every chosen rank is so bounded.
+    let mut bounded: Vec<bool> = chosen.iter().map(|&c| !c).collect();
     for i in 0..n {
-        if bounded_at.iter().all(Option::is_some) {
+        if bounded.iter().all(|&b| b) {
             break;
         }
         let mut found = |key: u64, entries: &mut Vec<u32>| {
@@ -98,24 +91,18 @@ pub(crate) fn answer<K: PrefixKeys + ?Sized>(
             found(alt, &mut entries);
         }
         for (c, h) in cursors.iter().enumerate() {
-            if bounded_at[c].is_some() {
+            if bounded[c] {
                 continue;
             }
-            let fulls = h
-                .groups
-                .iter()
-                .enumerate()
-                .filter(|(_, (g, _))| g.kind == GroupKind::Full);
+            let fulls =
+                (h.groups.iter().zip(&held[c])).filter(|((g, _), _)| g.kind == GroupKind::Full);
             let mut any_full = false;
             let mut all_ended = true;
-            for (g, _) in fulls {
+            for (_, list) in fulls {
                 any_full = true;
-                let ended = held[c][g].last().is_none_or(|&(at, _)| at != i);
-                all_ended &= ended;
+                all_ended &= list.last().is_none_or(|&(at, _)| at != i);
             }
-            if any_full && all_ended {
-                bounded_at[c] = Some(i);
-            }
+            bounded[c] = any_full && all_ended;
         }
     }
     drop(reading);
@@ -124,7 +111,7 @@ pub(crate) fn answer<K: PrefixKeys + ?Sized>(
         let Some(row) = counts.get_mut(h.cursor as usize) else {
             continue;
         };
-        for (t, &mask) in CUMULATIVE.iter().enumerate() {
+        for (t, &mask) in PHASE_MASK.iter().enumerate() {
             let blocks = fixed_point(h, &held[c], mask, n, block_size);
             row[t] = keys.covered(blocks);
         }
